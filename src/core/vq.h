@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Device-side virtqueue engine: the verbs a device uses on one virtqueue
+ * (pop a chain, push used elements, publish, decide on notifications) over
+ * the split (vq_split.c) and packed (vq_packed.c) layouts. It knows nothing
+ * of sockets, devices or backends: guest memory is a parameter.
+ *
+ * Threading: a struct vhd_vq is owned by exactly one thread at a time (its
+ * worker). No function here takes a lock or does an atomic read-modify-write;
+ * ordering with the driver is by acquire/release accesses and fences, each
+ * documented where it is used.
+ */
+#ifndef VHD_VQ_H
+#define VHD_VQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "compiler.h"
+#include "mem.h"
+#include "virtio.h"
+
+/*
+ * Why a queue stopped (sticky in vq->error) or why pop failed. Values are
+ * positive; functions return them negated. 0 means no error.
+ */
+enum vhd_vq_err {
+    VHD_VQ_OK = 0,
+    VHD_VQ_E_RING_ADDR,       /* ring address outside guest memory or misaligned */
+    VHD_VQ_E_AVAIL_IDX,       /* split: avail->idx ran more than a queue size ahead */
+    VHD_VQ_E_DESC_INDEX,      /* descriptor index (head or next) >= table size */
+    VHD_VQ_E_CHAIN_LOOP,      /* chain longer than its table: a loop */
+    VHD_VQ_E_NESTED_INDIRECT, /* INDIRECT flag inside an indirect table */
+    VHD_VQ_E_INDIRECT_LEN,    /* indirect table length 0, not a multiple of 16, or too big */
+    VHD_VQ_E_INDIRECT_FLAGS,  /* INDIRECT together with NEXT (or WRITE, packed) */
+    VHD_VQ_E_INDIRECT_NOFEAT, /* INDIRECT used but VIRTIO_F_INDIRECT_DESC not negotiated */
+    VHD_VQ_E_WRITE_ORDER,     /* a device-readable descriptor after a device-writable one */
+    VHD_VQ_E_ADDR,            /* a buffer does not translate to guest memory */
+    VHD_VQ_E_LEN_OVERFLOW,    /* chain's total length exceeds 2^32 - 1 */
+    VHD_VQ_E_IOV_FULL,        /* more segments than the caller's iovec array holds */
+    VHD_VQ_E_BUFFER_ID,       /* packed: buffer id >= queue size */
+    VHD_VQ_E_PACKED_CHAIN,    /* packed: chain runs into a descriptor not made available */
+    VHD_VQ_E_USED_OVERFLOW,   /* device pushed more used elements than were popped */
+    VHD_VQ_E__COUNT
+};
+
+/* Short static description of an enum vhd_vq_err value (positive or negated). */
+const char *vhd_vq_strerror(int err);
+
+/*
+ * Largest indirect table accepted, in descriptors. The spec bounds a chain by
+ * the queue size (2.7.5.3.1); an indirect table may hold up to that many
+ * entries. We allow the maximum queue size for any queue, since Linux sizes
+ * indirect tables by the request's segment count, not by the queue size.
+ */
+#define VHD_VQ_MAX_INDIRECT VHD_VQ_MAX_SIZE
+
+/* What vhd_vq_init() needs: SET_VRING_NUM + SET_VRING_ADDR + features. */
+struct vhd_vq_params {
+    uint32_t size;     /* split: power of two 1..32768; packed: 1..32768 */
+    bool packed;       /* VIRTIO_F_RING_PACKED negotiated */
+    bool event_idx;    /* VIRTIO_F_EVENT_IDX negotiated */
+    bool indirect;     /* VIRTIO_F_INDIRECT_DESC negotiated */
+    bool addr_is_gpa;  /* ring addresses below are GPAs, not front-end VAs */
+    uint64_t desc;     /* split: descriptor table;  packed: descriptor ring */
+    uint64_t avail;    /* split: available ring;    packed: driver event suppression area */
+    uint64_t used;     /* split: used ring;         packed: device event suppression area */
+};
+
+/*
+ * One popped chain. The iovec array passed to vhd_vq_pop() holds nr
+ * device-readable segments followed by nw device-writable ones.
+ */
+struct vhd_vq_chain {
+    uint16_t id;     /* split: head index; packed: buffer id. Give it back to push. */
+    uint16_t ndescs; /* packed: ring slots the chain used (push needs it); split: 1 */
+    uint16_t nr;     /* device-readable iovec entries (first) */
+    uint16_t nw;     /* device-writable iovec entries (after the readable ones) */
+    uint32_t rlen;   /* total device-readable bytes */
+    uint32_t wlen;   /* total device-writable bytes */
+};
+
+struct vhd_vq {
+    /* ---- read on every pop/push ---- */
+    const struct vhd_mem *mem; /* current guest memory table */
+    uint32_t mem_hint;         /* last region hit for descriptor buffers */
+    uint16_t size;             /* queue size, 1..32768 */
+    uint16_t mask;             /* split: size - 1 */
+    bool packed;
+    bool event_idx;
+    bool indirect;
+    bool rings_ok; /* cached ring pointers below are valid */
+    uint8_t error; /* sticky enum vhd_vq_err; non-zero: queue is broken */
+
+    /* Cached host pointers to the rings, valid while rings_ok. */
+    union {
+        struct {
+            struct vhd_vring_desc *desc;
+            struct vhd_vring_avail *avail;
+            struct vhd_vring_used *used;
+        } split;
+        struct {
+            struct vhd_vring_packed_desc *desc;
+            struct vhd_vring_packed_event *driver; /* driver -> device suppression */
+            struct vhd_vring_packed_event *device; /* device -> driver suppression */
+        } packed;
+    } ring;
+
+    /* ---- ring state (both layouts use the same fields) ---- */
+    uint16_t last_avail_idx; /* split: next avail ring index; packed: next descriptor slot */
+    uint16_t avail_shadow;   /* split: last value read from avail->idx */
+    uint16_t used_idx;       /* split: next used ring index; packed: next used slot */
+    uint16_t published_used; /* split: used->idx as last stored; packed: used_idx at last flush */
+    uint16_t signalled_used; /* used index at the last notification decision */
+    bool signalled_used_valid;
+    bool avail_wrap;          /* packed: driver ring wrap counter for last_avail_idx */
+    bool used_wrap;           /* packed: wrap counter for used_idx */
+    bool published_used_wrap; /* packed: used_wrap at last flush */
+    uint16_t inflight;        /* chains popped and not yet pushed */
+
+    /* packed batching: the first used descriptor of the unpublished batch */
+    uint16_t batch_npending;
+    uint16_t batch_head;       /* its slot */
+    uint16_t batch_head_flags; /* its flags, stored last by flush */
+
+    /* ---- configuration, cold ---- */
+    bool addr_is_gpa;
+    uint64_t desc_addr, avail_addr, used_addr;
+} vhd_cacheline_aligned;
+
+/* ---- lifecycle (control path; the queue must not be in use by a worker) ---- */
+
+/*
+ * vhd_vq_init - set up a stopped queue from params; mem may be NULL until a
+ * table exists. Ring state starts at 0 (packed: both wrap counters 1).
+ * Returns 0 or -EINVAL (bad size, misaligned ring address: desc 16, split
+ * avail 2, split used 4, packed event areas 4).
+ */
+int vhd_vq_init(struct vhd_vq *vq, const struct vhd_vq_params *p, const struct vhd_mem *mem);
+
+/*
+ * vhd_vq_set_base / vhd_vq_get_base - ring state in the vhost-user encoding
+ * (SET/GET_VRING_BASE). Split: bits 0..15 the next avail index. Packed:
+ * bits 0..14 next avail slot, bit 15 its wrap counter, bits 16..30 used slot,
+ * bit 31 used wrap counter; when bits 16..31 are all zero the used position
+ * is taken to equal the avail position (what front-ends that only send the
+ * low half mean). set_base returns -EINVAL for an out-of-range slot.
+ */
+int vhd_vq_set_base(struct vhd_vq *vq, uint32_t num);
+uint32_t vhd_vq_get_base(const struct vhd_vq *vq);
+
+/*
+ * vhd_vq_start - translate the ring addresses now and, for split rings, load
+ * the used index from used->idx. Returns 0, or -EFAULT and sets
+ * vq->error = VHD_VQ_E_RING_ADDR when a ring is outside guest memory.
+ */
+int vhd_vq_start(struct vhd_vq *vq);
+
+/*
+ * vhd_vq_set_mem - switch to a new memory table (at a quiescent point, by the
+ * owner). Drops the cached ring pointers; the next verb re-translates them.
+ */
+void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem);
+
+/* Drop the cached ring pointers (memory or IOTLB change); next use re-translates. */
+void vhd_vq_invalidate(struct vhd_vq *vq);
+
+/* Slow path: (re)translate the ring addresses. 0, or -VHD_VQ_E_RING_ADDR (queue broken). */
+int vhd_vq__map_rings(struct vhd_vq *vq);
+
+/* ---- datapath (owning worker only) ---- */
+
+int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                      struct vhd_vq_chain *c);
+int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                       struct vhd_vq_chain *c);
+int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written);
+int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written);
+void vhd_vq__split_flush(struct vhd_vq *vq);
+void vhd_vq__packed_flush(struct vhd_vq *vq);
+bool vhd_vq__split_need_notify(struct vhd_vq *vq);
+bool vhd_vq__packed_need_notify(struct vhd_vq *vq);
+bool vhd_vq__split_enable_notify(struct vhd_vq *vq);
+bool vhd_vq__packed_enable_notify(struct vhd_vq *vq);
+void vhd_vq__split_disable_notify(struct vhd_vq *vq);
+void vhd_vq__packed_disable_notify(struct vhd_vq *vq);
+bool vhd_vq__split_has_work(struct vhd_vq *vq);
+bool vhd_vq__packed_has_work(struct vhd_vq *vq);
+
+/* Make sure the ring pointers are usable; the inlined check of every verb. */
+static inline int vhd_vq__ready(struct vhd_vq *vq)
+{
+    if (vhd_unlikely(vq->error))
+        return -(int)vq->error;
+    if (vhd_unlikely(!vq->rings_ok))
+        return vhd_vq__map_rings(vq);
+    return 0;
+}
+
+/*
+ * vhd_vq_pop - take the next available chain.
+ * Fills iov with its readable then writable segments (one per region a
+ * buffer crosses) and *c with its id and sizes.
+ * Returns 1 (a chain), 0 (nothing available), or -enum vhd_vq_err. Any error
+ * leaves the queue broken (vq->error set, sticky): the device should report
+ * NEEDS_RESET. Nothing in the guest's ring can make this crash or touch
+ * memory outside the table.
+ */
+static inline int vhd_vq_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                             struct vhd_vq_chain *c)
+{
+    int rc = vhd_vq__ready(vq);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    return vq->packed ? vhd_vq__packed_pop(vq, iov, max_iov, c)
+                      : vhd_vq__split_pop(vq, iov, max_iov, c);
+}
+
+/*
+ * vhd_vq_push - record chain c as used with `written` bytes written into its
+ * device-writable buffers. Chains may be pushed in any order. Nothing is
+ * visible to the driver until vhd_vq_flush(). Returns 0 or -enum vhd_vq_err.
+ */
+static inline int vhd_vq_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
+{
+    int rc = vhd_vq__ready(vq);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    return vq->packed ? vhd_vq__packed_push(vq, c, written) : vhd_vq__split_push(vq, c, written);
+}
+
+/*
+ * vhd_vq_flush - publish every pushed element with one release store (split:
+ * used->idx; packed: the flags of the batch's first descriptor, written last).
+ */
+static inline void vhd_vq_flush(struct vhd_vq *vq)
+{
+    if (vhd_vq__ready(vq) < 0)
+        return;
+    if (vq->packed)
+        vhd_vq__packed_flush(vq);
+    else
+        vhd_vq__split_flush(vq);
+}
+
+/*
+ * vhd_vq_need_notify - after a flush: must the driver be interrupted?
+ * Honours VIRTIO_F_EVENT_IDX (split used_event / packed driver event
+ * suppression) or the NO_INTERRUPT / DISABLE flags, and remembers what was
+ * signalled. A broken queue answers false.
+ */
+static inline bool vhd_vq_need_notify(struct vhd_vq *vq)
+{
+    if (vhd_vq__ready(vq) < 0)
+        return false;
+    return vq->packed ? vhd_vq__packed_need_notify(vq) : vhd_vq__split_need_notify(vq);
+}
+
+/*
+ * vhd_vq_enable_notify - ask the driver to kick again, then re-check the ring.
+ * Returns true when work slipped in between the last pop and the enable (the
+ * caller must process it rather than sleep). A broken queue answers false.
+ */
+static inline bool vhd_vq_enable_notify(struct vhd_vq *vq)
+{
+    if (vhd_vq__ready(vq) < 0)
+        return false;
+    return vq->packed ? vhd_vq__packed_enable_notify(vq) : vhd_vq__split_enable_notify(vq);
+}
+
+/* vhd_vq_disable_notify - tell the driver kicks are not needed (we are polling). */
+static inline void vhd_vq_disable_notify(struct vhd_vq *vq)
+{
+    if (vhd_vq__ready(vq) < 0)
+        return;
+    if (vq->packed)
+        vhd_vq__packed_disable_notify(vq);
+    else
+        vhd_vq__split_disable_notify(vq);
+}
+
+/* vhd_vq_has_work - is a chain available to pop? (false when broken) */
+static inline bool vhd_vq_has_work(struct vhd_vq *vq)
+{
+    if (vhd_vq__ready(vq) < 0)
+        return false;
+    return vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
+}
+
+/* Per-buffer translation shared by both layouts (vq.c). Appends to iov. */
+int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
+                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
+                     uint64_t *total);
+
+/* Mark the queue broken with err (positive) and return -err. */
+static inline int vhd_vq__fail(struct vhd_vq *vq, int err)
+{
+    if (!vq->error)
+        vq->error = (uint8_t)err;
+    return -err;
+}
+
+#endif /* VHD_VQ_H */
