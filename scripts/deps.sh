@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Install the Debian packages vhostd needs, skipping those already present.
+# Usage: scripts/deps.sh [build|test|demo]   (default: test — everything)
+set -euo pipefail
+
+what=${1:-test}
+build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev)
+test_pkgs=(clang libclang-rt-14-dev valgrind)
+guest_pkgs=(qemu-system-x86 qemu-utils qemu-system-common busybox-static cpio xz-utils kmod)
+
+pkgs=("${build_pkgs[@]}")
+case "$what" in
+build) ;;
+demo) pkgs+=("${guest_pkgs[@]}") ;;
+test) pkgs+=("${test_pkgs[@]}" "${guest_pkgs[@]}") ;;
+*) echo "deps.sh: unknown set '$what' (build|test|demo)" >&2; exit 2 ;;
+esac
+here=$(cd "$(dirname "$0")/.." && pwd)
+if [ "$what" != build ] && [ -f "$here/tests/guest/packages.txt" ]; then
+    while read -r p; do
+        [ -n "$p" ] && [ "${p#\#}" = "$p" ] && pkgs+=("$p")
+    done < "$here/tests/guest/packages.txt"
+fi
+
+missing=()
+for p in "${pkgs[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+    echo "deps.sh: missing packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+fi
+echo "deps.sh: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The generic device model shared by the transport (which fills it from
+ * vhost-user messages on the control thread), the runtime (whose workers
+ * run the queues) and the device types (blk, net), which plug in through
+ * struct vhd_dev_ops.
+ *
+ * Ownership: struct vhd_dev and the control fields of struct vhd_queue
+ * belong to the control thread. A queue's datapath fields (vq, priv,
+ * inflight_io, notify_pending) belong to the worker that has it attached
+ * (vhd_rt_attach .. vhd_rt_detach), and to the control thread otherwise.
+ */
+#ifndef VHD_DEV_H
+#define VHD_DEV_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/mem.h"
+#include "core/vq.h"
+
+struct vhd_dev;
+struct vhd_queue;
+struct vhd_worker;
+struct vhd_rt;
+
+/* What a device type provides. All but queue_process run on the control thread. */
+struct vhd_dev_ops {
+    const char *type; /* "blk", "net" */
+
+    /* Virtio feature bits offered (device and transport bits, e.g. VERSION_1). */
+    uint64_t (*features)(struct vhd_dev *dev);
+
+    /*
+     * Negotiated features (SET_FEATURES), applied while the device's queues
+     * are detached. Returns 0 or -errno (e.g. a required feature missing).
+     */
+    int (*set_features)(struct vhd_dev *dev, uint64_t features);
+
+    /* Size of the config space in bytes. */
+    uint32_t config_size;
+
+    /*
+     * Read len bytes of config space at off into buf (GET_CONFIG). The
+     * transport has already checked off + len <= config_size. 0 or -errno.
+     */
+    int (*get_config)(struct vhd_dev *dev, void *buf, uint32_t off, uint32_t len);
+
+    /*
+     * Write config space (SET_CONFIG), with the device's queues quiesced.
+     * -EPERM for read-only fields. May be NULL (then every write fails).
+     */
+    int (*set_config)(struct vhd_dev *dev, const void *buf, uint32_t off, uint32_t len);
+
+    /*
+     * Per-queue device state: queue_init when a ring starts (before it is
+     * attached to its worker), queue_fini after it is detached and drained.
+     */
+    int (*queue_init)(struct vhd_dev *dev, struct vhd_queue *q);
+    void (*queue_fini)(struct vhd_dev *dev, struct vhd_queue *q);
+
+    /*
+     * Datapath, on the owning worker: pop and handle up to budget chains of
+     * q (submitting backend I/O on the worker's io_uring, or completing
+     * inline). Completions push used elements and call vhd_queue_mark_used().
+     * Returns the number of chains taken (0: ring empty), or a negative
+     * value when the queue broke (the runtime then reports NEEDS_RESET).
+     */
+    int (*queue_process)(struct vhd_queue *q, unsigned budget);
+
+    /* Device reset (RESET_OWNER / RESET_DEVICE / disconnect), queues detached. */
+    void (*reset)(struct vhd_dev *dev);
+};
+
+/* One virtqueue of a device. Cache-line aligned; never written by two threads at once. */
+struct vhd_queue {
+    /* ---- datapath, owned by the attached worker ---- */
+    struct vhd_vq vq;        /* engine state */
+    void *priv;              /* device-type per-queue state (queue_init) */
+    struct vhd_dev *dev;
+    struct vhd_worker *worker; /* owner while attached, else NULL */
+    uint32_t inflight_io;    /* chains popped and not yet pushed */
+    bool notify_pending;     /* pushed since the last flush */
+    bool on_dirty_list;      /* runtime bookkeeping */
+    struct vhd_queue *dirty_next;
+    int call_fd;             /* eventfd to signal the driver; -1: none */
+    uint64_t stat_requests;  /* chains completed */
+    uint64_t stat_notifies;  /* call_fd signals */
+    uint64_t stat_kicks;     /* kick_fd wake-ups */
+
+    /* ---- control thread ---- */
+    uint16_t index;
+    int kick_fd;   /* eventfd the driver kicks; -1: none (then polled) */
+    int err_fd;    /* eventfd for errors; -1: none */
+    uint32_t size; /* SET_VRING_NUM */
+    uint64_t addr_desc, addr_avail, addr_used, addr_log; /* SET_VRING_ADDR (front-end VAs) */
+    uint32_t base; /* SET_VRING_BASE value (vhost-user encoding) */
+    bool have_addr;
+    bool started;  /* vhost-user ring state: started (kick fd received) */
+    bool enabled;  /* vhost-user ring state: enabled */
+    bool attached; /* runtime: a worker is running it */
+    int worker_idx; /* which worker runs it */
+} vhd_cacheline_aligned;
+
+/* Generic device state, control thread. */
+struct vhd_dev {
+    const struct vhd_dev_ops *ops;
+    char name[64];         /* for logs: the device's name or socket */
+    uint32_t num_queues;   /* queues configured (upper bound for the front-end) */
+    struct vhd_queue *queues;
+    int *queue_worker;     /* queue index -> worker index (default round robin) */
+    struct vhd_rt *rt;     /* runtime whose workers run the queues */
+    struct vhd_mem *mem;   /* current memory table, or NULL */
+    uint64_t features;     /* negotiated virtio features */
+    uint64_t protocol_features; /* negotiated vhost-user protocol features */
+    uint8_t status;        /* SET_STATUS value; NEEDS_RESET added when broken */
+    bool broken;           /* a queue broke: NEEDS_RESET reported */
+    bool allow_split, allow_packed; /* ring layouts allowed (daemon option) */
+    void *priv;            /* device-type state */
+};
+
+/*
+ * vhd_queue_mark_used - called by the device after vhd_vq_push() on the
+ * owning worker: the runtime flushes the ring and signals the driver (if
+ * need_notify says so) once per burst, not per request.
+ */
+void vhd_queue_mark_used(struct vhd_queue *q);
+
+#endif /* VHD_DEV_H */

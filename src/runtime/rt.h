@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The runtime: N worker threads, each with its own epoll loop, io_uring and
+ * mailbox eventfd, running the virtqueues attached to it. Control-plane
+ * changes go through attach/detach, which pause only the worker that owns
+ * the queue (targeted quiescence); no lock or atomic read-modify-write is
+ * taken on the request path.
+ */
+#ifndef VHD_RT_H
+#define VHD_RT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dev.h"
+
+struct io_uring;
+
+enum vhd_poll_mode {
+    VHD_POLL_ADAPTIVE, /* poll poll_us after work, then notifications + sleep */
+    VHD_POLL_ALWAYS,   /* never sleep: busy-poll the rings (lowest latency, one core per worker) */
+    VHD_POLL_NEVER,    /* pure event mode: notifications always on */
+};
+
+struct vhd_rt_opts {
+    unsigned nworkers;      /* 1..VHD_RT_MAX_WORKERS */
+    enum vhd_poll_mode poll_mode;
+    unsigned poll_us;       /* adaptive: how long to keep polling after the last work */
+    unsigned uring_entries; /* io_uring SQ size per worker (power of two) */
+    unsigned budget;        /* chains per queue per turn (fairness between queues) */
+};
+
+#define VHD_RT_MAX_WORKERS 64
+
+/* Fill defaults: 1 worker, adaptive, 50 us, 256 entries, budget 64. */
+void vhd_rt_opts_default(struct vhd_rt_opts *o);
+
+/* Start the workers. 0 and *out, or -errno. */
+int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out);
+
+/* Stop and join the workers; every queue must be detached. */
+void vhd_rt_free(struct vhd_rt *rt);
+
+unsigned vhd_rt_nworkers(const struct vhd_rt *rt);
+
+/*
+ * vhd_rt_attach - hand queue q (its vq initialised and started, kick/call
+ * fds set, q->dev->ops->queue_init done) to worker `worker`, which from then
+ * on owns its datapath fields and processes it on kicks (or by polling).
+ * Control thread only; returns once the worker has taken it. 0 or -errno.
+ */
+int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker);
+
+/*
+ * vhd_rt_detach - take q back from its worker: the worker stops popping,
+ * waits until every in-flight request of q has completed and been pushed,
+ * flushes and signals, and lets go. Returns 0 once the control thread owns
+ * q again, or -ETIMEDOUT after timeout_ms (the queue stays attached and the
+ * caller must treat the device as broken).
+ */
+int vhd_rt_detach(struct vhd_rt *rt, struct vhd_queue *q, int timeout_ms);
+
+/* The io_uring of the worker running the caller (backends use it). Worker threads only. */
+struct io_uring *vhd_worker_uring(struct vhd_worker *w);
+
+/*
+ * Completion callback for backend I/O submitted on a worker's io_uring: set
+ * the SQE's user_data to a struct vhd_io_cb *; the worker calls done(cb, res)
+ * with the CQE's result on the same thread.
+ */
+struct vhd_io_cb {
+    void (*done)(struct vhd_io_cb *cb, int res);
+};
+
+/*
+ * vhd_worker_submit_pending - ask the worker to io_uring_submit() before it
+ * next sleeps or polls completions (batches many SQEs into one syscall).
+ */
+void vhd_worker_submit_pending(struct vhd_worker *w);
+
+#endif /* VHD_RT_H */
