@@ -63,7 +63,7 @@ build() {
     ninja -C "$dir"
 }
 
-unit_tests=(test_mem test_vq)
+unit_tests=(test_mem test_vq test_options)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build

@@ -14,8 +14,7 @@ int vhd_guestmem_init(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size,
     long page = sysconf(_SC_PAGESIZE);
 
     memset(gm, 0, sizeof(*gm));
-    if (nregions == 0 || nregions > VHD_GUESTMEM_MAX_REGIONS || size == 0 ||
-        size % (uint64_t)page)
+    if (nregions == 0 || nregions > VHD_GUESTMEM_MAX_REGIONS || size == 0 || size % (uint64_t)page)
         return -EINVAL;
     uint64_t gpa = base;
     for (uint32_t i = 0; i < nregions; i++) {
@@ -40,7 +39,7 @@ int vhd_guestmem_init(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size,
         gpa += size + gap;
     }
     return 0;
-fail: {
+fail : {
     int err = -errno;
     vhd_guestmem_fini(gm);
     return err;

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhostd's command line and config file: parsed into plain structs, with a
+ * one-line error for anything wrong. No side effects (nothing is opened or
+ * created here), so it is unit-tested on its own.
+ */
+#ifndef VHD_OPTIONS_H
+#define VHD_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define VHD_OPT_MAX_DEVICES 64
+#define VHD_OPT_MAX_WORKERS 64
+#define VHD_OPT_MAX_QUEUES  64
+
+/* One --blk device. Strings point into storage owned by struct vhd_options. */
+struct vhd_opt_blk {
+    const char *socket;  /* required */
+    const char *name;    /* for logs; default: the socket's file name */
+    const char *image;   /* uring backend: the file or block device */
+    const char *backend; /* "uring" (default) or "null" */
+    uint64_t size;       /* bytes; null: required; uring: create a sparse image if absent */
+    uint32_t queues;     /* 1..VHD_OPT_MAX_QUEUES, default 1 */
+    uint32_t block_size; /* 512..4096, power of two, default 512 */
+    const char *serial;  /* GET_ID answer, at most 20 bytes */
+    bool ro;
+    bool direct;      /* O_DIRECT */
+    bool allow_split; /* rings=split|packed|both (default both) */
+    bool allow_packed;
+    int nworkers;                     /* 0: round robin over every worker */
+    int workers[VHD_OPT_MAX_WORKERS]; /* queue i runs on workers[i % nworkers] */
+};
+
+enum vhd_opt_poll { VHD_OPT_POLL_ADAPTIVE, VHD_OPT_POLL_ALWAYS, VHD_OPT_POLL_NEVER };
+
+struct vhd_options {
+    unsigned workers; /* default: min(total queues, online CPUs) */
+    bool workers_set;
+    enum vhd_opt_poll poll_mode;
+    unsigned poll_us; /* default 50 */
+    int log_level;    /* 0 error, 1 warn, 2 info (default), 3 debug */
+    bool help, version;
+    int nblk;
+    struct vhd_opt_blk blk[VHD_OPT_MAX_DEVICES];
+    char **strings; /* owned copies the fields above point into */
+    int nstrings;
+};
+
+/*
+ * vhd_options_parse - parse argv into o (zeroed and defaulted first). Reads
+ * --config files too. Returns 0, or -1 with a one-line message in err.
+ */
+int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, size_t errlen);
+
+/*
+ * vhd_options_parse_blk - parse one device spec "socket=PATH,image=...,..."
+ * into b. 0, or -1 with a message in err.
+ */
+int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_opt_blk *b, char *err,
+                          size_t errlen);
+
+/* Parse "512", "4K", "10M", "8G", "1T" (binary units). 0 or -1. */
+int vhd_parse_size(const char *s, uint64_t *out);
+
+/* Free the owned strings. */
+void vhd_options_free(struct vhd_options *o);
+
+/* The --help text. */
+extern const char vhd_usage[];
+
+#endif /* VHD_OPTIONS_H */

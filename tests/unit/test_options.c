@@ -1,0 +1,164 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhostd's option parsing: sizes, --blk keys and their defaults, every
+ * rejected value with its one-line message, config files.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../daemon/options.h"
+#include "harness.h"
+
+static int parse(struct vhd_options *o, char *err, const char *a1, const char *a2, const char *a3,
+                 const char *a4)
+{
+    char *argv[6] = {"vhostd", (char *)a1, (char *)a2, (char *)a3, (char *)a4, NULL};
+    int argc = 1;
+    while (argc < 5 && argv[argc])
+        argc++;
+    return vhd_options_parse(o, argc, argv, err, 256);
+}
+
+VHD_TEST(sizes)
+{
+    uint64_t v;
+    VHD_CHECK(vhd_parse_size("512", &v) == 0 && v == 512);
+    VHD_CHECK(vhd_parse_size("4K", &v) == 0 && v == 4096);
+    VHD_CHECK(vhd_parse_size("8G", &v) == 0 && v == 8ull << 30);
+    VHD_CHECK(vhd_parse_size("1TiB", &v) == 0 && v == 1ull << 40);
+    VHD_CHECK(vhd_parse_size("10MB", &v) == 0 && v == 10ull << 20);
+    VHD_CHECK(vhd_parse_size("", &v) < 0);
+    VHD_CHECK(vhd_parse_size("-1", &v) < 0);
+    VHD_CHECK(vhd_parse_size("12X", &v) < 0);
+    VHD_CHECK(vhd_parse_size("99999999999999999999", &v) < 0);
+    VHD_CHECK(vhd_parse_size("20000000T", &v) < 0); /* overflows 64 bits */
+}
+
+VHD_TEST(blk_defaults_and_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    VHD_CHECK_EQ(parse(&o, err, "--workers", "2",
+                       "--blk=socket=/run/vm1.sock,image=vm1.img,queues=4,serial=vm1-disk",
+                       "--blk=socket=/run/vm2.sock,backend=null,size=8G,ro=on,workers=0,1"),
+                 0);
+    VHD_CHECK_EQ(o.workers, 2);
+    VHD_CHECK_EQ(o.nblk, 2);
+    VHD_CHECK(!strcmp(o.blk[0].socket, "/run/vm1.sock"));
+    VHD_CHECK(!strcmp(o.blk[0].image, "vm1.img"));
+    VHD_CHECK(!strcmp(o.blk[0].backend, "uring"));
+    VHD_CHECK(!strcmp(o.blk[0].name, "vm1.sock"));
+    VHD_CHECK(!strcmp(o.blk[0].serial, "vm1-disk"));
+    VHD_CHECK_EQ(o.blk[0].queues, 4);
+    VHD_CHECK_EQ(o.blk[0].block_size, 512);
+    VHD_CHECK(!o.blk[0].ro && o.blk[0].allow_split && o.blk[0].allow_packed);
+    VHD_CHECK(!strcmp(o.blk[1].backend, "null"));
+    VHD_CHECK_EQ(o.blk[1].size, 8ull << 30);
+    VHD_CHECK(o.blk[1].ro);
+    VHD_CHECK_EQ(o.blk[1].nworkers, 2);
+    VHD_CHECK(o.blk[1].workers[0] == 0 && o.blk[1].workers[1] == 1);
+    vhd_options_free(&o);
+}
+
+/* Each bad command line fails with a message naming the problem. */
+VHD_TEST(blk_rejects)
+{
+    static const struct {
+        const char *spec, *msg;
+    } cases[] = {
+        {"image=a.img", "socket=PATH is required"},
+        {"socket=s", "image=PATH is required"},
+        {"socket=s,backend=null", "needs size="},
+        {"socket=s,backend=ceph,image=x", "expected uring or null"},
+        {"socket=s,image=x,queues=0", "queues=0"},
+        {"socket=s,image=x,queues=65", "queues=65"},
+        {"socket=s,image=x,block-size=1000", "power of two"},
+        {"socket=s,image=x,block-size=8192", "power of two"},
+        {"socket=s,image=x,ro=maybe", "expected on or off"},
+        {"socket=s,image=x,serial=123456789012345678901", "at most 20"},
+        {"socket=s,image=x,colour=blue", "unknown key 'colour'"},
+        {"socket=s,image=x,rings=ring", "expected split, packed or both"},
+        {"socket=s,image=x,workers=a", "workers=a"},
+        {"socket=s,image=x,size=1000", "multiple of block-size"},
+        {"socket=s,image", "not KEY=VALUE"},
+        {"socket=s,image=", "needs a value"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct vhd_options o;
+        char err[256] = "";
+        char arg[256];
+        snprintf(arg, sizeof(arg), "--blk=%s", cases[i].spec);
+        int rc = parse(&o, err, arg, NULL, NULL, NULL);
+        if (rc == 0 || !strstr(err, cases[i].msg)) {
+            fprintf(stderr, "  case %s: rc %d, message '%s'\n", cases[i].spec, rc, err);
+            VHD_CHECK(0);
+        }
+        vhd_options_free(&o);
+    }
+}
+
+VHD_TEST(global_rejects)
+{
+    struct vhd_options o;
+    char err[256];
+    VHD_CHECK(parse(&o, err, "--workers", "0", "--blk=socket=s,image=i", NULL) < 0);
+    VHD_CHECK(strstr(err, "--workers 0"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--frobnicate", "1", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "unknown option --frobnicate"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, NULL, NULL, NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "no device"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--blk=socket=s,image=a", "--blk=socket=s,image=b", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "given twice"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--workers", "2", "--blk=socket=s,image=a,workers=3", NULL) < 0);
+    VHD_CHECK(strstr(err, "worker 3 does not exist"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--poll", "sometimes", "--blk=socket=s,image=a", NULL) < 0);
+    VHD_CHECK(strstr(err, "adaptive, always or never"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--workers", NULL, NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "needs a value"));
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--help", NULL, NULL, NULL), 0);
+    VHD_CHECK(o.help);
+    vhd_options_free(&o);
+}
+
+VHD_TEST(config_file)
+{
+    char path[] = "/tmp/vhostd-conf-XXXXXX";
+    int fd = mkstemp(path);
+    VHD_CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "# two disks\nworkers 3\npoll-us = 20\n\n"
+               "blk socket=/tmp/a.sock,backend=null,size=1G   # null disk\n"
+               "log-level debug\n");
+    fclose(f);
+    struct vhd_options o;
+    char err[256] = "";
+    int rc = parse(&o, err, "--config", path, "--blk=socket=/tmp/b.sock,image=b.img", NULL);
+    if (rc)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(o.workers, 3);
+    VHD_CHECK_EQ(o.poll_us, 20);
+    VHD_CHECK_EQ(o.log_level, 3);
+    VHD_CHECK_EQ(o.nblk, 2);
+    VHD_CHECK_EQ(o.blk[0].size, 1ull << 30);
+    vhd_options_free(&o);
+
+    f = fopen(path, "w");
+    fprintf(f, "workers 2\nbogus 1\n");
+    fclose(f);
+    VHD_CHECK(parse(&o, err, "--config", path, NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, ":2: unknown option --bogus"));
+    vhd_options_free(&o);
+    unlink(path);
+    VHD_CHECK(parse(&o, err, "--config", path, NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "No such file"));
+    vhd_options_free(&o);
+}
