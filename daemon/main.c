@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhostd: serve virtio-blk devices to vhost-user front-ends. Parses the
+ * options, creates the devices, the workers and one listening socket per
+ * device, runs the control loop, and on SIGINT/SIGTERM drains in-flight I/O,
+ * flushes, removes the sockets and exits 0.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include "dev/blk.h"
+#include "options.h"
+#include "runtime/log.h"
+#include "runtime/rt.h"
+#include "transport/ctl.h"
+#include "transport/vu_server.h"
+
+#define VHOSTD_VERSION "0.1.0"
+
+struct daemon {
+    struct vhd_options opts;
+    struct vhd_ctl *ctl;
+    struct vhd_rt *rt;
+    int sigfd;
+    int ndev;
+    struct vhd_dev *dev[VHD_OPT_MAX_DEVICES];
+    struct vhd_vu_server *srv[VHD_OPT_MAX_DEVICES];
+};
+
+static void on_signal(void *opaque, uint32_t events)
+{
+    struct daemon *d = opaque;
+    struct signalfd_siginfo si;
+    (void)events;
+    while (read(d->sigfd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+        if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) {
+            vhd_log(VHD_LOG_INFO, "signal %s: shutting down",
+                    si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+            vhd_ctl_stop(d->ctl);
+        }
+    }
+}
+
+/* A worker marked a queue broken: let each session report NEEDS_RESET. */
+static void on_rt_event(void *opaque, uint32_t events)
+{
+    struct daemon *d = opaque;
+    uint64_t v;
+    (void)events;
+    if (read(vhd_rt_event_fd(d->rt), &v, sizeof(v)) < 0 && errno != EAGAIN)
+        vhd_log(VHD_LOG_WARN, "runtime event fd: %s", strerror(errno));
+    for (int i = 0; i < d->ndev; i++) {
+        struct vhd_vu_conn *c = vhd_vu_server_conn(d->srv[i]);
+        if (c)
+            vhd_vu_conn_check_queues(c);
+    }
+}
+
+static unsigned online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (unsigned)n : 1;
+}
+
+/* Spread a device's queues over its worker list (or all workers), round robin. */
+static int assign_workers(struct vhd_dev *dev, const struct vhd_opt_blk *b, unsigned nworkers,
+                          unsigned *next_rr)
+{
+    int *map = calloc(dev->num_queues, sizeof(*map));
+    if (!map)
+        return -ENOMEM;
+    for (uint32_t q = 0; q < dev->num_queues; q++) {
+        if (b->nworkers)
+            map[q] = b->workers[q % (uint32_t)b->nworkers];
+        else
+            map[q] = (int)((*next_rr)++ % nworkers);
+    }
+    free(dev->queue_worker);
+    dev->queue_worker = map;
+    return 0;
+}
+
+static void shutdown_all(struct daemon *d)
+{
+    /* Ending each session detaches its queues: in-flight I/O completes first. */
+    for (int i = 0; i < d->ndev; i++) {
+        vhd_vu_server_free(d->srv[i]);
+        d->srv[i] = NULL;
+    }
+    /* Closing the backend flushes what the cache holds. */
+    for (int i = 0; i < d->ndev; i++) {
+        vhd_blk_free(d->dev[i]);
+        d->dev[i] = NULL;
+    }
+    vhd_rt_free(d->rt);
+    vhd_ctl_free(d->ctl);
+    if (d->sigfd >= 0)
+        close(d->sigfd);
+    vhd_options_free(&d->opts);
+}
+
+int main(int argc, char **argv)
+{
+    static struct daemon d = {.sigfd = -1};
+    char err[512] = "";
+
+    if (vhd_options_parse(&d.opts, argc, argv, err, sizeof(err)) < 0) {
+        fprintf(stderr, "vhostd: %s\n", err);
+        vhd_options_free(&d.opts);
+        return 2;
+    }
+    if (d.opts.help) {
+        fputs(vhd_usage, stdout);
+        vhd_options_free(&d.opts);
+        return 0;
+    }
+    if (d.opts.version) {
+        printf("vhostd %s\n", VHOSTD_VERSION);
+        vhd_options_free(&d.opts);
+        return 0;
+    }
+    vhd_log_set_level((enum vhd_log_level)d.opts.log_level);
+
+    /* Signals go to the control loop through a signalfd; block them before any thread starts. */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    unsigned total_queues = 0;
+    for (int i = 0; i < d.opts.nblk; i++)
+        total_queues += d.opts.blk[i].queues;
+    unsigned nworkers = d.opts.workers_set ? d.opts.workers : total_queues;
+    if (!d.opts.workers_set && nworkers > online_cpus())
+        nworkers = online_cpus();
+    if (nworkers == 0)
+        nworkers = 1;
+    for (int i = 0; i < d.opts.nblk; i++)
+        for (int j = 0; j < d.opts.blk[i].nworkers; j++)
+            if ((unsigned)d.opts.blk[i].workers[j] >= nworkers) {
+                fprintf(stderr, "vhostd: device %s: worker %d does not exist (%u workers)\n",
+                        d.opts.blk[i].name, d.opts.blk[i].workers[j], nworkers);
+                vhd_options_free(&d.opts);
+                return 2;
+            }
+
+    int rc = vhd_ctl_new(&d.ctl);
+    if (rc < 0) {
+        fprintf(stderr, "vhostd: control loop: %s\n", strerror(-rc));
+        goto fail;
+    }
+    struct vhd_rt_opts ro;
+    vhd_rt_opts_default(&ro);
+    ro.nworkers = nworkers;
+    ro.poll_us = d.opts.poll_us;
+    ro.poll_mode = d.opts.poll_mode == VHD_OPT_POLL_ALWAYS  ? VHD_POLL_ALWAYS
+                   : d.opts.poll_mode == VHD_OPT_POLL_NEVER ? VHD_POLL_NEVER
+                                                            : VHD_POLL_ADAPTIVE;
+    rc = vhd_rt_new(&ro, &d.rt);
+    if (rc < 0) {
+        fprintf(stderr, "vhostd: workers: %s\n", strerror(-rc));
+        goto fail;
+    }
+
+    unsigned next_rr = 0;
+    for (int i = 0; i < d.opts.nblk; i++) {
+        const struct vhd_opt_blk *b = &d.opts.blk[i];
+        struct vhd_blk_opts bo = {
+            .name = b->name,
+            .image = b->image,
+            .backend = b->backend,
+            .size = b->size,
+            .ro = b->ro,
+            .direct = b->direct,
+            .serial = b->serial,
+            .block_size = b->block_size,
+            .num_queues = b->queues,
+            .allow_packed = b->allow_packed,
+            .no_split = !b->allow_split,
+        };
+        rc = vhd_blk_new(&bo, &d.dev[i], err, sizeof(err));
+        if (rc < 0) {
+            fprintf(stderr, "vhostd: %s: %s\n", b->name, err);
+            goto fail;
+        }
+        d.ndev = i + 1;
+        d.dev[i]->rt = d.rt;
+        if (assign_workers(d.dev[i], b, nworkers, &next_rr) < 0) {
+            fprintf(stderr, "vhostd: %s: out of memory\n", b->name);
+            goto fail;
+        }
+        d.srv[i] = vhd_vu_server_new(d.ctl, d.dev[i], b->socket, err, sizeof(err));
+        if (!d.srv[i]) {
+            fprintf(stderr, "vhostd: %s: %s\n", b->name, err);
+            goto fail;
+        }
+        char wl[256] = "";
+        for (uint32_t q = 0; q < d.dev[i]->num_queues && strlen(wl) < sizeof(wl) - 8; q++)
+            snprintf(wl + strlen(wl), sizeof(wl) - strlen(wl), "%s%d", q ? "," : "",
+                     d.dev[i]->queue_worker[q]);
+        vhd_log(VHD_LOG_INFO,
+                "%s: virtio-blk %s%s, %llu sectors, %u queue(s) on worker(s) %s, socket %s",
+                b->name, b->image ? b->image : "null backend", b->ro ? " (read-only)" : "",
+                (unsigned long long)vhd_blk_capacity(d.dev[i]), b->queues, wl, b->socket);
+    }
+
+    d.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (d.sigfd < 0 || vhd_ctl_add(d.ctl, d.sigfd, EPOLLIN, on_signal, &d, NULL) < 0 ||
+        vhd_ctl_add(d.ctl, vhd_rt_event_fd(d.rt), EPOLLIN, on_rt_event, &d, NULL) < 0) {
+        fprintf(stderr, "vhostd: signal handling: %s\n", strerror(errno));
+        goto fail;
+    }
+    if (ro.poll_mode == VHD_POLL_ADAPTIVE)
+        vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), adaptive polling %u us",
+                VHOSTD_VERSION, d.ndev, nworkers, ro.poll_us);
+    else
+        vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), polling %s", VHOSTD_VERSION,
+                d.ndev, nworkers, ro.poll_mode == VHD_POLL_ALWAYS ? "always" : "never");
+
+    rc = vhd_ctl_run(d.ctl);
+    if (rc < 0)
+        vhd_log(VHD_LOG_ERROR, "control loop: %s", strerror(-rc));
+    shutdown_all(&d);
+    vhd_log(VHD_LOG_INFO, "stopped");
+    return rc < 0 ? 1 : 0;
+
+fail:
+    shutdown_all(&d);
+    return 1;
+}
