@@ -10,14 +10,13 @@
 #endif
 #include <errno.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <linux/magic.h>
+#include <linux/magic.h> /* HUGETLBFS_MAGIC */
 
 #include "mem.h"
 
@@ -38,10 +37,6 @@
 
 /* Largest off_t: mmap() offsets and file sizes are off_t. */
 #define MEM_OFF_MAX ((uint64_t)INT64_MAX >> (64 - 8 * sizeof(off_t)))
-
-#ifndef HUGETLBFS_MAGIC
-#define HUGETLBFS_MAGIC 0x958458f6
-#endif
 
 /* ---- building ---- */
 
@@ -68,8 +63,8 @@ static int desc_check(const struct vhd_mem_region_desc *d)
  */
 static struct vhd_mem *table_alloc(uint32_t n)
 {
-    size_t sz = sizeof(struct vhd_mem) +
-                (size_t)n * (sizeof(struct vhd_mem_region) + sizeof(uint32_t));
+    size_t sz =
+        sizeof(struct vhd_mem) + (size_t)n * (sizeof(struct vhd_mem_region) + sizeof(uint32_t));
     struct vhd_mem *mem = calloc(1, sz);
 
     if (!mem)
@@ -143,11 +138,12 @@ static void map_destroy(struct vhd_mem_map *map)
  * succeeds past EOF and the first touch raises SIGBUS, so for regular files
  * we require mmap_offset + size <= st_size and return -ENXIO otherwise (the
  * POSIX mmap() errno for "range invalid for the object"). Non-regular fds
- * (character devices such as /dev/dax, which report st_size 0) are passed to
- * mmap() unchecked: their size is not knowable here and their driver's mmap
- * validates the range; its errno is returned. Note that a front-end that
- * shrinks a regular file after this check can still make an access SIGBUS;
- * sealing (F_SEAL_SHRINK) is the front-end's tool against that.
+ * (character devices such as /dev/dax report st_size 0) have no size we can
+ * check, so they go to mmap() unchecked and its errno is returned; the device
+ * driver decides what lies beyond the end. Refusing them would break
+ * device-backed guest RAM. Sockets, pipes and the like fail in mmap()
+ * (-ENODEV, -EACCES). A front-end that shrinks a regular file after this
+ * check can still make an access SIGBUS; F_SEAL_SHRINK is the cure.
  *
  * hugetlbfs needs a huge-page-aligned file offset and length, so there the
  * offset is rounded down and the length rounded up to the huge page size
@@ -171,7 +167,7 @@ static int region_map(struct vhd_mem_region *r, int fd, uint64_t page)
         if (r->mmap_offset > fsize || r->size > fsize - r->mmap_offset)
             return -ENXIO;
     }
-    if (fstatfs(fd, &sfs) == 0 && (uint64_t)sfs.f_type == HUGETLBFS_MAGIC && sfs.f_bsize > 0 &&
+    if (fstatfs(fd, &sfs) == 0 && (uint64_t)sfs.f_type == HUGETLBFS_MAGIC &&
         (uint64_t)sfs.f_bsize > page && !((uint64_t)sfs.f_bsize & ((uint64_t)sfs.f_bsize - 1))) {
         align = (uint64_t)sfs.f_bsize;
         huge = true;
@@ -189,8 +185,8 @@ static int region_map(struct vhd_mem_region *r, int fd, uint64_t page)
     struct vhd_mem_map *map = malloc(sizeof(*map));
     if (!map)
         return -ENOMEM;
-    void *p = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd,
-                   (off_t)off);
+    void *p =
+        mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, (off_t)off);
     if (p == MAP_FAILED) {
         rc = -errno;
         goto free_map;
@@ -374,6 +370,8 @@ int vhd_mem__find_gpa(const struct vhd_mem *mem, uint64_t gpa, uint32_t *hint)
 }
 
 /*
+ * -EOVERFLOW means gpa + len > UINT64_MAX (a range ending exactly at 2^64
+ * included: no region can hold the byte at UINT64_MAX anyway).
  * Error precedence: -EOVERFLOW, then -EFAULT (the range is bad whatever the
  * array size), then -ENOBUFS. The walk after the first region is O(1) per
  * segment: regions are sorted and disjoint, so the byte after region i is

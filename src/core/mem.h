@@ -57,7 +57,8 @@ struct vhd_mem {
  * The fds stay owned by the caller and may be closed after the call.
  * Returns 0 and *out, or -EINVAL (n > VHD_MEM_MAX_REGIONS, zero size,
  * overflowing ranges, overlapping GPA or UVA ranges), -ENOMEM, or the mmap
- * errno (e.g. -EINVAL/-ENXIO for an offset beyond the file, -EBADF).
+ * errno (-ENXIO for mmap_offset + size beyond a regular file's size, -EBADF,
+ * -EACCES for a read-only fd, -ENODEV for a socket).
  * n == 0 builds an empty table.
  */
 int vhd_mem_new(const struct vhd_mem_region_desc *descs, uint32_t n, struct vhd_mem **out);
@@ -104,7 +105,7 @@ static inline void *vhd_mem_gpa_to_hva(const struct vhd_mem *mem, uint64_t gpa, 
         r = &mem->regions[vhd_index_nospec(h, mem->nregions)];
         /* gpa - r->gpa cannot underflow once gpa >= r->gpa; compare lengths, not ends. */
         if (vhd_likely(gpa >= r->gpa && gpa - r->gpa < r->size && len <= r->size - (gpa - r->gpa)))
-            return r->hva + (gpa - r->gpa);
+            return r->hva + vhd_index_nospec(gpa - r->gpa, r->size);
     }
     int i = vhd_mem__find_gpa(mem, gpa, hint);
     if (i < 0)
@@ -112,7 +113,7 @@ static inline void *vhd_mem_gpa_to_hva(const struct vhd_mem *mem, uint64_t gpa, 
     r = &mem->regions[i];
     if (len > r->size - (gpa - r->gpa))
         return NULL;
-    return r->hva + (gpa - r->gpa);
+    return r->hva + vhd_index_nospec(gpa - r->gpa, r->size);
 }
 
 /*
