@@ -206,10 +206,7 @@ int main(int argc, char **argv)
         for (uint32_t q = 0; q < d.dev[i]->num_queues && strlen(wl) < sizeof(wl) - 8; q++)
             snprintf(wl + strlen(wl), sizeof(wl) - strlen(wl), "%s%d", q ? "," : "",
                      d.dev[i]->queue_worker[q]);
-        vhd_log(VHD_LOG_INFO,
-                "%s: virtio-blk %s%s, %llu sectors, %u queue(s) on worker(s) %s, socket %s",
-                b->name, b->image ? b->image : "null backend", b->ro ? " (read-only)" : "",
-                (unsigned long long)vhd_blk_capacity(d.dev[i]), b->queues, wl, b->socket);
+        vhd_log(VHD_LOG_INFO, "%s: %u queue(s) on worker(s) %s", b->name, b->queues, wl);
     }
 
     d.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
