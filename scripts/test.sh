@@ -63,7 +63,7 @@ build() {
     ninja -C "$dir"
 }
 
-unit_tests=(test_mem test_vq test_options)
+unit_tests=(test_mem test_vq test_options test_runtime)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
@@ -80,6 +80,17 @@ for t in "${unit_tests[@]}"; do
     if [ -x "build-asan/$t" ]; then run "asan-$t" "build-asan/$t"; else failed=$((failed + 1)); echo "   asan-$t not built"; fi
 done
 
+note "build with TSan (threaded parts)"
+run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
+    -Dbuildtype=debugoptimized
+for t in test_runtime; do
+    if [ -x "build-tsan/$t" ]; then
+        TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
+    else
+        failed=$((failed + 1)); echo "   tsan-$t not built"
+    fi
+done
+
 if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
     note "libFuzzer smoke runs (${FUZZ_SECONDS:-20} s each)"
     CC=clang run build-fuzz build build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized
@@ -94,6 +105,14 @@ if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
             failed=$((failed + 1)); echo "   $f not built"
         fi
     done
+fi
+
+note "real Linux guests (QEMU TCG) on vhostd disks, and the harness against qemu-storage-daemon"
+if [ -x build/vhostd ]; then
+    run guest-vhostd-matrix bash tests/guest/vhostd-matrix.sh
+    run guest-qsd-smoke bash tests/guest/qsd-smoke.sh
+else
+    failed=$((failed + 1)); echo "   build/vhostd not built: guest tests not run"
 fi
 
 note "style (clang-format)"

@@ -75,18 +75,27 @@ struct vhd_dev_ops {
 /* One virtqueue of a device. Cache-line aligned; never written by two threads at once. */
 struct vhd_queue {
     /* ---- datapath, owned by the attached worker ---- */
-    struct vhd_vq vq;        /* engine state */
-    void *priv;              /* device-type per-queue state (queue_init) */
+    struct vhd_vq vq; /* engine state */
+    void *priv;       /* device-type per-queue state (queue_init) */
     struct vhd_dev *dev;
     struct vhd_worker *worker; /* owner while attached, else NULL */
-    uint32_t inflight_io;    /* chains popped and not yet pushed */
-    bool notify_pending;     /* pushed since the last flush */
-    bool on_dirty_list;      /* runtime bookkeeping */
+    uint32_t inflight_io;      /* chains popped and not yet pushed */
+    bool notify_pending;       /* pushed since the last flush */
+    bool on_dirty_list;        /* runtime bookkeeping */
     struct vhd_queue *dirty_next;
-    int call_fd;             /* eventfd to signal the driver; -1: none */
-    uint64_t stat_requests;  /* chains completed */
-    uint64_t stat_notifies;  /* call_fd signals */
-    uint64_t stat_kicks;     /* kick_fd wake-ups */
+    int call_fd;            /* eventfd to signal the driver; -1: none */
+    uint64_t stat_requests; /* chains completed */
+    uint64_t stat_notifies; /* call_fd signals */
+    uint64_t stat_kicks;    /* kick_fd wake-ups */
+    /*
+     * Set (release store) by the worker when queue_process() failed: the
+     * worker stops popping the queue (it stays attached; in-flight I/O still
+     * completes) and signals vhd_rt_event_fd(). The control thread reads it
+     * with vhd_load_acquire() at any time, or plainly after vhd_rt_detach(),
+     * and clears it when it restarts the ring. The device should then report
+     * NEEDS_RESET.
+     */
+    bool broken;
 
     /* ---- control thread ---- */
     uint16_t index;
@@ -96,27 +105,27 @@ struct vhd_queue {
     uint64_t addr_desc, addr_avail, addr_used, addr_log; /* SET_VRING_ADDR (front-end VAs) */
     uint32_t base; /* SET_VRING_BASE value (vhost-user encoding) */
     bool have_addr;
-    bool started;  /* vhost-user ring state: started (kick fd received) */
-    bool enabled;  /* vhost-user ring state: enabled */
-    bool attached; /* runtime: a worker is running it */
+    bool started;   /* vhost-user ring state: started (kick fd received) */
+    bool enabled;   /* vhost-user ring state: enabled */
+    bool attached;  /* runtime: a worker is running it */
     int worker_idx; /* which worker runs it */
 } vhd_cacheline_aligned;
 
 /* Generic device state, control thread. */
 struct vhd_dev {
     const struct vhd_dev_ops *ops;
-    char name[64];         /* for logs: the device's name or socket */
-    uint32_t num_queues;   /* queues configured (upper bound for the front-end) */
+    char name[64];       /* for logs: the device's name or socket */
+    uint32_t num_queues; /* queues configured (upper bound for the front-end) */
     struct vhd_queue *queues;
-    int *queue_worker;     /* queue index -> worker index (default round robin) */
-    struct vhd_rt *rt;     /* runtime whose workers run the queues */
-    struct vhd_mem *mem;   /* current memory table, or NULL */
-    uint64_t features;     /* negotiated virtio features */
-    uint64_t protocol_features; /* negotiated vhost-user protocol features */
-    uint8_t status;        /* SET_STATUS value; NEEDS_RESET added when broken */
-    bool broken;           /* a queue broke: NEEDS_RESET reported */
+    int *queue_worker;              /* queue index -> worker index (default round robin) */
+    struct vhd_rt *rt;              /* runtime whose workers run the queues */
+    struct vhd_mem *mem;            /* current memory table, or NULL */
+    uint64_t features;              /* negotiated virtio features */
+    uint64_t protocol_features;     /* negotiated vhost-user protocol features */
+    uint8_t status;                 /* SET_STATUS value; NEEDS_RESET added when broken */
+    bool broken;                    /* a queue broke: NEEDS_RESET reported */
     bool allow_split, allow_packed; /* ring layouts allowed (daemon option) */
-    void *priv;            /* device-type state */
+    void *priv;                     /* device-type state */
 };
 
 /*

@@ -15,6 +15,7 @@
 #include "dev.h"
 
 struct io_uring;
+struct io_uring_sqe;
 
 enum vhd_poll_mode {
     VHD_POLL_ADAPTIVE, /* poll poll_us after work, then notifications + sleep */
@@ -23,7 +24,7 @@ enum vhd_poll_mode {
 };
 
 struct vhd_rt_opts {
-    unsigned nworkers;      /* 1..VHD_RT_MAX_WORKERS */
+    unsigned nworkers; /* 1..VHD_RT_MAX_WORKERS */
     enum vhd_poll_mode poll_mode;
     unsigned poll_us;       /* adaptive: how long to keep polling after the last work */
     unsigned uring_entries; /* io_uring SQ size per worker (power of two) */
@@ -47,7 +48,12 @@ unsigned vhd_rt_nworkers(const struct vhd_rt *rt);
  * vhd_rt_attach - hand queue q (its vq initialised and started, kick/call
  * fds set, q->dev->ops->queue_init done) to worker `worker`, which from then
  * on owns its datapath fields and processes it on kicks (or by polling).
- * Control thread only; returns once the worker has taken it. 0 or -errno.
+ * Control thread only; returns once the worker has taken it. 0 or -errno
+ * (-EBUSY already attached, -EINVAL bad worker index, -ETIMEDOUT the worker
+ * did not take it within 5 s: nothing changed). The kick fd is switched to
+ * O_NONBLOCK (harmless for the front-end's copy). The worker drops the
+ * queue's cached ring pointers (a queue moved between workers starts with a
+ * clean translation cache) and processes it once: work may already be queued.
  */
 int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker);
 
@@ -55,8 +61,13 @@ int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker);
  * vhd_rt_detach - take q back from its worker: the worker stops popping,
  * waits until every in-flight request of q has completed and been pushed,
  * flushes and signals, and lets go. Returns 0 once the control thread owns
- * q again, or -ETIMEDOUT after timeout_ms (the queue stays attached and the
- * caller must treat the device as broken).
+ * q again (also when q was not attached), or -ETIMEDOUT after timeout_ms
+ * (the queue stays attached and the caller must treat the device as broken).
+ * After -ETIMEDOUT the queue stays parked on its worker: not popped, its
+ * late completions still pushed and signalled; calling vhd_rt_detach again
+ * succeeds once they are all in. timeout_ms < 0 is -EINVAL. Only q's worker
+ * takes part, and it keeps serving its other queues meanwhile; the other
+ * workers are not involved at all.
  */
 int vhd_rt_detach(struct vhd_rt *rt, struct vhd_queue *q, int timeout_ms);
 
@@ -77,5 +88,21 @@ struct vhd_io_cb {
  * next sleeps or polls completions (batches many SQEs into one syscall).
  */
 void vhd_worker_submit_pending(struct vhd_worker *w);
+
+/*
+ * vhd_worker_get_sqe - an SQE of w's ring, already counted for the next
+ * submit (as if vhd_worker_submit_pending() had been called). When the SQ is
+ * full the queued SQEs are submitted first to make room. NULL only when the
+ * kernel cannot take more right now (the caller leaves the request for later
+ * or fails it). Worker thread only.
+ */
+struct io_uring_sqe *vhd_worker_get_sqe(struct vhd_worker *w);
+
+/*
+ * vhd_rt_event_fd - an eventfd (non-blocking, owned by rt) that becomes
+ * readable when a worker marked some queue broken (vhd_queue.broken). The
+ * control thread polls it, reads it, and scans its queues. Control thread.
+ */
+int vhd_rt_event_fd(const struct vhd_rt *rt);
 
 #endif /* VHD_RT_H */

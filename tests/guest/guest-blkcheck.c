@@ -22,7 +22,8 @@
  *                        told apart from corrupted payload.
  *   final-verify         after all writes, every 4 KiB unit ever written is read again and must
  *                        hold its newest generation (catches writes lost or reordered later)
- *   mq-spread            every hardware queue carried requests (debugfs hctxN/queued)
+ *   mq-spread            every hardware queue completed requests: its MSI-X vector
+ *                        ("virtioN-req.Q" in /proc/interrupts) fired during the workload
  *   flush                fdatasync()+BLKFLSBUF succeed; with a write-back cache a FLUSH request
  *                        must reach the driver (flush counter in /sys/block/vda/stat)
  *   wce-toggle           if VIRTIO_BLK_F_CONFIG_WCE: switch cache_type to "write back" (config
@@ -54,7 +55,9 @@
  * The workload is a pure function of (seed, threads, ops, work region): host-verify replays it
  * without I/O to know the newest generation of every 4 KiB unit and checks the image file.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -79,19 +82,19 @@
 #define KiB ((uint64_t)1024)
 #define MiB ((uint64_t)1024 * 1024)
 
-#define SECTOR     512u        /* stamp granularity: the virtio-blk sector */
-#define UNIT       4096u       /* generation-map granularity: smallest write we issue */
-#define CHUNK      (1 * MiB)   /* work-region ownership granularity: one thread per chunk */
-#define H2G_OFF    0ull        /* host-to-guest pattern, written by host-prepare */
-#define H2G_LEN    (1 * MiB)
-#define MANI_OFF   (1 * MiB)   /* manifest block written by the guest for host-verify */
-#define MANI_LEN   4096u
-#define G2H_OFF    (MANI_OFF + MANI_LEN) /* guest-to-host pattern */
-#define G2H_LEN    (1 * MiB - MANI_LEN)
-#define DZ_OFF     (2 * MiB)   /* discard / write-zeroes playground, zero at the end */
-#define DZ_LEN     (2 * MiB)
-#define WORK_OFF   (4 * MiB)   /* random-write workload */
-#define MIN_DISK   (WORK_OFF + CHUNK)
+#define SECTOR   512u      /* stamp granularity: the virtio-blk sector */
+#define UNIT     4096u     /* generation-map granularity: smallest write we issue */
+#define CHUNK    (1 * MiB) /* work-region ownership granularity: one thread per chunk */
+#define H2G_OFF  0ull      /* host-to-guest pattern, written by host-prepare */
+#define H2G_LEN  (1 * MiB)
+#define MANI_OFF (1 * MiB) /* manifest block written by the guest for host-verify */
+#define MANI_LEN 4096u
+#define G2H_OFF  (MANI_OFF + MANI_LEN) /* guest-to-host pattern */
+#define G2H_LEN  (1 * MiB - MANI_LEN)
+#define DZ_OFF   (2 * MiB) /* discard / write-zeroes playground, zero at the end */
+#define DZ_LEN   (2 * MiB)
+#define WORK_OFF (4 * MiB) /* random-write workload */
+#define MIN_DISK (WORK_OFF + CHUNK)
 
 /* Region tags stamped into every sector, so a sector from another region is recognised. */
 #define TAG_H2G  0x48324720u /* "H2G " */
@@ -518,6 +521,7 @@ static void usage(void)
             "         [--ops-64k N] [--ops-1m N] [--no-host-pattern] [--result-file PATH]\n"
             "       guest-blkcheck host-prepare --image FILE --seed N\n"
             "       guest-blkcheck host-verify --image FILE --seed N [--ro] [--no-strict]\n"
+            "         [--no-host-pattern]\n"
             "Numbers 0 (the default) mean 'do not check'.\n");
     exit(2);
 }
@@ -545,9 +549,9 @@ static void parse_opts(int argc, char **argv, struct opts *o)
     o->plan.seed = 1;
     o->plan.threads = 4;
     o->work_mb = 32;
-    o->plan.ops[0] = 256;
-    o->plan.ops[1] = 64;
-    o->plan.ops[2] = 8;
+    o->plan.ops[0] = 512;
+    o->plan.ops[1] = 96;
+    o->plan.ops[2] = 12;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -618,13 +622,31 @@ static const struct {
     unsigned bit;
     const char *name;
 } feature_names[] = {
-    {1, "SIZE_MAX"},       {2, "SEG_MAX"},         {4, "GEOMETRY"},      {5, "RO"},
-    {6, "BLK_SIZE"},       {9, "FLUSH"},           {10, "TOPOLOGY"},     {11, "CONFIG_WCE"},
-    {12, "MQ"},            {13, "DISCARD"},        {14, "WRITE_ZEROES"}, {15, "LIFETIME"},
-    {16, "SECURE_ERASE"},  {17, "ZONED"},          {28, "INDIRECT_DESC"}, {29, "EVENT_IDX"},
-    {32, "VERSION_1"},     {33, "ACCESS_PLATFORM"}, {34, "RING_PACKED"}, {35, "IN_ORDER"},
-    {36, "ORDER_PLATFORM"}, {37, "SR_IOV"},        {38, "NOTIFICATION_DATA"},
-    {39, "NOTIF_CONFIG_DATA"}, {40, "RING_RESET"},
+    {1, "SIZE_MAX"},
+    {2, "SEG_MAX"},
+    {4, "GEOMETRY"},
+    {5, "RO"},
+    {6, "BLK_SIZE"},
+    {9, "FLUSH"},
+    {10, "TOPOLOGY"},
+    {11, "CONFIG_WCE"},
+    {12, "MQ"},
+    {13, "DISCARD"},
+    {14, "WRITE_ZEROES"},
+    {15, "LIFETIME"},
+    {16, "SECURE_ERASE"},
+    {17, "ZONED"},
+    {28, "INDIRECT_DESC"},
+    {29, "EVENT_IDX"},
+    {32, "VERSION_1"},
+    {33, "ACCESS_PLATFORM"},
+    {34, "RING_PACKED"},
+    {35, "IN_ORDER"},
+    {36, "ORDER_PLATFORM"},
+    {37, "SR_IOV"},
+    {38, "NOTIFICATION_DATA"},
+    {39, "NOTIF_CONFIG_DATA"},
+    {40, "RING_RESET"},
 };
 
 static int feature_bit(const char *name)
@@ -778,8 +800,7 @@ static void check_region(const char *cname, int fd, uint64_t off, size_t len, ui
     char why[256] = "";
     int err = full_pread(fd, buf, len, off);
     if (err) {
-        check(cname, FAIL, "read of %zu bytes at %" PRIu64 " failed: %s", len, off,
-              strerror(-err));
+        check(cname, FAIL, "read of %zu bytes at %" PRIu64 " failed: %s", len, off, strerror(-err));
     } else {
         size_t bad = verify_range(buf, off, len, seed, gen, tag, why, sizeof(why));
         if (bad)
@@ -823,8 +844,8 @@ static void *worker_main(void *arg)
         if (!err)
             err = full_pread(w->fd, rbuf, len, off);
         if (err) {
-            snprintf(w->why, sizeof(w->why), "thread %u: I/O of %zu bytes at %" PRIu64 ": %s",
-                     w->t, len, off, strerror(-err));
+            snprintf(w->why, sizeof(w->why), "thread %u: I/O of %zu bytes at %" PRIu64 ": %s", w->t,
+                     len, off, strerror(-err));
             w->bad++;
             break;
         }
@@ -842,7 +863,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* Runs every size class; returns the total bytes written (each also read back). */
+/* Runs every size class, one set of threads per class; prints a PERF line per class. */
 static void run_workload(int fd, const struct plan *p, uint32_t *map)
 {
     unsigned ncpu = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
@@ -864,8 +885,7 @@ static void run_workload(int fd, const struct plan *p, uint32_t *map)
             exit(2);
         }
         for (unsigned t = 0; t < p->threads; t++) {
-            w[t] = (struct worker){.plan = p, .map = map, .fd = fd, .t = t, .c = c,
-                                   .ncpu = ncpu};
+            w[t] = (struct worker){.plan = p, .map = map, .fd = fd, .t = t, .c = c, .ncpu = ncpu};
             if (pthread_create(&w[t].tid, NULL, worker_main, &w[t])) {
                 fprintf(stderr, "blkcheck: pthread_create failed\n");
                 exit(2);
@@ -883,7 +903,8 @@ static void run_workload(int fd, const struct plan *p, uint32_t *map)
         if (bad)
             check(cname, FAIL, "%u bad ops; first: %s", bad, why);
         else
-            check(cname, PASS, "%u threads x %u O_DIRECT writes of %" PRIu32 " bytes, each read back",
+            check(cname, PASS,
+                  "%u threads x %u O_DIRECT writes of %" PRIu32 " bytes, each read back",
                   p->threads, p->ops[c], class_size[c]);
         printf("PERF random-%s: %.1f MiB written + read back in %.2f s: %.1f MB/s, %.0f IOPS\n",
                class_name[c], (double)bytes / MiB, dt, 2.0 * (double)bytes / 1e6 / dt,
@@ -892,8 +913,8 @@ static void run_workload(int fd, const struct plan *p, uint32_t *map)
         total_t += dt;
         free(w);
     }
-    printf("PERF total: %.1f MiB written + read back in %.2f s: %.1f MB/s\n",
-           (double)total / MiB, total_t, 2.0 * (double)total / 1e6 / total_t);
+    printf("PERF total: %.1f MiB written + read back in %.2f s: %.1f MB/s\n", (double)total / MiB,
+           total_t, 2.0 * (double)total / 1e6 / total_t);
     fflush(stdout);
 }
 
@@ -935,31 +956,82 @@ static void final_verify(int fd, const struct plan *p, const uint32_t *map)
               units);
 }
 
-/* Each blk-mq hardware queue must have carried requests (needs debugfs). */
-static void check_mq_spread(const char *dev)
+/*
+ * Per-virtqueue completion interrupts from /proc/interrupts. With MSI-X, virtio_pci gives each
+ * request queue its own vector named "<virtioN>-req.<q>"; counts[q] is the sum over all CPUs.
+ * Returns the number of queues found (0: shared vector or no MSI-X).
+ */
+#define MAX_QUEUES 64
+static unsigned vq_interrupts(const char *dev, uint64_t counts[MAX_QUEUES])
 {
-    unsigned nq = count_mq(dev), idle = 0;
-    char out[256] = "";
+    char path[128], link[256], want[300], line[1024];
+    ssize_t n;
+    unsigned found = 0;
+
+    memset(counts, 0, sizeof(uint64_t) * MAX_QUEUES);
+    snprintf(path, sizeof(path), "/sys/block/%s/device", dev);
+    n = readlink(path, link, sizeof(link) - 1);
+    if (n < 0)
+        return 0;
+    link[n] = '\0';
+    const char *vdev = strrchr(link, '/') ? strrchr(link, '/') + 1 : link;
+    snprintf(want, sizeof(want), "%s-req.", vdev);
+
+    FILE *f = fopen("/proc/interrupts", "r");
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *name = strstr(line, want);
+        if (!name)
+            continue;
+        unsigned q = (unsigned)strtoul(name + strlen(want), NULL, 10);
+        char *p = strchr(line, ':');
+        if (!p || q >= MAX_QUEUES)
+            continue;
+        p++;
+        uint64_t sum = 0;
+        for (;;) {
+            char *end;
+            unsigned long long v = strtoull(p, &end, 10);
+            if (end == p)
+                break;
+            sum += v;
+            p = end;
+        }
+        counts[q] = sum;
+        if (q + 1 > found)
+            found = q + 1;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Each hardware queue must have completed requests during the workload (its own interrupt). */
+static void check_mq_spread(const char *dev, const uint64_t before[MAX_QUEUES])
+{
+    uint64_t after[MAX_QUEUES];
+    unsigned nq = vq_interrupts(dev, after), idle = 0, hw = count_mq(dev);
+    char out[512] = "";
     size_t l = 0;
 
-    for (unsigned q = 0; q < nq; q++) {
-        char path[128];
-        uint64_t v;
-        snprintf(path, sizeof(path), "/sys/kernel/debug/block/%s/hctx%u/queued", dev, q);
-        if (sysfs_u64(path, &v)) {
-            check("mq-spread", SKIP, "cannot read %s (debugfs not mounted?)", path);
-            return;
-        }
-        if (!v)
-            idle++;
-        l += (size_t)snprintf(out + l, sizeof(out) - l, "%shctx%u=%" PRIu64, l ? " " : "", q, v);
-        if (l >= sizeof(out))
-            l = sizeof(out) - 1;
+    if (!nq) {
+        check("mq-spread", SKIP, "no per-queue MSI-X vectors in /proc/interrupts");
+        return;
     }
-    if (nq < 2)
-        check("mq-spread", SKIP, "single queue (%s)", out);
+    for (unsigned q = 0; q < nq && l < sizeof(out) - 32; q++) {
+        uint64_t d = after[q] - before[q];
+        if (!d)
+            idle++;
+        l += (size_t)snprintf(out + l, sizeof(out) - l, "%sreq.%u=%" PRIu64, l ? " " : "", q, d);
+    }
+    if (hw < 2)
+        check("mq-spread", SKIP, "single hardware queue (interrupts: %s)", out);
+    else if (nq != hw)
+        check("mq-spread", FAIL, "%u hardware queues but %u request-queue vectors (%s)", hw, nq,
+              out);
     else
-        check("mq-spread", idle ? FAIL : PASS, "requests queued per hardware queue: %s", out);
+        check("mq-spread", idle ? FAIL : PASS,
+              "completion interrupts per queue during the workload: %s", out);
 }
 
 /* ---- guest: flush, cache mode, discard, write zeroes ---------------------------------- */
@@ -1030,16 +1102,16 @@ static void check_flush(int fd, const char *dev, uint64_t seed, uint64_t feat)
     }
     /* In whichever mode is write back, a flush must reach the driver. */
     bool wb_flushed = false, wt_flushed = false;
-    err = write_and_flush(fd, dev, seed, strcmp(other, "write back") == 0 ? &wb_flushed
-                                                                        : &wt_flushed);
+    err = write_and_flush(fd, dev, seed,
+                          strcmp(other, "write back") == 0 ? &wb_flushed : &wt_flushed);
     int err2 = sysfs_write(path, orig);
     sysfs_read(path, mode, sizeof(mode));
     if (!err)
-        err = write_and_flush(fd, dev, seed, strcmp(orig, "write back") == 0 ? &wb_flushed
-                                                                           : &wt_flushed);
+        err = write_and_flush(fd, dev, seed,
+                              strcmp(orig, "write back") == 0 ? &wb_flushed : &wt_flushed);
     if (err || err2 || strcmp(mode, orig) != 0)
-        check("wce-toggle", FAIL, "I/O or restore failed: %s / %s, mode now '%s'",
-              strerror(-err), strerror(-err2), mode);
+        check("wce-toggle", FAIL, "I/O or restore failed: %s / %s, mode now '%s'", strerror(-err),
+              strerror(-err2), mode);
     else if (!wb_flushed)
         check("wce-toggle", FAIL, "in write-back mode fdatasync sent no FLUSH request");
     else
@@ -1135,12 +1207,10 @@ static void check_discard_zeroes(int fd, const struct opts *o)
     else if (!can_discard)
         check("discard", SKIP, "granularity %" PRIu64 " does not fit the test range", gran);
     else if (derr)
-        check("discard", FAIL, "BLKDISCARD of %" PRIu64 " bytes failed: %s", d_len,
-              strerror(derr));
+        check("discard", FAIL, "BLKDISCARD of %" PRIu64 " bytes failed: %s", d_len, strerror(derr));
     else if (d_other)
         check("discard", FAIL,
-              "%zu discarded sectors read back neither as zeroes nor as their old data",
-              d_other);
+              "%zu discarded sectors read back neither as zeroes nor as their old data", d_other);
     else if (dcount1 <= dcount0)
         check("discard", FAIL, "BLKDISCARD succeeded but no discard request reached the driver");
     else
@@ -1163,8 +1233,7 @@ static void check_discard_zeroes(int fd, const struct opts *o)
     /* 5. leave the whole region zeroed for host-verify */
     uint64_t all[2] = {DZ_OFF, DZ_LEN};
     if (ioctl(fd, BLKZEROOUT, all) < 0)
-        check("write-zeroes-region", FAIL, "BLKZEROOUT of the region failed: %s",
-              strerror(errno));
+        check("write-zeroes-region", FAIL, "BLKZEROOUT of the region failed: %s", strerror(errno));
 out:
     free(buf);
     free(want);
@@ -1251,8 +1320,8 @@ static void check_ro_disk(const struct opts *o)
     int wfd = open(path, O_RDWR | O_DIRECT | O_CLOEXEC);
     if (wfd < 0) {
         int e = errno;
-        check("ro-write-rejected", errno_is_rejection(e) ? PASS : FAIL,
-              "open O_RDWR refused: %s", strerror(e));
+        check("ro-write-rejected", errno_is_rejection(e) ? PASS : FAIL, "open O_RDWR refused: %s",
+              strerror(e));
         check("ro-zeroout-rejected", SKIP, "no writable fd");
         check("ro-discard-rejected", SKIP, "no writable fd");
     } else {
@@ -1276,9 +1345,11 @@ static void check_ro_disk(const struct opts *o)
         /* The spec only says writes; a discard the device ignores is fine if data is intact. */
         uint64_t dr[2] = {512 * KiB, 512 * KiB};
         e = ioctl(wfd, BLKDISCARD, dr) < 0 ? errno : 0;
-        check("ro-discard-rejected", !e || errno_is_rejection(e) ? PASS : FAIL,
-              "BLKDISCARD -> %s%s%s", e ? strerror(e) : "success (data checked below)",
-              e ? " " : "", e ? reject_layer(e) : "");
+        if (e)
+            check("ro-discard-rejected", errno_is_rejection(e) ? PASS : FAIL,
+                  "BLKDISCARD -> %s (%s)", strerror(e), reject_layer(e));
+        else
+            check("ro-discard-rejected", PASS, "BLKDISCARD -> success (data checked below)");
         close(wfd);
     }
 
@@ -1360,10 +1431,12 @@ static int guest_main(struct opts *o)
         fprintf(stderr, "blkcheck: out of memory\n");
         return 2;
     }
+    uint64_t irq_before[MAX_QUEUES];
+    vq_interrupts(o->dev, irq_before);
     run_workload(fd, &o->plan, map);
+    check_mq_spread(o->dev, irq_before);
     final_verify(fd, &o->plan, map);
     free(map);
-    check_mq_spread(o->dev);
     check_flush(fd, o->dev, o->plan.seed, feat);
     check_discard_zeroes(fd, o);
     write_host_pattern(fd, o, capacity);
@@ -1379,7 +1452,7 @@ done:
     if (o->result_file && n_fail) {
         FILE *f = fopen(o->result_file, "w");
         if (f) {
-            fprintf(f, "%u checks failed: %s\n", n_fail, failed_names);
+            fprintf(f, "failed checks (%u): %s\n", n_fail, failed_names);
             fclose(f);
         }
     }
@@ -1422,8 +1495,8 @@ static int host_prepare(const struct opts *o)
         fprintf(stderr, "host-prepare: writing %s: %s\n", o->image, strerror(-err));
         return 1;
     }
-    printf("host-prepare: %s: stamped %" PRIu64 " KiB at offset 0 with seed %" PRIu64 "\n", o->image,
-           H2G_LEN / KiB, o->plan.seed);
+    printf("host-prepare: %s: stamped %" PRIu64 " KiB at offset 0 with seed %" PRIu64 "\n",
+           o->image, H2G_LEN / KiB, o->plan.seed);
     return 0;
 }
 
@@ -1465,8 +1538,8 @@ static bool host_zero(int fd, uint64_t off, uint64_t len, uint64_t *bad_at)
     return ok;
 }
 
-static bool host_region(int fd, uint64_t off, size_t len, uint64_t seed, uint32_t gen,
-                        uint32_t tag, char *why, size_t whylen)
+static bool host_region(int fd, uint64_t off, size_t len, uint64_t seed, uint32_t gen, uint32_t tag,
+                        char *why, size_t whylen)
 {
     uint8_t *buf = xalloc(len);
     int err = full_pread(fd, buf, len, off);
@@ -1490,15 +1563,20 @@ static int host_verify(const struct opts *o)
     if (fd < 0)
         return 1;
 
-    bool ok = host_region(fd, H2G_OFF, H2G_LEN, o->plan.seed, 1, TAG_H2G, why, sizeof(why));
-    hcheck(img, "host-pattern-intact", ok, "%s", ok ? "the pattern stamped before boot is intact"
-                                                    : why);
+    bool ok;
+    if (o->host_pattern) {
+        ok = host_region(fd, H2G_OFF, H2G_LEN, o->plan.seed, 1, TAG_H2G, why, sizeof(why));
+        hcheck(img, "host-pattern-intact", ok, "%s",
+               ok ? "the pattern stamped before boot is intact" : why);
+    }
 
     if (o->ro_image) {
         if (o->strict) {
             ok = host_zero(fd, H2G_LEN, size - H2G_LEN, &bad_at);
-            hcheck(img, "ro-untouched", ok, "%s @%" PRIu64,
-                   ok ? "everything past the pattern is still zero" : "non-zero data", bad_at);
+            if (ok)
+                hcheck(img, "ro-untouched", true, "everything past the pattern is still zero");
+            else
+                hcheck(img, "ro-untouched", false, "non-zero data @%" PRIu64, bad_at);
         }
         goto out;
     }
@@ -1512,8 +1590,8 @@ static int host_verify(const struct opts *o)
     memcpy(&m, mbuf, sizeof(m));
     if (memcmp(m.magic, MANI_MAGIC, 8) != 0 ||
         m.check != mix64(m.seed ^ mix64(m.work_off ^ mix64(m.work_len ^ mix64(m.threads))))) {
-        hcheck(img, "manifest", false, "no guest manifest at offset %" PRIu64 " (guest did not finish?)",
-               MANI_OFF);
+        hcheck(img, "manifest", false,
+               "no guest manifest at offset %" PRIu64 " (guest did not finish?)", MANI_OFF);
         goto out;
     }
     if (m.seed != o->plan.seed) {
@@ -1521,11 +1599,12 @@ static int host_verify(const struct opts *o)
                m.seed, o->plan.seed);
         goto out;
     }
-    struct plan p = {.seed = m.seed, .threads = m.threads, .work_off = m.work_off,
-                     .work_len = m.work_len};
+    struct plan p = {
+        .seed = m.seed, .threads = m.threads, .work_off = m.work_off, .work_len = m.work_len};
     for (unsigned c = 0; c < NCLASS; c++)
         p.ops[c] = m.ops[c];
-    if (p.work_off != WORK_OFF || p.work_off + p.work_len > size || !plan_valid(&p, why, sizeof(why))) {
+    if (p.work_off != WORK_OFF || p.work_off + p.work_len > size ||
+        !plan_valid(&p, why, sizeof(why))) {
         hcheck(img, "manifest", false, "implausible workload in manifest");
         goto out;
     }
@@ -1537,8 +1616,8 @@ static int host_verify(const struct opts *o)
     hcheck(img, "guest-pattern", ok, "%s", ok ? "the guest's pattern is in the image" : why);
 
     ok = host_zero(fd, DZ_OFF, DZ_LEN, &bad_at);
-    hcheck(img, "zeroed-region", ok, ok ? "write-zeroes region reads zeroes"
-                                        : "non-zero data @%" PRIu64, bad_at);
+    hcheck(img, "zeroed-region", ok,
+           ok ? "write-zeroes region reads zeroes" : "non-zero data @%" PRIu64, bad_at);
 
     /* Replay the workload and check every unit's newest generation. */
     uint32_t *map = calloc(p.work_len / UNIT, sizeof(*map));
@@ -1575,13 +1654,14 @@ static int host_verify(const struct opts *o)
     free(buf);
     free(map);
     hcheck(img, "workload-data", !bad && !stray,
-           "%" PRIu64 " units replayed, %" PRIu64 " bad, %" PRIu64 " never-written units non-zero%s%s",
+           "%" PRIu64 " units replayed, %" PRIu64 " bad, %" PRIu64
+           " never-written units non-zero%s%s",
            units, bad, stray, bad ? "; first: " : "", bad ? why : "");
     if (o->strict) {
         uint64_t tail = p.work_off + p.work_len;
         ok = host_zero(fd, tail, size - tail, &bad_at);
-        hcheck(img, "no-stray-writes", ok, ok ? "beyond the work region still zero"
-                                              : "non-zero data @%" PRIu64, bad_at);
+        hcheck(img, "no-stray-writes", ok,
+               ok ? "beyond the work region still zero" : "non-zero data @%" PRIu64, bad_at);
     }
 out:
     close(fd);

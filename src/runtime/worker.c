@@ -1,0 +1,1053 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The runtime's workers (rt.h): one thread per worker with its own epoll
+ * loop, io_uring and mailbox; round-robin processing of the attached
+ * virtqueues with a per-queue budget; adaptive / always / never polling; and
+ * attach/detach through the owning worker's mailbox (targeted quiescence).
+ *
+ * Ownership. Everything in struct vhd_worker above the mailbox line, the
+ * entries and the datapath fields of attached queues are touched by the
+ * worker thread only: no lock and no atomic read-modify-write on the request
+ * path. The mailbox (request list, ids) is shared with the control thread
+ * and protected by the worker's mutex; it is control path only.
+ *
+ * Ordering of queue ownership hand-over. vhd_rt_attach: the control thread's
+ * writes to q (vq set-up, fds) precede its mutex-protected enqueue; the
+ * worker takes the request under the same mutex, so it sees them. Detach and
+ * attach acknowledgements: the worker's last writes to q (used ring flush,
+ * stats, inflight_io, q->worker = NULL) precede its unlock after marking the
+ * request done; the control thread reads `done` under that mutex, so every
+ * worker write to q happens-before the control thread's next access. The
+ * mailbox eventfd and the `mail` flag are only wake-ups; they carry no data.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/compiler.h"
+#include "log.h"
+#include "rt.h"
+
+/*
+ * Tuning constants.
+ *  RT_EVENTS: epoll events taken per wait; more just wait for the next turn.
+ *  RT_CQE_BATCH: CQEs copied out per peek; the loop repeats until the CQ is
+ *    empty, so this only sizes a stack array.
+ *  RT_POLL_EPOLL_EVERY: while polling (no sleep) the rings and the CQ are
+ *    checked directly every turn and the mailbox through the `mail` flag, so
+ *    epoll_wait(0) is needed only to drain kicks that raced with disabling
+ *    notifications; once per 128 turns (tens of microseconds) keeps those
+ *    from piling up without a syscall per turn.
+ *  RT_ATTACH_TIMEOUT_MS: an attach is taken at the worker's next loop turn,
+ *    which is bounded by budget x queues; 5 s only trips when a worker is
+ *    wedged inside a device callback, and then attach reports it.
+ */
+#define RT_EVENTS            64
+#define RT_CQE_BATCH         32
+#define RT_POLL_EPOLL_EVERY  128
+#define RT_ATTACH_TIMEOUT_MS 5000
+
+/* Distinct addresses tagging the non-queue epoll sources. */
+static char rt_tag_mailbox, rt_tag_uring;
+
+/* ---- mailbox requests (control path) ---- */
+
+enum rt_req_type {
+    RT_REQ_ATTACH, /* take q: register its kick, set notifications, process once */
+    RT_REQ_DETACH, /* let go of q once its in-flight I/O has completed */
+    RT_REQ_STOP,   /* leave the loop (vhd_rt_free) */
+};
+
+/*
+ * One request, on the stack of the control thread that posted it. It is in
+ * its worker's list (w->reqs) from posting until it is completed (by the
+ * worker) or abandoned (by the poster on timeout); it is touched only under
+ * w->lock. The worker never keeps a pointer to a request outside the lock:
+ * a detach in progress remembers the request's id, and completing it looks
+ * the id up again, so an abandoned request (gone with its stack frame) is
+ * never dereferenced.
+ */
+struct rt_req {
+    enum rt_req_type type;
+    struct vhd_queue *q;
+    uint64_t id; /* unique per worker, never 0 */
+    bool taken;  /* the worker has acted on it */
+    bool done;   /* completed; rc is valid */
+    int rc;      /* 0 or -errno */
+    struct rt_req *next;
+};
+
+/* ---- worker ---- */
+
+/*
+ * One attached queue, private to its worker (allocated on its own so epoll
+ * can point at it while the entries array grows).
+ */
+struct rt_entry {
+    struct vhd_queue *q;
+    bool pending;       /* process at the next turn: kicked, budget exhausted, or work slipped in */
+    bool kickless;      /* no kick fd: polled every turn */
+    bool kick_in_epoll; /* q->kick_fd is registered in the worker's epoll */
+    bool broken;        /* queue_process failed: never popped again */
+    bool detaching;     /* a detach was taken: not popped, waiting for inflight_io == 0 */
+    uint64_t detach_id; /* request to complete when drained; 0: none (its poster gave up) */
+};
+
+struct vhd_worker {
+    /* ---- worker thread only ---- */
+    struct io_uring ring;
+    struct vhd_rt *rt;
+    struct vhd_queue *dirty;   /* queues with pushed, unpublished used elements */
+    struct rt_entry **entries; /* attached queues */
+    unsigned nentries, cap;
+    unsigned rr;         /* round-robin start of the next turn */
+    unsigned nkickless;  /* entries polled every turn (kickless, not stopped) */
+    unsigned ndetaching; /* entries with a detach in progress */
+    bool submit_pending; /* SQEs queued since the last io_uring_submit */
+    bool polling;        /* adaptive: in the poll window, notifications disabled */
+    bool more;           /* some queue still has work: do not sleep */
+    bool stopping;       /* RT_REQ_STOP taken */
+    enum vhd_poll_mode mode;
+    unsigned budget;
+    uint64_t poll_ns;      /* adaptive poll window */
+    uint64_t last_work_ns; /* adaptive: when work was last seen */
+    uint32_t turns;        /* loop turns, to space out epoll checks while polling */
+    unsigned index;
+    int epfd;
+    int mbox_fd; /* eventfd: wakes the worker for the mailbox */
+
+    /* ---- mailbox, shared with the control thread (own cache line) ---- */
+    int mail vhd_cacheline_aligned; /* set (release) by the poster after enqueueing */
+    pthread_mutex_t lock;           /* protects reqs, next_id and every struct rt_req */
+    pthread_cond_t cond;            /* broadcast when a request completes */
+    struct rt_req *reqs;            /* outstanding requests, oldest first */
+    uint64_t next_id;
+    pthread_t thread;
+    bool thread_started;
+    bool lock_ready; /* lock and cond initialised */
+} vhd_cacheline_aligned;
+
+struct vhd_rt {
+    struct vhd_rt_opts opts;
+    unsigned nworkers;
+    int event_fd; /* written by workers when a queue breaks */
+    struct vhd_worker *workers;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- datapath helpers (worker thread) ---- */
+
+void vhd_queue_mark_used(struct vhd_queue *q)
+{
+    struct vhd_worker *w = q->worker;
+
+    q->notify_pending = true;
+    if (vhd_unlikely(w == NULL)) {
+        /*
+         * Not attached: the caller is the control thread, which owns q
+         * (e.g. a device completing leftovers in queue_fini). Publish now.
+         */
+        q->notify_pending = false;
+        vhd_vq_flush(&q->vq);
+        if (vhd_vq_need_notify(&q->vq) && q->call_fd >= 0) {
+            eventfd_write(q->call_fd, 1);
+            q->stat_notifies++;
+        }
+        return;
+    }
+    if (!q->on_dirty_list) {
+        q->on_dirty_list = true;
+        q->dirty_next = w->dirty;
+        w->dirty = q;
+    }
+}
+
+struct io_uring *vhd_worker_uring(struct vhd_worker *w)
+{
+    return &w->ring;
+}
+
+void vhd_worker_submit_pending(struct vhd_worker *w)
+{
+    w->submit_pending = true;
+}
+
+struct io_uring_sqe *vhd_worker_get_sqe(struct vhd_worker *w)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&w->ring);
+
+    if (vhd_unlikely(sqe == NULL)) {
+        /* SQ full: hand what is queued to the kernel, then retry once. */
+        io_uring_submit(&w->ring);
+        sqe = io_uring_get_sqe(&w->ring);
+    }
+    if (sqe)
+        w->submit_pending = true;
+    return sqe;
+}
+
+/*
+ * Publish every queue on the dirty list (one release store each) and signal
+ * the driver where need_notify says so: once per burst, not per request.
+ */
+static void worker_flush_dirty(struct vhd_worker *w)
+{
+    struct vhd_queue *q;
+
+    while ((q = w->dirty) != NULL) {
+        w->dirty = q->dirty_next;
+        q->dirty_next = NULL;
+        q->on_dirty_list = false;
+        q->notify_pending = false;
+        vhd_vq_flush(&q->vq);
+        if (vhd_vq_need_notify(&q->vq) && q->call_fd >= 0) {
+            eventfd_write(q->call_fd, 1);
+            q->stat_notifies++;
+        }
+    }
+}
+
+/*
+ * Run the completions: copy each CQE's callback and result out, release the
+ * CQ slots, then call the callbacks (which may queue new SQEs or push used
+ * elements). Returns the number of CQEs seen.
+ */
+static unsigned worker_reap(struct vhd_worker *w)
+{
+    struct io_uring_cqe *cqes[RT_CQE_BATCH];
+    struct {
+        struct vhd_io_cb *cb;
+        int res;
+    } done[RT_CQE_BATCH];
+    unsigned total = 0;
+
+    for (;;) {
+        unsigned n = io_uring_peek_batch_cqe(&w->ring, cqes, RT_CQE_BATCH);
+        if (n == 0)
+            break;
+        for (unsigned i = 0; i < n; i++) {
+            done[i].cb = io_uring_cqe_get_data(cqes[i]);
+            done[i].res = cqes[i]->res;
+        }
+        io_uring_cq_advance(&w->ring, n);
+        for (unsigned i = 0; i < n; i++)
+            if (done[i].cb)
+                done[i].cb->done(done[i].cb, done[i].res);
+        total += n;
+        if (n < RT_CQE_BATCH)
+            break;
+    }
+    return total;
+}
+
+/* One io_uring_submit for everything queued this turn; keep the flag if some are left. */
+static void worker_submit(struct vhd_worker *w)
+{
+    int rc = io_uring_submit(&w->ring);
+
+    if (rc < 0 && rc != -EAGAIN && rc != -EBUSY && rc != -EINTR)
+        VHD_LOG_RL(VHD_LOG_ERROR, "worker %u: io_uring_submit: %s", w->index, strerror(-rc));
+    /* -EAGAIN/-EBUSY (no memory, CQ overflow): retried next turn after reaping. */
+    w->submit_pending = io_uring_sq_ready(&w->ring) > 0;
+}
+
+static void worker_kick_del(struct vhd_worker *w, struct rt_entry *e)
+{
+    if (!e->kick_in_epoll)
+        return;
+    /* Errors are ignored: the fd may already be gone; either way it no longer wakes us. */
+    epoll_ctl(w->epfd, EPOLL_CTL_DEL, e->q->kick_fd, NULL);
+    e->kick_in_epoll = false;
+}
+
+/* Stop processing e (broken or detaching): no more pops, no more polling. */
+static void worker_entry_stop(struct vhd_worker *w, struct rt_entry *e)
+{
+    if (e->broken || e->detaching)
+        return;
+    worker_kick_del(w, e);
+    if (e->kickless)
+        w->nkickless--;
+    e->pending = false;
+}
+
+/*
+ * queue_process failed: the queue is broken until the control thread resets
+ * it. It stays attached (its in-flight I/O still completes and is flushed);
+ * the control thread learns of it through q->broken and rt->event_fd.
+ */
+static void worker_queue_broke(struct vhd_worker *w, struct rt_entry *e, int rc)
+{
+    struct vhd_queue *q = e->q;
+    char buf[64];
+    const char *why;
+
+    worker_entry_stop(w, e);
+    e->broken = true;
+    if (q->vq.error)
+        why = vhd_vq_strerror(q->vq.error);
+    else
+        why = strerror_r(rc < 0 ? -rc : rc, buf, sizeof(buf));
+    /* A guest can trigger this (a malformed ring): rate-limited. */
+    VHD_LOG_RL(VHD_LOG_ERROR, "%s: queue %u broken (%s): stopped until the device is reset",
+               q->dev->name, q->index, why);
+    /* Pairs with the control thread's acquire load of q->broken. */
+    vhd_store_release(&q->broken, true);
+    eventfd_write(w->rt->event_fd, 1);
+}
+
+/* Set e's notification state for the worker's current mode (attach, mode switches). */
+static void worker_entry_set_notify(struct vhd_worker *w, struct rt_entry *e)
+{
+    struct vhd_vq *vq = &e->q->vq;
+
+    if (w->mode == VHD_POLL_ALWAYS || (w->mode == VHD_POLL_ADAPTIVE && w->polling)) {
+        vhd_vq_disable_notify(vq);
+    } else if (vhd_vq_enable_notify(vq)) {
+        /* Work slipped in before the enable became visible: do not wait for a kick. */
+        e->pending = true;
+    }
+}
+
+/*
+ * Process the attached queues once, round-robin from a rotating start, each
+ * for at most `budget` chains, so a busy queue cannot starve the others.
+ * Which queues: those kicked or left with work (pending), those without a
+ * kick fd, and, while polling, any queue whose ring has work. Returns true
+ * when some chain was taken.
+ */
+static bool worker_process_queues(struct vhd_worker *w)
+{
+    unsigned n = w->nentries;
+    bool poll = w->mode == VHD_POLL_ALWAYS || w->polling;
+    bool work = false, more = false;
+
+    if (n == 0) {
+        w->more = false;
+        return false;
+    }
+    unsigned i = w->rr < n ? w->rr : 0;
+    w->rr = i + 1;
+    for (unsigned k = 0; k < n; k++, i = (i + 1 == n) ? 0 : i + 1) {
+        struct rt_entry *e = w->entries[i];
+        struct vhd_queue *q = e->q;
+
+        if (e->broken || e->detaching)
+            continue;
+        /*
+         * The engine marks a queue broken wherever it meets bad guest data,
+         * also outside queue_process (a push in a completion, a corrupt index
+         * seen by enable_notify). A broken vq never reports work, so catch it
+         * here rather than let the queue stall silently.
+         */
+        if (vhd_unlikely(q->vq.error)) {
+            worker_queue_broke(w, e, -EIO);
+            continue;
+        }
+        if (!e->pending && !((poll || e->kickless) && vhd_vq_has_work(&q->vq)))
+            continue;
+        int r = q->dev->ops->queue_process(q, w->budget);
+        if (vhd_unlikely(r < 0)) {
+            worker_queue_broke(w, e, r);
+            continue;
+        }
+        if (r > 0)
+            work = true;
+        if ((unsigned)r >= w->budget) {
+            /* Budget used up: the ring may hold more; come back next turn. */
+            e->pending = true;
+            more = true;
+            continue;
+        }
+        e->pending = false;
+        /*
+         * Event mode: the ring looked empty. Re-arm the kick and check again:
+         * the driver may have added a chain after our last pop and, seeing
+         * the old avail_event (or NO_NOTIFY), not kicked. enable_notify makes
+         * the request visible with a full barrier and re-reads the ring
+         * (vq_split.c / vq_packed.c, pairing D); true means the chain slipped
+         * in and we must process it rather than sleep. Polling modes do this
+         * once, when the poll window closes (worker_enable_notify_all).
+         */
+        if (w->mode == VHD_POLL_NEVER && vhd_vq_enable_notify(&q->vq)) {
+            e->pending = true;
+            more = true;
+        }
+    }
+    w->more = more;
+    return work;
+}
+
+/* Adaptive: entering the poll window. Kicks are not needed while we poll. */
+static void worker_disable_notify_all(struct vhd_worker *w)
+{
+    for (unsigned i = 0; i < w->nentries; i++) {
+        struct rt_entry *e = w->entries[i];
+        if (!e->broken && !e->detaching)
+            vhd_vq_disable_notify(&e->q->vq);
+    }
+}
+
+/*
+ * Adaptive: the poll window closed. Re-enable notifications on every queue,
+ * and re-check each ring after its enable is visible (the classic race: a
+ * chain added while kicks were off produced no kick). Returns true when some
+ * ring has work (those entries are marked pending: do not sleep).
+ */
+static bool worker_enable_notify_all(struct vhd_worker *w)
+{
+    bool slipped = false;
+
+    for (unsigned i = 0; i < w->nentries; i++) {
+        struct rt_entry *e = w->entries[i];
+        if (e->broken || e->detaching)
+            continue;
+        if (vhd_vq_enable_notify(&e->q->vq)) {
+            e->pending = true;
+            slipped = true;
+        }
+    }
+    return slipped;
+}
+
+/*
+ * After a turn: how long may the next epoll_wait sleep? 0 (poll again) or
+ * -1 (until a kick, a CQE, or mail). CQEs wake us through the ring fd in the
+ * epoll set, so in-flight I/O needs no timeout. Reads the clock at most once.
+ */
+static int worker_next_timeout(struct vhd_worker *w, bool work)
+{
+    if (w->stopping)
+        return 0;
+    if (w->mode == VHD_POLL_ALWAYS)
+        return 0;
+    if (w->mode == VHD_POLL_ADAPTIVE) {
+        if (work) {
+            w->last_work_ns = now_ns();
+            if (!w->polling) {
+                w->polling = true;
+                worker_disable_notify_all(w);
+            }
+            return 0;
+        }
+        if (w->polling) {
+            if (now_ns() - w->last_work_ns < w->poll_ns)
+                return 0;
+            w->polling = false;
+            if (worker_enable_notify_all(w))
+                return 0;
+        }
+    }
+    if (w->more || w->submit_pending || w->nkickless)
+        return 0;
+    return -1;
+}
+
+/* ---- attach / detach on the worker (called with w->lock held) ---- */
+
+static int worker_find(const struct vhd_worker *w, const struct vhd_queue *q)
+{
+    for (unsigned i = 0; i < w->nentries; i++)
+        if (w->entries[i]->q == q)
+            return (int)i;
+    return -1;
+}
+
+/*
+ * Take q: from here on this thread owns its datapath fields. The translation
+ * cache is dropped so a queue moved from another worker starts clean here
+ * (the next verb re-translates its rings). Then notifications are set for
+ * the current mode and the queue is marked pending: the driver may have
+ * queued work (and kicked) before we were listening.
+ */
+static int worker_do_attach(struct vhd_worker *w, struct vhd_queue *q)
+{
+    if (worker_find(w, q) >= 0)
+        return -EEXIST;
+    if (w->nentries == w->cap) {
+        unsigned cap = w->cap ? 2 * w->cap : 8;
+        struct rt_entry **a = realloc(w->entries, cap * sizeof(*a));
+        if (!a)
+            return -ENOMEM;
+        w->entries = a;
+        w->cap = cap;
+    }
+    struct rt_entry *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->q = q;
+    if (q->kick_fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = e};
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, q->kick_fd, &ev) < 0) {
+            int rc = -errno;
+            free(e);
+            return rc;
+        }
+        e->kick_in_epoll = true;
+    } else {
+        e->kickless = true;
+        w->nkickless++;
+    }
+    q->worker = w;
+    q->on_dirty_list = false;
+    q->dirty_next = NULL;
+    q->notify_pending = false;
+    vhd_vq_invalidate(&q->vq);
+    q->vq.mem_hint = 0;
+    e->pending = true;
+    worker_entry_set_notify(w, e);
+    w->entries[w->nentries++] = e;
+    return 0;
+}
+
+/*
+ * Begin letting go of q: stop popping it and stop listening to its kicks.
+ * In-flight I/O keeps completing through the CQ; worker_check_detaching()
+ * finishes once q->inflight_io is 0. Returns 1 (in progress) or -ENOENT.
+ */
+static int worker_begin_detach(struct vhd_worker *w, struct vhd_queue *q, uint64_t id)
+{
+    int i = worker_find(w, q);
+    if (i < 0)
+        return -ENOENT;
+    struct rt_entry *e = w->entries[i];
+    if (!e->detaching) {
+        worker_entry_stop(w, e);
+        e->detaching = true;
+        w->ndetaching++;
+    }
+    /* A retry after a timed-out detach lands here too: it takes over. */
+    e->detach_id = id;
+    return 1;
+}
+
+/* Complete req (w->lock held): unlink it, publish rc. The caller broadcasts. */
+static void req_complete(struct vhd_worker *w, struct rt_req *req, int rc)
+{
+    for (struct rt_req **pp = &w->reqs; *pp; pp = &(*pp)->next) {
+        if (*pp == req) {
+            *pp = req->next;
+            break;
+        }
+    }
+    req->rc = rc;
+    req->done = true;
+}
+
+static struct rt_req *req_find(struct vhd_worker *w, uint64_t id)
+{
+    for (struct rt_req *r = w->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/*
+ * Handle the mailbox: act on every request not yet taken. Attach and stop
+ * complete at once (bounded work under the lock: an epoll_ctl, a ring
+ * check); a detach completes later, when its queue has drained.
+ */
+static void worker_handle_mail(struct vhd_worker *w)
+{
+    eventfd_t v;
+    bool completed = false;
+
+    /*
+     * Clear the flag before looking at the list: a request enqueued after
+     * our look sets it again (its poster stores the flag after unlocking).
+     */
+    vhd_store_relaxed(&w->mail, 0);
+    (void)eventfd_read(w->mbox_fd, &v); /* non-blocking; EAGAIN is fine */
+
+    pthread_mutex_lock(&w->lock);
+    struct rt_req *r = w->reqs;
+    while (r) {
+        struct rt_req *next = r->next; /* r may be unlinked below */
+        if (!r->taken) {
+            r->taken = true;
+            switch (r->type) {
+            case RT_REQ_ATTACH:
+                req_complete(w, r, worker_do_attach(w, r->q));
+                completed = true;
+                break;
+            case RT_REQ_DETACH: {
+                int rc = worker_begin_detach(w, r->q, r->id);
+                if (rc < 0) {
+                    req_complete(w, r, rc);
+                    completed = true;
+                }
+                break;
+            }
+            case RT_REQ_STOP:
+                w->stopping = true;
+                req_complete(w, r, 0);
+                completed = true;
+                break;
+            }
+        }
+        r = next;
+    }
+    if (completed)
+        pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+/*
+ * Finish the detach of entries[i] if its poster still waits: remove the
+ * entry, hand q back (q->worker = NULL), complete the request. Returns true
+ * when the entry was removed. If the poster gave up (timed out), the queue
+ * stays parked here, drained and not popped, until a new detach arrives.
+ */
+static bool worker_finish_detach(struct vhd_worker *w, unsigned i)
+{
+    struct rt_entry *e = w->entries[i];
+    struct vhd_queue *q = e->q;
+    bool removed = false;
+
+    /* The turn flushed the dirty list just before; this only guards against a late push. */
+    if (q->on_dirty_list)
+        worker_flush_dirty(w);
+
+    pthread_mutex_lock(&w->lock);
+    struct rt_req *req = req_find(w, e->detach_id);
+    if (req) {
+        w->entries[i] = w->entries[--w->nentries];
+        w->ndetaching--;
+        q->worker = NULL;
+        /* The unlock below publishes every write we made to q (see file comment). */
+        req_complete(w, req, 0);
+        pthread_cond_broadcast(&w->cond);
+        removed = true;
+    } else {
+        e->detach_id = 0;
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (removed)
+        free(e);
+    return removed;
+}
+
+static void worker_check_detaching(struct vhd_worker *w)
+{
+    unsigned i = 0;
+
+    while (i < w->nentries) {
+        struct rt_entry *e = w->entries[i];
+        if (e->detaching && e->detach_id && e->q->inflight_io == 0 && worker_finish_detach(w, i))
+            continue; /* entries[i] now holds another entry */
+        i++;
+    }
+}
+
+/* ---- the loop ---- */
+
+/* One epoll event. Returns true for the mailbox (handled by the caller after the batch). */
+static bool worker_dispatch(const struct epoll_event *ev)
+{
+    void *tag = ev->data.ptr;
+
+    if (tag == &rt_tag_mailbox) {
+        return true;
+    } else if (tag == &rt_tag_uring) {
+        /* Nothing to do here: the CQ is reaped every turn. */
+    } else {
+        struct rt_entry *e = tag;
+        uint64_t v;
+        /*
+         * A kick. Entries are freed only at the end of a turn, so e is
+         * valid; it may have stopped earlier in this batch (then its fd has
+         * left the epoll set and the kick is the next owner's to see).
+         */
+        if (!e->kick_in_epoll)
+            return false;
+        /* Non-blocking (set at attach): consume the count, one wake-up. */
+        if (read(e->q->kick_fd, &v, sizeof(v)) < 0)
+            return false;
+        e->q->stat_kicks++;
+        e->pending = true;
+    }
+    return false;
+}
+
+static void worker_shutdown(struct vhd_worker *w)
+{
+    /* vhd_rt_free requires every queue detached; survive it if not. */
+    for (unsigned i = 0; i < w->nentries; i++) {
+        struct rt_entry *e = w->entries[i];
+        vhd_log(VHD_LOG_WARN, "worker %u: stopping with %s queue %u still attached", w->index,
+                e->q->dev->name, e->q->index);
+        worker_kick_del(w, e);
+        /* Its in-flight I/O is cancelled with the ring, without callbacks. */
+        e->q->worker = NULL;
+        free(e);
+    }
+    w->nentries = 0;
+    free(w->entries);
+    w->entries = NULL;
+
+    /* Fail anything still in the mailbox. */
+    pthread_mutex_lock(&w->lock);
+    while (w->reqs)
+        req_complete(w, w->reqs, -ESHUTDOWN);
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+static void *worker_main(void *arg)
+{
+    struct vhd_worker *w = arg;
+    struct epoll_event evs[RT_EVENTS];
+    int timeout = -1;
+
+    while (!w->stopping) {
+        /*
+         * Sleep (timeout -1) or peek (0). While polling every ring, epoll is
+         * consulted only every RT_POLL_EPOLL_EVERY turns (see there) and the
+         * mailbox flag catches requests at once. Otherwise a turn that does
+         * not sleep still peeks, so kicks on other queues are seen at once.
+         */
+        bool poll_all = w->mode == VHD_POLL_ALWAYS || w->polling;
+        bool mail = vhd_load_acquire(&w->mail) != 0;
+        if (timeout != 0 || !poll_all || mail || ++w->turns % RT_POLL_EPOLL_EVERY == 0) {
+            int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
+            for (int i = 0; i < n; i++)
+                mail |= worker_dispatch(&evs[i]);
+            if (n < 0 && errno != EINTR) {
+                vhd_log(VHD_LOG_ERROR, "worker %u: epoll_wait: %s", w->index, strerror(errno));
+                /* Cannot happen with a valid epfd; do not spin hot if it does. */
+                usleep(1000);
+            }
+        }
+        if (mail)
+            worker_handle_mail(w);
+        if (w->stopping)
+            break;
+
+        bool work = worker_reap(w) > 0;
+        work |= worker_process_queues(w);
+        if (w->submit_pending)
+            worker_submit(w);
+        if (w->dirty)
+            worker_flush_dirty(w);
+        if (w->ndetaching)
+            worker_check_detaching(w);
+        timeout = worker_next_timeout(w, work);
+    }
+    worker_shutdown(w);
+    return NULL;
+}
+
+/* ---- control thread API ---- */
+
+void vhd_rt_opts_default(struct vhd_rt_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->nworkers = 1;
+    o->poll_mode = VHD_POLL_ADAPTIVE;
+    /* Tens of microseconds: longer than a typical guest's gap between requests under load. */
+    o->poll_us = 50;
+    o->uring_entries = 256;
+    /* 64 chains: enough to batch notifications, small enough to keep other queues' latency low. */
+    o->budget = 64;
+}
+
+static void worker_fini(struct vhd_worker *w)
+{
+    if (w->rt)
+        io_uring_queue_exit(&w->ring);
+    if (w->epfd >= 0)
+        close(w->epfd);
+    if (w->mbox_fd >= 0)
+        close(w->mbox_fd);
+    if (w->lock_ready) {
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+    }
+}
+
+static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    pthread_condattr_t ca;
+    int rc;
+
+    w->epfd = -1;
+    w->mbox_fd = -1;
+    w->index = index;
+    w->mode = rt->opts.poll_mode;
+    w->budget = rt->opts.budget;
+    w->poll_ns = (uint64_t)rt->opts.poll_us * 1000u;
+
+    if (pthread_mutex_init(&w->lock, NULL) != 0)
+        return -ENOMEM;
+    pthread_condattr_init(&ca);
+    /* Deadlines on the monotonic clock: a wall-clock step must not stretch a bounded wait. */
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    rc = pthread_cond_init(&w->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc != 0) {
+        pthread_mutex_destroy(&w->lock);
+        return -rc;
+    }
+    w->lock_ready = true;
+
+    w->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (w->epfd < 0)
+        return -errno;
+    w->mbox_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->mbox_fd < 0)
+        return -errno;
+    /* Plain ring, no SQPOLL: the worker is the only submitter and reaper. */
+    rc = io_uring_queue_init(rt->opts.uring_entries, &w->ring, 0);
+    if (rc < 0)
+        return rc;
+    w->rt = rt; /* marks the ring as initialised for worker_fini */
+
+    ev.data.ptr = &rt_tag_mailbox;
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->mbox_fd, &ev) < 0)
+        return -errno;
+    /* The ring fd polls readable when CQEs are pending: completions wake a sleeping worker. */
+    ev.data.ptr = &rt_tag_uring;
+    if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->ring.ring_fd, &ev) < 0)
+        return -errno;
+    return 0;
+}
+
+/*
+ * Post req to w and wait (bounded) for its completion. On timeout the
+ * request is withdrawn under the lock, so the worker never touches it again.
+ * Returns req->rc or -ETIMEDOUT. timeout_ms < 0: wait without bound (stop).
+ */
+static int rt_post_wait(struct vhd_worker *w, struct rt_req *req, int timeout_ms)
+{
+    struct timespec deadline;
+    int rc;
+
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    if (timeout_ms > 0) {
+        deadline.tv_sec += timeout_ms / 1000;
+        deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+
+    pthread_mutex_lock(&w->lock);
+    req->id = ++w->next_id;
+    req->taken = false;
+    req->done = false;
+    req->next = NULL;
+    struct rt_req **pp = &w->reqs;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = req;
+    pthread_mutex_unlock(&w->lock);
+
+    /* Wake-ups only (see worker_handle_mail for why the flag comes after the enqueue). */
+    vhd_store_release(&w->mail, 1);
+    eventfd_write(w->mbox_fd, 1);
+
+    pthread_mutex_lock(&w->lock);
+    while (!req->done) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&w->cond, &w->lock);
+            continue;
+        }
+        if (pthread_cond_timedwait(&w->cond, &w->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    if (req->done) {
+        rc = req->rc;
+    } else {
+        /* Withdraw: not done means still linked (only completion unlinks). */
+        for (pp = &w->reqs; *pp; pp = &(*pp)->next) {
+            if (*pp == req) {
+                *pp = req->next;
+                break;
+            }
+        }
+        rc = -ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&w->lock);
+    return rc;
+}
+
+int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
+{
+    struct vhd_rt *rt;
+    sigset_t block, old;
+    int rc;
+
+    if (!o || !out || o->nworkers == 0 || o->nworkers > VHD_RT_MAX_WORKERS || o->budget == 0 ||
+        o->uring_entries == 0 || o->uring_entries > 32768)
+        return -EINVAL;
+    if (o->poll_mode != VHD_POLL_ADAPTIVE && o->poll_mode != VHD_POLL_ALWAYS &&
+        o->poll_mode != VHD_POLL_NEVER)
+        return -EINVAL;
+
+    rt = calloc(1, sizeof(*rt));
+    if (!rt)
+        return -ENOMEM;
+    rt->opts = *o;
+    /* An adaptive window of 0 us is event mode: skip the disable/enable round trip. */
+    if (rt->opts.poll_mode == VHD_POLL_ADAPTIVE && rt->opts.poll_us == 0)
+        rt->opts.poll_mode = VHD_POLL_NEVER;
+    rt->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (rt->event_fd < 0) {
+        rc = -errno;
+        free(rt);
+        return rc;
+    }
+    rt->workers = aligned_alloc(VHD_CACHELINE, o->nworkers * sizeof(*rt->workers));
+    if (!rt->workers) {
+        close(rt->event_fd);
+        free(rt);
+        return -ENOMEM;
+    }
+    memset(rt->workers, 0, o->nworkers * sizeof(*rt->workers));
+    for (unsigned i = 0; i < o->nworkers; i++) {
+        rc = worker_init(rt, &rt->workers[i], i);
+        rt->nworkers = i + 1; /* vhd_rt_free cleans up to here */
+        if (rc < 0)
+            goto fail;
+    }
+
+    /*
+     * Workers never take the process's signals: the daemon handles them on
+     * the control thread. The mask is inherited from the creating thread.
+     */
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigaddset(&block, SIGQUIT);
+    sigaddset(&block, SIGUSR1);
+    sigaddset(&block, SIGUSR2);
+    sigaddset(&block, SIGCHLD);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    rc = 0;
+    for (unsigned i = 0; i < rt->nworkers; i++) {
+        struct vhd_worker *w = &rt->workers[i];
+        int err = pthread_create(&w->thread, NULL, worker_main, w);
+        if (err != 0) {
+            rc = -err;
+            break;
+        }
+        w->thread_started = true;
+        char name[16];
+        snprintf(name, sizeof(name), "vhd-worker%u", (unsigned)(uint8_t)i); /* i < 64 */
+        pthread_setname_np(w->thread, name);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc < 0)
+        goto fail;
+    *out = rt;
+    return 0;
+
+fail:
+    vhd_rt_free(rt);
+    return rc;
+}
+
+void vhd_rt_free(struct vhd_rt *rt)
+{
+    if (!rt)
+        return;
+    for (unsigned i = 0; i < rt->nworkers; i++) {
+        struct vhd_worker *w = &rt->workers[i];
+        if (w->thread_started) {
+            struct rt_req req = {.type = RT_REQ_STOP};
+            rt_post_wait(w, &req, -1);
+            pthread_join(w->thread, NULL);
+            w->thread_started = false;
+        }
+        worker_fini(w);
+    }
+    free(rt->workers);
+    close(rt->event_fd);
+    free(rt);
+}
+
+unsigned vhd_rt_nworkers(const struct vhd_rt *rt)
+{
+    return rt->nworkers;
+}
+
+int vhd_rt_event_fd(const struct vhd_rt *rt)
+{
+    return rt->event_fd;
+}
+
+int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
+{
+    if (!rt || !q || !q->dev || !q->dev->ops || !q->dev->ops->queue_process)
+        return -EINVAL;
+    if (worker >= rt->nworkers)
+        return -EINVAL;
+    if (q->attached)
+        return -EBUSY;
+    if (q->kick_fd >= 0) {
+        /*
+         * The worker reads the kick eventfd after epoll reports it; make the
+         * read non-blocking so a spurious wake-up cannot stall the worker.
+         * The flag is shared with the front-end's copy of the file, which
+         * does not care: an eventfd write blocks only on counter overflow.
+         */
+        int fl = fcntl(q->kick_fd, F_GETFL);
+        if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(q->kick_fd, F_SETFL, fl | O_NONBLOCK) < 0))
+            return -errno;
+    }
+
+    struct rt_req req = {.type = RT_REQ_ATTACH, .q = q};
+    int rc = rt_post_wait(&rt->workers[worker], &req, RT_ATTACH_TIMEOUT_MS);
+    if (rc == 0) {
+        q->attached = true;
+        q->worker_idx = (int)worker;
+    } else {
+        vhd_log(VHD_LOG_ERROR, "%s: queue %u: attach to worker %u failed: %s", q->dev->name,
+                q->index, worker, strerror(-rc));
+    }
+    return rc;
+}
+
+int vhd_rt_detach(struct vhd_rt *rt, struct vhd_queue *q, int timeout_ms)
+{
+    if (!rt || !q || timeout_ms < 0)
+        return -EINVAL;
+    if (!q->attached)
+        return 0; /* the control thread already owns it */
+    if (q->worker_idx < 0 || (unsigned)q->worker_idx >= rt->nworkers)
+        return -EINVAL;
+
+    struct rt_req req = {.type = RT_REQ_DETACH, .q = q};
+    int rc = rt_post_wait(&rt->workers[q->worker_idx], &req, timeout_ms);
+    if (rc == 0) {
+        q->attached = false;
+    } else if (rc == -ETIMEDOUT) {
+        vhd_log(VHD_LOG_WARN,
+                "%s: queue %u: in-flight requests did not complete within %d ms; "
+                "queue stays with worker %d",
+                q->dev->name, q->index, timeout_ms, q->worker_idx);
+    } else {
+        vhd_log(VHD_LOG_ERROR, "%s: queue %u: detach failed: %s", q->dev->name, q->index,
+                strerror(-rc));
+    }
+    return rc;
+}
