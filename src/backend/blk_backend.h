@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The block backend interface: what the virtio-blk device (src/dev/blk.c)
+ * needs from storage — open/close, and asynchronous read, write, flush,
+ * discard and write-zeroes operations that complete on the worker that
+ * submitted them. Backends: "uring" (uring.c, io_uring on a file or block
+ * device) and "null" (null.c, completes inline, no storage).
+ */
+#ifndef VHD_BLK_BACKEND_H
+#define VHD_BLK_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "runtime/rt.h"
+
+struct vhd_blk_backend;
+struct vhd_worker;
+
+enum vhd_blk_io_op {
+    VHD_BLK_IO_READ,         /* iov <- [offset, offset + len) */
+    VHD_BLK_IO_WRITE,        /* iov -> [offset, offset + len) */
+    VHD_BLK_IO_FLUSH,        /* every write completed before submission becomes durable */
+    VHD_BLK_IO_DISCARD,      /* the range may be deallocated; contents afterwards unspecified */
+    VHD_BLK_IO_WRITE_ZEROES, /* the range reads back as zeroes afterwards */
+};
+
+/* io->flags */
+#define VHD_BLK_IO_F_DSYNC 1u /* write: durable when it completes (RWF_DSYNC) */
+#define VHD_BLK_IO_F_UNMAP 2u /* write zeroes: the range may be deallocated (punched) */
+
+/*
+ * One backend operation. The caller owns the struct (embedded in its
+ * request), fills the first block and calls vhd_blk_be_submit(); the
+ * backend calls complete() exactly once, on the submitting worker's thread,
+ * either later (from the worker's completion loop) or before submit returns
+ * (the null backend, or an immediate failure). After complete() the backend
+ * no longer touches io, so the callback may reuse or free it.
+ */
+struct vhd_blk_io {
+    /* ---- set by the caller ---- */
+    uint8_t op;        /* enum vhd_blk_io_op */
+    uint32_t flags;    /* VHD_BLK_IO_F_* */
+    uint64_t offset;   /* bytes, a multiple of 512 (of the block size, from blk.c) */
+    uint64_t len;      /* bytes; read/write: the sum of the iovec lengths */
+    struct iovec *iov; /* read/write data; the backend may rewrite the array (short I/O) */
+    uint32_t iovcnt;
+    /* res: 0 on success or -errno. Called exactly once. */
+    void (*complete)(struct vhd_blk_io *io, int res);
+
+    /* ---- backend-private ---- */
+    struct vhd_io_cb cb;        /* io_uring user_data target */
+    struct vhd_blk_backend *be; /* the backend it was submitted to */
+    struct vhd_worker *worker;  /* the submitting worker */
+    uint64_t done;              /* bytes transferred so far (short I/O resubmission) */
+    void *bounce;               /* O_DIRECT bounce buffer for misaligned guest buffers */
+    struct iovec biov;          /* single-segment iovec (bounce / zero-writing fallback) */
+    uint16_t retries;           /* -EAGAIN/-EINTR resubmissions */
+    uint8_t stage;              /* write zeroes: which method is being tried */
+};
+
+/* What open() is given. */
+struct vhd_blk_backend_opts {
+    const char *image;   /* uring: file or block device path */
+    uint64_t size;       /* bytes: null: device size (required); uring: size of an image to
+                            create when absent, or the size the existing one must have; 0: any */
+    uint32_t block_size; /* the device's logical block size (512..4096) */
+    bool ro;             /* open read-only; writes fail with -EROFS */
+    bool direct;         /* uring: O_DIRECT */
+};
+
+struct vhd_blk_backend_ops {
+    const char *name; /* "uring", "null" */
+
+    /*
+     * open - create a backend instance. Returns 0 and *out, or -errno with a
+     * one-line human message in err (if err != NULL). Control thread.
+     */
+    int (*open)(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend **out, char *err,
+                size_t errlen);
+
+    /*
+     * close - make written data durable (uring: fdatasync of a writable
+     * image) and release everything; no operation may be in flight.
+     * Control thread.
+     */
+    void (*close)(struct vhd_blk_backend *be);
+
+    /*
+     * submit - start io on worker w (the caller's thread; uring uses
+     * vhd_worker_uring(w)). Never fails synchronously: errors arrive
+     * through io->complete.
+     */
+    void (*submit)(struct vhd_blk_backend *be, struct vhd_worker *w, struct vhd_blk_io *io);
+};
+
+/*
+ * The common head of every backend instance (each backend embeds it first).
+ * Fields are set by open() and read-only afterwards, so any worker may read
+ * them.
+ */
+struct vhd_blk_backend {
+    const struct vhd_blk_backend_ops *ops;
+    uint64_t size;            /* bytes */
+    uint32_t phys_block_size; /* physical block size of the storage, bytes (0: unknown) */
+    bool ro;                  /* opened read-only */
+    bool zeroes_may_unmap;    /* write zeroes with UNMAP may deallocate (config space) */
+    char desc[128];           /* for logs: e.g. "uring /var/lib/disk.img (direct)" */
+};
+
+extern const struct vhd_blk_backend_ops vhd_blk_backend_uring;
+extern const struct vhd_blk_backend_ops vhd_blk_backend_null;
+
+/* The backend called name ("uring", "null"), or NULL. */
+const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name);
+
+static inline void vhd_blk_be_submit(struct vhd_blk_backend *be, struct vhd_worker *w,
+                                     struct vhd_blk_io *io)
+{
+    be->ops->submit(be, w, io);
+}
+
+#endif /* VHD_BLK_BACKEND_H */

@@ -1,0 +1,948 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The virtio-blk device (virtio 1.2, section 5.2): features, config space,
+ * and the request path — pop a chain, validate it against the spec, hand the
+ * work to the block backend, write the status byte and push the used element
+ * when the backend completes. Every request slot of a queue lives in a pool
+ * owned by that queue's worker, so the path takes no lock.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blk.h"
+#include "backend/blk_backend.h"
+#include "core/compiler.h"
+#include "runtime/log.h"
+#include "runtime/rt.h"
+#include "virtio_blk.h"
+
+#define BIT(n) (1ull << (n))
+
+/*
+ * Feature bits that belong to the vhost-user transport rather than to the
+ * device (VHOST_F_LOG_ALL 26, VHOST_USER_F_PROTOCOL_FEATURES 30): the
+ * transport may pass them through SET_FEATURES; set_features tolerates them.
+ */
+#define BLK_TRANSPORT_BITS (BIT(26) | BIT(30))
+
+#define HDR_SIZE ((uint32_t)sizeof(struct virtio_blk_outhdr))
+#define SEG_SIZE ((uint32_t)sizeof(struct virtio_blk_discard_write_zeroes))
+
+/* The device: generic part first (container_of from struct vhd_dev). */
+struct vhd_blk {
+    struct vhd_dev dev;
+    struct vhd_blk_backend *be;
+    uint64_t capacity;        /* 512-byte sectors, a multiple of block_sectors */
+    uint32_t block_size;      /* logical block size, bytes */
+    uint32_t block_sectors;   /* block_size / 512, a power of two */
+    uint32_t max_dwz_sectors; /* per discard / write-zeroes segment, a multiple of block_sectors */
+    uint64_t offered;         /* feature bits offered */
+    /*
+     * Written by the control thread only while the queues are detached or
+     * quiesced (set_features, set_config, reset), read by the workers.
+     */
+    uint64_t features;         /* negotiated (device and transport-independent bits) */
+    uint8_t writeback;         /* config space writeback field (5.2.4) */
+    uint8_t writeback_default; /* its value after reset */
+    bool writethrough;         /* effective mode: writes carry RWF_DSYNC (5.2.6.2) */
+    bool ro;
+    bool no_split;
+    uint8_t serial_len;
+    char serial[VIRTIO_BLK_ID_BYTES];
+};
+
+struct blk_queue;
+
+/* One request slot: a popped chain and the backend operation carrying it out. */
+struct blk_req {
+    struct vhd_blk_io io; /* the backend operation in flight (container_of from io) */
+    struct blk_queue *bq;
+    struct blk_req *next_free;
+    struct vhd_vq_chain chain;
+    uint8_t *status;   /* the status byte: last byte of the device-writable part */
+    uint32_t type;     /* VIRTIO_BLK_T_* */
+    uint64_t data_len; /* IN / OUT: data bytes */
+    uint16_t nseg;     /* DISCARD / WRITE_ZEROES: validated segments */
+    uint16_t seg;      /* next segment to run */
+    bool synced;       /* WRITE_ZEROES in writethrough mode: closing flush issued */
+    /* Segments copied out of guest memory, then validated; fields in host order. */
+    struct virtio_blk_discard_write_zeroes segs[VHD_BLK_MAX_DWZ_SEG];
+    struct iovec iov[VHD_BLK_REQ_IOV];
+} vhd_cacheline_aligned;
+
+/* Per-queue state (q->priv), owned by the queue's worker while attached. */
+struct blk_queue {
+    struct vhd_queue *q;
+    struct vhd_blk *blk;
+    struct blk_req *free_list;
+    struct blk_req *reqs; /* nreqs slots: one per ring entry, so a pop never lacks one */
+    uint32_t nreqs;
+    struct vhd_blk_queue_stats st;
+} vhd_cacheline_aligned;
+
+static struct vhd_blk *to_blk(struct vhd_dev *dev)
+{
+    return vhd_container_of(dev, struct vhd_blk, dev);
+}
+
+static const struct vhd_blk *to_cblk(const struct vhd_dev *dev)
+{
+    return vhd_container_of(dev, struct vhd_blk, dev);
+}
+
+/* ---- backends ---- */
+
+const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name)
+{
+    static const struct vhd_blk_backend_ops *const all[] = {&vhd_blk_backend_uring,
+                                                            &vhd_blk_backend_null};
+    for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
+}
+
+/* ---- iovec helpers ---- */
+
+/* Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes copied. */
+static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void *dst, size_t len)
+{
+    uint8_t *d = dst;
+    size_t done = 0;
+
+    for (uint32_t i = 0; i < cnt && done < len; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = iov[i].iov_len - off;
+        if (n > len - done)
+            n = len - done;
+        memcpy(d + done, (const uint8_t *)iov[i].iov_base + off, n);
+        done += n;
+        off = 0;
+    }
+    return done;
+}
+
+/* Write src[0..srclen) and then zeroes over every byte of iov[0..cnt). */
+static void iov_fill(const struct iovec *iov, uint32_t cnt, const void *src, size_t srclen)
+{
+    const uint8_t *s = src;
+
+    for (uint32_t i = 0; i < cnt; i++) {
+        size_t n = iov[i].iov_len < srclen ? iov[i].iov_len : srclen;
+        memcpy(iov[i].iov_base, s, n);
+        memset((uint8_t *)iov[i].iov_base + n, 0, iov[i].iov_len - n);
+        s += n;
+        srclen -= n;
+    }
+}
+
+/*
+ * The device-readable data after the header (OUT, DISCARD, WRITE_ZEROES):
+ * trims the header off the front of the readable iovecs, in place, and
+ * returns the first data iovec and their count. The caller checked
+ * rlen >= HDR_SIZE.
+ */
+static uint32_t readable_data(struct blk_req *r, struct iovec **out)
+{
+    uint32_t nr = r->chain.nr, i = 0;
+    size_t skip = HDR_SIZE;
+
+    while (i < nr && skip >= r->iov[i].iov_len) {
+        skip -= r->iov[i].iov_len;
+        i++;
+    }
+    if (i < nr && skip) {
+        r->iov[i].iov_base = (uint8_t *)r->iov[i].iov_base + skip;
+        r->iov[i].iov_len -= skip;
+    }
+    *out = &r->iov[i];
+    return nr - i;
+}
+
+/*
+ * The device-writable data before the status byte (IN, GET_ID). blk_handle
+ * already shortened the last writable iovec by the status byte; drop it when
+ * that left it empty.
+ */
+static uint32_t writable_data(struct blk_req *r, struct iovec **out)
+{
+    uint32_t nw = r->chain.nw;
+    if (nw && r->iov[r->chain.nr + nw - 1].iov_len == 0)
+        nw--;
+    *out = &r->iov[r->chain.nr];
+    return nw;
+}
+
+/*
+ * Is [sector, sector + bytes/512) a valid range (5.2.6.1)? bytes a multiple
+ * of 512, inside the capacity (no overflow: compare counts, not ends), and
+ * both ends aligned to the logical block size.
+ */
+static bool range_ok(const struct vhd_blk *blk, uint64_t sector, uint64_t bytes)
+{
+    uint64_t nsect = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
+    uint64_t mask = blk->block_sectors - 1;
+
+    if (bytes & (VIRTIO_BLK_SECTOR_SIZE - 1))
+        return false;
+    if (sector > blk->capacity || nsect > blk->capacity - sector)
+        return false;
+    return !((sector | nsect) & mask);
+}
+
+/* ---- completion ---- */
+
+/* Give the chain back to the driver with `used` bytes written, and free the slot. */
+static void blk_push(struct blk_queue *bq, struct blk_req *r, uint32_t used)
+{
+    struct vhd_queue *q = bq->q;
+    int rc = vhd_vq_push(&q->vq, &r->chain, used);
+
+    if (vhd_unlikely(rc < 0))
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: cannot push request %u: %s", q->dev->name, q->index,
+                   r->chain.id, vhd_vq_strerror(rc));
+    if (vhd_likely(q->inflight_io))
+        q->inflight_io--;
+    q->stat_requests++;
+    vhd_queue_mark_used(q);
+    r->next_free = bq->free_list;
+    bq->free_list = r;
+}
+
+/*
+ * Complete r with a status. `used` counts the bytes written into the
+ * device-writable buffers including the status byte (2.7.8: used length).
+ */
+static void blk_complete(struct blk_queue *bq, struct blk_req *r, uint8_t status, uint32_t used)
+{
+    *r->status = status;
+    bq->st.completed++;
+    if (status == VIRTIO_BLK_S_OK)
+        bq->st.status_ok++;
+    else if (status == VIRTIO_BLK_S_UNSUPP)
+        bq->st.status_unsupp++;
+    else
+        bq->st.status_ioerr++;
+    blk_push(bq, r, used);
+}
+
+/* A request the driver got wrong: one rate-limited line, then its status. */
+#define BLK_REJECT(bq, r, status, ...)         \
+    do {                                       \
+        VHD_LOG_RL(VHD_LOG_WARN, __VA_ARGS__); \
+        blk_complete((bq), (r), (status), 1);  \
+    } while (0)
+
+static const char *blk_type_name(uint32_t type)
+{
+    switch (type) {
+    case VIRTIO_BLK_T_IN:
+        return "read";
+    case VIRTIO_BLK_T_OUT:
+        return "write";
+    case VIRTIO_BLK_T_FLUSH:
+        return "flush";
+    case VIRTIO_BLK_T_DISCARD:
+        return "discard";
+    case VIRTIO_BLK_T_WRITE_ZEROES:
+        return "write-zeroes";
+    default:
+        return "request";
+    }
+}
+
+static void blk_dwz_next(struct blk_queue *bq, struct blk_req *r);
+
+/* Backend completion (on the worker, possibly inline from submit). */
+static void blk_io_done(struct vhd_blk_io *io, int res)
+{
+    struct blk_req *r = vhd_container_of(io, struct blk_req, io);
+    struct blk_queue *bq = r->bq;
+
+    if (vhd_unlikely(res < 0)) {
+        bq->st.backend_errors++;
+        VHD_LOG_RL(VHD_LOG_ERROR, "%s: queue %u: %s at sector %llu failed: %s", bq->q->dev->name,
+                   bq->q->index, blk_type_name(r->type),
+                   (unsigned long long)(io->offset >> VIRTIO_BLK_SECTOR_SHIFT), strerror(-res));
+        blk_complete(bq, r, VIRTIO_BLK_S_IOERR, 1);
+        return;
+    }
+    switch (r->type) {
+    case VIRTIO_BLK_T_IN:
+        bq->st.bytes_read += r->data_len;
+        /* data + status: all of the writable part (5.2.6: data then status) */
+        blk_complete(bq, r, VIRTIO_BLK_S_OK, (uint32_t)r->data_len + 1);
+        return;
+    case VIRTIO_BLK_T_OUT:
+        bq->st.bytes_written += r->data_len;
+        blk_complete(bq, r, VIRTIO_BLK_S_OK, 1);
+        return;
+    case VIRTIO_BLK_T_FLUSH:
+        blk_complete(bq, r, VIRTIO_BLK_S_OK, 1);
+        return;
+    case VIRTIO_BLK_T_DISCARD:
+    case VIRTIO_BLK_T_WRITE_ZEROES:
+        blk_dwz_next(bq, r);
+        return;
+    default:
+        blk_complete(bq, r, VIRTIO_BLK_S_IOERR, 1); /* cannot happen; survive it */
+        return;
+    }
+}
+
+static void blk_submit(struct blk_queue *bq, struct blk_req *r, uint8_t op, uint32_t flags,
+                       uint64_t offset, uint64_t len, struct iovec *iov, uint32_t iovcnt)
+{
+    r->io.op = op;
+    r->io.flags = flags;
+    r->io.offset = offset;
+    r->io.len = len;
+    r->io.iov = iov;
+    r->io.iovcnt = iovcnt;
+    r->io.complete = blk_io_done;
+    /* May complete (and recycle r) before it returns: r is not touched afterwards. */
+    vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
+}
+
+/* ---- request types ---- */
+
+/* VIRTIO_BLK_T_IN / VIRTIO_BLK_T_OUT (5.2.6). */
+static void blk_rw(struct blk_queue *bq, struct blk_req *r, uint64_t sector, bool write)
+{
+    const struct vhd_blk *blk = bq->blk;
+    const struct vhd_queue *q = bq->q;
+    struct iovec *iov;
+    uint32_t cnt;
+    uint64_t len;
+
+    if (write) {
+        bq->st.writes++;
+        cnt = readable_data(r, &iov);
+        len = r->chain.rlen - HDR_SIZE;
+    } else {
+        bq->st.reads++;
+        cnt = writable_data(r, &iov);
+        len = r->chain.wlen - 1u;
+    }
+    /* 5.2.6.2: a write to a read-only device fails with IOERR and writes nothing. */
+    if (write && blk->ro) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR, "%s: queue %u: write to a read-only device",
+                   q->dev->name, q->index);
+        return;
+    }
+    /* 5.2.6.1: 512-byte multiples, within capacity; and our blk_size alignment. */
+    if (!range_ok(blk, sector, len)) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR,
+                   "%s: queue %u: %s of %llu bytes at sector %llu: outside the capacity (%llu) "
+                   "or not aligned to the %u-byte block",
+                   q->dev->name, q->index, write ? "write" : "read", (unsigned long long)len,
+                   (unsigned long long)sector, (unsigned long long)blk->capacity, blk->block_size);
+        return;
+    }
+    /* size_max (5.2.3), when the driver accepted it. seg_max is bounded by the iovec array. */
+    if (blk->features & BIT(VIRTIO_BLK_F_SIZE_MAX)) {
+        for (uint32_t i = 0; i < cnt; i++) {
+            if (vhd_unlikely(iov[i].iov_len > VHD_BLK_SIZE_MAX)) {
+                BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR,
+                           "%s: queue %u: segment of %zu bytes exceeds size_max %u", q->dev->name,
+                           q->index, iov[i].iov_len, VHD_BLK_SIZE_MAX);
+                return;
+            }
+        }
+    }
+    r->data_len = len;
+    if (len == 0) {
+        blk_complete(bq, r, VIRTIO_BLK_S_OK, 1);
+        return;
+    }
+    uint32_t flags = 0;
+    if (write && blk->writethrough) {
+        flags = VHD_BLK_IO_F_DSYNC; /* 5.2.6.2 case 1/2: stable before completion */
+        bq->st.dsync_writes++;
+    }
+    blk_submit(bq, r, write ? VHD_BLK_IO_WRITE : VHD_BLK_IO_READ, flags,
+               sector << VIRTIO_BLK_SECTOR_SHIFT, len, iov, cnt);
+}
+
+/* VIRTIO_BLK_T_FLUSH: sector (which the driver sets to 0) and any data are ignored. */
+static void blk_flush(struct blk_queue *bq, struct blk_req *r)
+{
+    bq->st.flushes++;
+    blk_submit(bq, r, VHD_BLK_IO_FLUSH, 0, 0, 0, NULL, 0);
+}
+
+/*
+ * VIRTIO_BLK_T_GET_ID: the serial, NUL-padded to 20 bytes, truncated to the
+ * buffer when it is shorter (5.2.6.1 asks the driver for exactly 20); bytes
+ * past 20 are zeroed too, so the whole data part is written.
+ */
+static void blk_get_id(struct blk_queue *bq, struct blk_req *r)
+{
+    const struct vhd_blk *blk = bq->blk;
+    struct iovec *iov;
+    uint32_t cnt = writable_data(r, &iov);
+    uint32_t len = r->chain.wlen - 1u;
+
+    bq->st.get_ids++;
+    iov_fill(iov, cnt, blk->serial, blk->serial_len);
+    blk_complete(bq, r, VIRTIO_BLK_S_OK, len + 1);
+}
+
+/* Run the next non-empty segment; after the last, the closing flush or the status. */
+static void blk_dwz_next(struct blk_queue *bq, struct blk_req *r)
+{
+    const struct vhd_blk *blk = bq->blk;
+    bool wz = r->type == VIRTIO_BLK_T_WRITE_ZEROES;
+
+    while (r->seg < r->nseg && r->segs[r->seg].num_sectors == 0)
+        r->seg++;
+    if (r->seg < r->nseg) {
+        const struct virtio_blk_discard_write_zeroes *s = &r->segs[r->seg++];
+        uint32_t flags =
+            (wz && (s->flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP)) ? VHD_BLK_IO_F_UNMAP : 0;
+        blk_submit(bq, r, wz ? VHD_BLK_IO_WRITE_ZEROES : VHD_BLK_IO_DISCARD, flags,
+                   s->sector << VIRTIO_BLK_SECTOR_SHIFT,
+                   (uint64_t)s->num_sectors << VIRTIO_BLK_SECTOR_SHIFT, NULL, 0);
+        return;
+    }
+    /*
+     * Write zeroes is a write: in writethrough mode it is stable when it
+     * completes (5.2.6.2), and fallocate / buffered zero-writing is not
+     * until fdatasync. Discard needs nothing: its data is undefined anyway.
+     */
+    if (wz && blk->writethrough && !r->synced) {
+        r->synced = true;
+        blk_submit(bq, r, VHD_BLK_IO_FLUSH, 0, 0, 0, NULL, 0);
+        return;
+    }
+    blk_complete(bq, r, VIRTIO_BLK_S_OK, 1);
+}
+
+/*
+ * VIRTIO_BLK_T_DISCARD / VIRTIO_BLK_T_WRITE_ZEROES (5.2.6): one or more
+ * 16-byte segments. All segments are copied out and validated before any is
+ * run, so a rejected request changes nothing.
+ *   - feature not negotiated, more than VHD_BLK_MAX_DWZ_SEG segments, an
+ *     unknown flag, or unmap on a discard: UNSUPP (5.2.6.2 MUST for flags;
+ *     QEMU answers UNSUPP for too many segments too);
+ *   - no segment, a length not a multiple of 16 (5.2.6.1), a read-only
+ *     device, a range outside the capacity or misaligned, or more sectors
+ *     than max_*_sectors: IOERR.
+ */
+static void blk_dwz(struct blk_queue *bq, struct blk_req *r)
+{
+    const struct vhd_blk *blk = bq->blk;
+    const struct vhd_queue *q = bq->q;
+    bool wz = r->type == VIRTIO_BLK_T_WRITE_ZEROES;
+    const char *what = wz ? "write-zeroes" : "discard";
+    uint32_t len = r->chain.rlen - HDR_SIZE;
+    struct iovec *iov;
+    uint32_t cnt;
+
+    if (wz)
+        bq->st.write_zeroes++;
+    else
+        bq->st.discards++;
+    if (!(blk->features & BIT(wz ? VIRTIO_BLK_F_WRITE_ZEROES : VIRTIO_BLK_F_DISCARD))) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_UNSUPP, "%s: queue %u: %s without the feature", q->dev->name,
+                   q->index, what);
+        return;
+    }
+    if (len == 0 || len % SEG_SIZE) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR,
+                   "%s: queue %u: %s data of %u bytes is not a whole number of segments",
+                   q->dev->name, q->index, what, len);
+        return;
+    }
+    if (len / SEG_SIZE > VHD_BLK_MAX_DWZ_SEG) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_UNSUPP, "%s: queue %u: %s with %u segments (max %u)",
+                   q->dev->name, q->index, what, len / SEG_SIZE, VHD_BLK_MAX_DWZ_SEG);
+        return;
+    }
+    r->nseg = (uint16_t)(len / SEG_SIZE);
+    r->seg = 0;
+    r->synced = false;
+    cnt = readable_data(r, &iov);
+    (void)iov_to_buf(iov, cnt, 0, r->segs, len); /* len bytes are there: rlen says so */
+
+    uint32_t allowed = wz ? VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP : 0;
+    for (uint16_t i = 0; i < r->nseg; i++) {
+        struct virtio_blk_discard_write_zeroes *s = &r->segs[i];
+        s->sector = vhd_le64(s->sector);
+        s->num_sectors = vhd_le32(s->num_sectors);
+        s->flags = vhd_le32(s->flags);
+        if (s->flags & ~allowed) {
+            BLK_REJECT(bq, r, VIRTIO_BLK_S_UNSUPP, "%s: queue %u: %s with flags 0x%x", q->dev->name,
+                       q->index, what, s->flags);
+            return;
+        }
+    }
+    if (blk->ro) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR, "%s: queue %u: %s on a read-only device",
+                   q->dev->name, q->index, what);
+        return;
+    }
+    for (uint16_t i = 0; i < r->nseg; i++) {
+        const struct virtio_blk_discard_write_zeroes *s = &r->segs[i];
+        if (s->num_sectors > blk->max_dwz_sectors ||
+            !range_ok(blk, s->sector, (uint64_t)s->num_sectors << VIRTIO_BLK_SECTOR_SHIFT)) {
+            BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR,
+                       "%s: queue %u: %s of %u sectors at sector %llu: too long, outside the "
+                       "capacity or not aligned to the %u-byte block",
+                       q->dev->name, q->index, what, s->num_sectors, (unsigned long long)s->sector,
+                       blk->block_size);
+            return;
+        }
+    }
+    blk_dwz_next(bq, r);
+}
+
+/*
+ * A chain without a device-writable byte has nowhere to put a status
+ * (5.2.6: the status byte is the last byte, device-writable). It cannot be
+ * completed with an error, so it is given back with used length 0 (no
+ * descriptor leaks) and the queue stops: the device needs a reset (2.1.2:
+ * DEVICE_NEEDS_RESET for an error state that needs a reset), as QEMU's
+ * virtio-blk does with "missing headers". queue_process returns -EPROTO from
+ * then on; requests already in flight still complete normally.
+ */
+static void blk_bad_chain(struct blk_queue *bq, struct blk_req *r)
+{
+    bq->st.bad_chains++;
+    bq->st.broken = true;
+    VHD_LOG_RL(VHD_LOG_WARN,
+               "%s: queue %u: request %u has no device-writable status byte; returned "
+               "unanswered, queue stopped until the device is reset",
+               bq->q->dev->name, bq->q->index, r->chain.id);
+    blk_push(bq, r, 0);
+}
+
+/* Parse the chain just popped into r and start it (5.2.6). */
+static void blk_handle(struct blk_queue *bq, struct blk_req *r)
+{
+    const struct vhd_queue *q = bq->q;
+    uint32_t nr = r->chain.nr, nw = r->chain.nw;
+    struct virtio_blk_outhdr hdr;
+
+    /*
+     * The status byte: the last byte of the device-writable part. The engine
+     * never yields empty segments, so a writable part, if any, has one.
+     */
+    if (vhd_unlikely(nw == 0 || r->iov[nr + nw - 1].iov_len == 0)) {
+        blk_bad_chain(bq, r);
+        return;
+    }
+    struct iovec *last = &r->iov[nr + nw - 1];
+    r->status = (uint8_t *)last->iov_base + last->iov_len - 1;
+    last->iov_len--; /* the data part (IN, GET_ID) ends before the status byte */
+    r->type = UINT32_MAX;
+
+    /* The 16-byte header, from the readable part, however it is split: copied once. */
+    if (vhd_unlikely(r->chain.rlen < HDR_SIZE)) {
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_IOERR,
+                   "%s: queue %u: request %u has a %u-byte header (16 expected)", q->dev->name,
+                   q->index, r->chain.id, r->chain.rlen);
+        return;
+    }
+    (void)iov_to_buf(r->iov, nr, 0, &hdr, HDR_SIZE);
+    r->type = vhd_le32(hdr.type);
+    uint64_t sector = vhd_le64(hdr.sector);
+
+    switch (r->type) {
+    case VIRTIO_BLK_T_IN:
+        blk_rw(bq, r, sector, false);
+        return;
+    case VIRTIO_BLK_T_OUT:
+        blk_rw(bq, r, sector, true);
+        return;
+    case VIRTIO_BLK_T_FLUSH:
+        blk_flush(bq, r);
+        return;
+    case VIRTIO_BLK_T_GET_ID:
+        blk_get_id(bq, r);
+        return;
+    case VIRTIO_BLK_T_DISCARD:
+    case VIRTIO_BLK_T_WRITE_ZEROES:
+        blk_dwz(bq, r);
+        return;
+    default:
+        /* GET_LIFETIME, SECURE_ERASE, zoned, legacy SCSI / FLUSH_OUT / BARRIER bit, ... */
+        BLK_REJECT(bq, r, VIRTIO_BLK_S_UNSUPP, "%s: queue %u: unsupported request type %u",
+                   q->dev->name, q->index, r->type);
+        return;
+    }
+}
+
+/* ---- vhd_dev_ops ---- */
+
+static int blk_queue_process(struct vhd_queue *q, unsigned budget)
+{
+    struct blk_queue *bq = q->priv;
+    unsigned n = 0;
+
+    if (vhd_unlikely(!bq))
+        return -ENODEV;
+    if (vhd_unlikely(bq->st.broken))
+        return -EPROTO;
+    while (n < budget) {
+        struct blk_req *r = bq->free_list;
+        if (vhd_unlikely(!r))
+            break; /* every slot in flight: the ring cannot hold another chain */
+        int rc = vhd_vq_pop(&q->vq, r->iov, VHD_BLK_REQ_IOV, &r->chain);
+        if (rc == 0)
+            break;
+        if (vhd_unlikely(rc < 0)) {
+            /* The engine refused the ring (sticky vq->error); the runtime logs it. */
+            bq->st.broken = true;
+            return rc;
+        }
+        bq->free_list = r->next_free;
+        q->inflight_io++;
+        n++;
+        blk_handle(bq, r);
+        if (vhd_unlikely(bq->st.broken))
+            return -EPROTO;
+    }
+    return (int)n;
+}
+
+static uint64_t blk_features(struct vhd_dev *dev)
+{
+    return to_blk(dev)->offered;
+}
+
+/* Writes are stable at completion unless FLUSH was negotiated and the cache is writeback. */
+static void blk_update_cache_mode(struct vhd_blk *blk)
+{
+    blk->writethrough = !(blk->features & BIT(VIRTIO_BLK_F_FLUSH)) || !blk->writeback;
+}
+
+static int blk_set_features(struct vhd_dev *dev, uint64_t features)
+{
+    struct vhd_blk *blk = to_blk(dev);
+
+    if (!(features & BIT(VIRTIO_F_VERSION_1))) {
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: driver did not accept VIRTIO_F_VERSION_1 (legacy virtio is not supported)",
+                   dev->name);
+        return -EINVAL;
+    }
+    if (features & ~(blk->offered | BLK_TRANSPORT_BITS)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver accepted features 0x%llx that were not offered",
+                   dev->name,
+                   (unsigned long long)(features & ~(blk->offered | BLK_TRANSPORT_BITS)));
+        return -EINVAL;
+    }
+    if (blk->no_split && !(features & BIT(VIRTIO_F_RING_PACKED))) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver wants split rings, which this device refuses",
+                   dev->name);
+        return -EINVAL;
+    }
+    blk->features = features & blk->offered;
+    dev->features = features;
+    /* 5.2.5.2: CONFIG_WCE without FLUSH: writeback MUST start at 0. */
+    if ((features & BIT(VIRTIO_BLK_F_CONFIG_WCE)) && !(features & BIT(VIRTIO_BLK_F_FLUSH)))
+        blk->writeback = 0;
+    blk_update_cache_mode(blk);
+    return 0;
+}
+
+static void blk_fill_config(const struct vhd_blk *blk, struct virtio_blk_config *cfg)
+{
+    uint32_t pbs = blk->be->phys_block_size;
+    uint8_t pexp = 0;
+
+    while (pbs > blk->block_size && (blk->block_size << (pexp + 1)) <= pbs && pexp < 4)
+        pexp++; /* physical block up to 16 logical blocks */
+
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->capacity = vhd_le64(blk->capacity);
+    cfg->size_max = vhd_le32(VHD_BLK_SIZE_MAX);
+    cfg->seg_max = vhd_le32(VHD_BLK_SEG_MAX);
+    cfg->blk_size = vhd_le32(blk->block_size);
+    cfg->topology.physical_block_exp = pexp;
+    cfg->topology.alignment_offset = 0;
+    cfg->topology.min_io_size = vhd_le16((uint16_t)(1u << pexp)); /* one physical block */
+    cfg->topology.opt_io_size = vhd_le32(0);                      /* no preference */
+    cfg->writeback = blk->writeback;
+    cfg->num_queues = vhd_le16((uint16_t)blk->dev.num_queues);
+    cfg->max_discard_sectors = vhd_le32(blk->max_dwz_sectors);
+    cfg->max_discard_seg = vhd_le32(VHD_BLK_MAX_DWZ_SEG);
+    cfg->discard_sector_alignment = vhd_le32(blk->block_sectors);
+    cfg->max_write_zeroes_sectors = vhd_le32(blk->max_dwz_sectors);
+    cfg->max_write_zeroes_seg = vhd_le32(VHD_BLK_MAX_DWZ_SEG);
+    cfg->write_zeroes_may_unmap = blk->be->zeroes_may_unmap ? 1 : 0;
+}
+
+static int blk_get_config(struct vhd_dev *dev, void *buf, uint32_t off, uint32_t len)
+{
+    struct virtio_blk_config cfg;
+
+    if (off > sizeof(cfg) || len > sizeof(cfg) - off)
+        return -EINVAL;
+    blk_fill_config(to_blk(dev), &cfg);
+    memcpy(buf, (const uint8_t *)&cfg + off, len);
+    return 0;
+}
+
+/*
+ * Only writeback is writable, and only with CONFIG_WCE negotiated (5.2.5);
+ * any other byte is read-only: -EPERM. A non-zero value means writeback.
+ * Called with the queues quiesced, so the workers see the new mode on resume.
+ */
+static int blk_set_config(struct vhd_dev *dev, const void *buf, uint32_t off, uint32_t len)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    const uint32_t wb = offsetof(struct virtio_blk_config, writeback);
+
+    if (len == 0)
+        return 0;
+    if (off > sizeof(struct virtio_blk_config) || len > sizeof(struct virtio_blk_config) - off)
+        return -EINVAL;
+    if (off != wb || len != 1 || !(blk->features & BIT(VIRTIO_BLK_F_CONFIG_WCE)))
+        return -EPERM;
+    uint8_t v = *(const uint8_t *)buf ? 1 : 0;
+    if (v != blk->writeback) /* a guest may toggle it in a loop: rate-limited */
+        VHD_LOG_RL(VHD_LOG_INFO, "%s: write cache switched to %s", dev->name,
+                   v ? "writeback" : "writethrough");
+    blk->writeback = v;
+    blk_update_cache_mode(blk);
+    return 0;
+}
+
+static void blk_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
+{
+    struct blk_queue *bq = q->priv;
+
+    if (!bq)
+        return;
+    if (q->inflight_io) {
+        /* Backend I/O may still point into the slots: leak them rather than free under it. */
+        vhd_log(VHD_LOG_ERROR, "%s: queue %u finalised with %u requests in flight; leaking them",
+                dev->name, q->index, q->inflight_io);
+        q->priv = NULL;
+        return;
+    }
+    free(bq->reqs);
+    free(bq);
+    q->priv = NULL;
+}
+
+static int blk_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
+{
+    uint32_t n = q->vq.size ? q->vq.size : q->size;
+    struct blk_queue *bq;
+
+    if (n == 0 || n > VHD_VQ_MAX_SIZE)
+        return -EINVAL;
+    if (q->priv)
+        blk_queue_fini(dev, q);
+    bq = aligned_alloc(VHD_CACHELINE, sizeof(*bq));
+    if (!bq)
+        return -ENOMEM;
+    memset(bq, 0, sizeof(*bq));
+    /* sizeof(struct blk_req) is a multiple of the cache line: slots never share one. */
+    bq->reqs = aligned_alloc(VHD_CACHELINE, (size_t)n * sizeof(struct blk_req));
+    if (!bq->reqs) {
+        free(bq);
+        return -ENOMEM;
+    }
+    bq->q = q;
+    bq->blk = to_blk(dev);
+    bq->nreqs = n;
+    for (uint32_t i = n; i-- > 0;) {
+        struct blk_req *r = &bq->reqs[i];
+        memset(r, 0, offsetof(struct blk_req, segs)); /* segs and iov are filled per request */
+        r->bq = bq;
+        r->next_free = bq->free_list;
+        bq->free_list = r;
+    }
+    q->priv = bq;
+    return 0;
+}
+
+static void blk_reset(struct vhd_dev *dev)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    blk->features = 0;
+    blk->writeback = blk->writeback_default;
+    blk_update_cache_mode(blk);
+}
+
+const struct vhd_dev_ops vhd_blk_ops = {
+    .type = "blk",
+    .features = blk_features,
+    .set_features = blk_set_features,
+    .config_size = sizeof(struct virtio_blk_config),
+    .get_config = blk_get_config,
+    .set_config = blk_set_config,
+    .queue_init = blk_queue_init,
+    .queue_fini = blk_queue_fini,
+    .queue_process = blk_queue_process,
+    .reset = blk_reset,
+};
+
+/* ---- creation ---- */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, size_t errlen)
+{
+    const struct vhd_blk_backend_ops *bops;
+    struct vhd_blk *blk;
+    uint32_t bs, nq;
+    size_t serial_len;
+    int rc;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!o || !out)
+        return fail(err, errlen, -EINVAL, "no options");
+    *out = NULL;
+    bs = o->block_size ? o->block_size : VIRTIO_BLK_SECTOR_SIZE;
+    if (bs < 512 || bs > 4096 || (bs & (bs - 1)))
+        return fail(err, errlen, -EINVAL, "block size %u: expected a power of two in 512..4096",
+                    o->block_size);
+    nq = o->num_queues ? o->num_queues : 1;
+    if (nq > VHD_BLK_MAX_QUEUES)
+        return fail(err, errlen, -EINVAL, "%u queues: expected 1..%u", nq, VHD_BLK_MAX_QUEUES);
+    serial_len = o->serial ? strlen(o->serial) : 0;
+    if (serial_len > VIRTIO_BLK_ID_BYTES)
+        return fail(err, errlen, -EINVAL, "serial '%s' is longer than %u bytes", o->serial,
+                    VIRTIO_BLK_ID_BYTES);
+    bops = vhd_blk_backend_find(o->backend ? o->backend : "uring");
+    if (!bops)
+        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring or null)",
+                    o->backend);
+    if (o->no_split && !o->allow_packed)
+        return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
+
+    blk = calloc(1, sizeof(*blk));
+    if (!blk)
+        return fail(err, errlen, -ENOMEM, "out of memory");
+    blk->dev.queues = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct vhd_queue));
+    if (!blk->dev.queues) {
+        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        goto err_free;
+    }
+    memset(blk->dev.queues, 0, (size_t)nq * sizeof(struct vhd_queue));
+
+    struct vhd_blk_backend_opts bo = {
+        .image = o->image,
+        .size = o->size,
+        .block_size = bs,
+        .ro = o->ro,
+        .direct = o->direct,
+    };
+    rc = bops->open(&bo, &blk->be, err, errlen);
+    if (rc < 0)
+        goto err_queues;
+    uint64_t blocks = blk->be->size / bs;
+    if (blocks == 0) {
+        rc = fail(err, errlen, -EINVAL, "size %llu bytes is smaller than the block size %u",
+                  (unsigned long long)blk->be->size, bs);
+        goto err_backend;
+    }
+
+    snprintf(blk->dev.name, sizeof(blk->dev.name), "%s", o->name && *o->name ? o->name : "blk");
+    if (blk->be->size % bs)
+        vhd_log(VHD_LOG_WARN,
+                "%s: the last %llu bytes of %s are not a whole %u-byte block and "
+                "are not visible to the guest",
+                blk->dev.name, (unsigned long long)(blk->be->size % bs), blk->be->desc, bs);
+    blk->block_size = bs;
+    blk->block_sectors = bs / VIRTIO_BLK_SECTOR_SIZE;
+    blk->capacity = blocks * blk->block_sectors;
+    blk->max_dwz_sectors = VHD_BLK_MAX_DWZ_SECTORS & ~(blk->block_sectors - 1);
+    blk->ro = o->ro;
+    blk->no_split = o->no_split;
+    blk->serial_len = (uint8_t)serial_len;
+    if (serial_len)
+        memcpy(blk->serial, o->serial, serial_len);
+    blk->writeback_default = o->writethrough ? 0 : 1;
+    blk->writeback = blk->writeback_default;
+    blk->offered = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_INDIRECT_DESC) | BIT(VIRTIO_F_EVENT_IDX) |
+                   BIT(VIRTIO_BLK_F_SIZE_MAX) | BIT(VIRTIO_BLK_F_SEG_MAX) |
+                   BIT(VIRTIO_BLK_F_BLK_SIZE) | BIT(VIRTIO_BLK_F_TOPOLOGY) |
+                   BIT(VIRTIO_BLK_F_FLUSH) | BIT(VIRTIO_BLK_F_CONFIG_WCE) | BIT(VIRTIO_BLK_F_MQ) |
+                   BIT(VIRTIO_BLK_F_DISCARD) | BIT(VIRTIO_BLK_F_WRITE_ZEROES);
+    if (o->ro)
+        blk->offered |= BIT(VIRTIO_BLK_F_RO);
+    if (o->allow_packed)
+        blk->offered |= BIT(VIRTIO_F_RING_PACKED);
+    blk_update_cache_mode(blk);
+
+    blk->dev.ops = &vhd_blk_ops;
+    blk->dev.num_queues = nq;
+    blk->dev.allow_split = !o->no_split;
+    blk->dev.allow_packed = o->allow_packed;
+    blk->dev.priv = blk;
+    for (uint32_t i = 0; i < nq; i++) {
+        struct vhd_queue *q = &blk->dev.queues[i];
+        q->index = (uint16_t)i;
+        q->dev = &blk->dev;
+        q->call_fd = -1;
+        q->kick_fd = -1;
+        q->err_fd = -1;
+        q->worker_idx = -1;
+    }
+    vhd_log(VHD_LOG_INFO, "%s: virtio-blk on %s: %llu sectors, %u-byte blocks, %u queue%s%s",
+            blk->dev.name, blk->be->desc, (unsigned long long)blk->capacity, bs, nq,
+            nq == 1 ? "" : "s", o->ro ? ", read-only" : "");
+    *out = &blk->dev;
+    return 0;
+
+err_backend:
+    blk->be->ops->close(blk->be);
+err_queues:
+    free(blk->dev.queues);
+err_free:
+    free(blk);
+    return rc;
+}
+
+void vhd_blk_free(struct vhd_dev *dev)
+{
+    if (!dev)
+        return;
+    struct vhd_blk *blk = to_blk(dev);
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        blk_queue_fini(dev, &dev->queues[i]);
+    if (blk->be)
+        blk->be->ops->close(blk->be);
+    free(dev->queue_worker);
+    free(dev->queues);
+    free(blk);
+}
+
+uint64_t vhd_blk_capacity(const struct vhd_dev *dev)
+{
+    return to_cblk(dev)->capacity;
+}
+
+int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *out)
+{
+    const struct blk_queue *bq = q->priv;
+    if (!bq)
+        return -ENODEV;
+    *out = bq->st;
+    return 0;
+}
