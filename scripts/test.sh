@@ -63,7 +63,7 @@ build() {
     ninja -C "$dir"
 }
 
-unit_tests=(test_mem test_vq test_options test_runtime test_blk)
+unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
@@ -83,7 +83,7 @@ done
 note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
-for t in test_runtime test_blk; do
+for t in test_runtime test_blk test_vu; do
     if [ -x "build-tsan/$t" ]; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
     else
@@ -94,7 +94,7 @@ done
 if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
     note "libFuzzer smoke runs (${FUZZ_SECONDS:-20} s each)"
     CC=clang run build-fuzz build build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized
-    for f in fuzz_mem fuzz_vq_split fuzz_vq_packed fuzz_blk; do
+    for f in fuzz_mem fuzz_vq_split fuzz_vq_packed fuzz_blk fuzz_vu; do
         if [ -x "build-fuzz/$f" ]; then
             work=$(mktemp -d)
             cp -r "tests/fuzz/corpus/$f/." "$work/" 2>/dev/null || true

@@ -1,0 +1,1496 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * A vhost-user front-end session (see vu_conn.h): the request table, the
+ * generic validation that runs before any handler, the handlers, the ring
+ * state machine of the spec's "Ring states" section, and the quiescence of a
+ * device's queues around control-plane changes.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/virtio.h"
+#include "runtime/log.h"
+#include "runtime/rt.h"
+#include "vu_conn.h"
+#include "vu_sock.h"
+
+/* Messages handled per readable event before yielding to other fds of the loop. */
+#define CONN_MSGS_PER_WAKEUP 32
+/* Bound on sending a reply or a back-end message to a front-end that does not read. */
+#define CONN_SEND_TIMEOUT_MS 1000
+
+#define BIT(n) (1ull << (n))
+
+struct vhd_vu_conn {
+    struct vhd_dev *dev;
+    int fd;                     /* the session socket (owned) */
+    struct vu_rx rx;            /* message being received */
+    uint64_t acked_features;    /* SET_FEATURES value, PROTOCOL_FEATURES bit included */
+    bool features_set;          /* SET_FEATURES received since the session/reset started */
+    bool protocol_features_set; /* SET_PROTOCOL_FEATURES received */
+    int backend_fd;             /* SET_BACKEND_REQ_FD channel, or -1 */
+    int detach_timeout_ms;
+    bool *err_signalled; /* per queue: its broken state was signalled on err_fd */
+};
+
+/* ---- the request table ---- */
+
+/* Payload size rules. */
+enum vu_size_rule {
+    SZ_EXACT,     /* size == info->size */
+    SZ_MEM_TABLE, /* 8 + nregions * 32, nregions <= 8 */
+    SZ_CONFIG,    /* 12 + config.size, config.size <= 256 */
+};
+
+/* Fd rules. */
+enum vu_fd_rule {
+    FD_NONE,      /* no fd */
+    FD_ONE,       /* exactly one fd */
+    FD_OPT_ONE,   /* zero or one fd, which is closed unused (REM_MEM_REG) */
+    FD_VRING,     /* u64 payload: one fd, or none when bit 8 (NOFD) is set */
+    FD_PER_REGION /* one fd per memory region (SET_MEM_TABLE) */
+};
+
+/* Where the ring index is, for the generic range check. */
+enum vu_index_rule {
+    IDX_NONE,
+    IDX_STATE, /* vring state .index */
+    IDX_ADDR,  /* vring address .index */
+    IDX_U64,   /* bits 0-7 of the u64 */
+};
+
+/* The request being handled, as the handlers see it. */
+struct vu_req {
+    const struct vu_hdr *hdr;
+    const union vu_payload *p;
+    int fds[VHOST_USER_MAX_FDS]; /* a handler that keeps an fd sets its slot to -1 */
+    unsigned nfds;
+    union vu_payload reply; /* filled by handlers of requests that have a reply */
+    uint32_t reply_size;
+    const char *why; /* failure reason for the log line */
+};
+
+typedef int (*vu_handler)(struct vhd_vu_conn *c, struct vu_req *r);
+
+struct vu_req_info {
+    const char *name;
+    vu_handler handler;     /* NULL: known to the spec, not supported (yet) */
+    uint8_t size_rule;      /* enum vu_size_rule */
+    uint16_t size;          /* SZ_EXACT */
+    uint8_t fd_rule;        /* enum vu_fd_rule */
+    uint8_t index_rule;     /* enum vu_index_rule */
+    uint64_t gate;          /* protocol feature bit (as a mask) that must be negotiated; 0: none */
+    bool gate_offered;      /* the spec only requires the back-end to offer it */
+    bool reply;             /* the request has its own reply (REPLY_ACK adds nothing) */
+    bool empty_error_reply; /* failures are a zero-size reply (GET_CONFIG) */
+};
+
+static int h_get_features(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_features(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_owner(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_reset_owner(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_mem_table(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_num(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_addr(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_base(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_vring_base(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_err(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_protocol_features(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_protocol_features(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_queue_num(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_vring_enable(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_backend_req_fd(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_config(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_config(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_reset_device(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_max_mem_slots(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_rem_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_status(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_status(struct vhd_vu_conn *c, struct vu_req *r);
+
+/* Payload sizes and gates, for the table below. */
+#define U64             ((uint16_t)sizeof(uint64_t))
+#define STATE           ((uint16_t)sizeof(struct vu_vring_state))
+#define ADDR            ((uint16_t)sizeof(struct vu_vring_addr))
+#define MREG            ((uint16_t)sizeof(struct vu_mem_single))
+#define PF(name)        BIT(VHOST_USER_PROTOCOL_F_##name)
+#define REQ(id, h, ...) [VHOST_USER_##id] = {.name = #id, .handler = (h), __VA_ARGS__}
+
+/*
+ * One entry per request id of the spec's "Front-end message types". Sizes are
+ * the spec's payload types; gates are the "Only legal if / When ... is
+ * negotiated" sentences of each message. Unset fields mean: empty payload, no
+ * fd, no ring index, no gate, no reply of its own. Requests without a handler
+ * (log, IOTLB, inflight, postcopy, crypto, ...) are rejected like unknown
+ * ones until their features are built and offered.
+ */
+static const struct vu_req_info vu_reqs[VHOST_USER_REQUEST_MAX] = {
+    REQ(GET_FEATURES, h_get_features, .reply = true),
+    REQ(SET_FEATURES, h_set_features, .size = U64),
+    REQ(SET_OWNER, h_set_owner),
+    REQ(RESET_OWNER, h_reset_owner),
+    REQ(SET_MEM_TABLE, h_set_mem_table, .size_rule = SZ_MEM_TABLE, .fd_rule = FD_PER_REGION),
+    REQ(SET_LOG_BASE, NULL),
+    REQ(SET_LOG_FD, NULL),
+    REQ(SET_VRING_NUM, h_set_vring_num, .size = STATE, .index_rule = IDX_STATE),
+    REQ(SET_VRING_ADDR, h_set_vring_addr, .size = ADDR, .index_rule = IDX_ADDR),
+    REQ(SET_VRING_BASE, h_set_vring_base, .size = STATE, .index_rule = IDX_STATE),
+    REQ(GET_VRING_BASE, h_get_vring_base, .size = STATE, .index_rule = IDX_STATE, .reply = true),
+    REQ(SET_VRING_KICK, h_set_vring_kick, .size = U64, .fd_rule = FD_VRING, .index_rule = IDX_U64),
+    REQ(SET_VRING_CALL, h_set_vring_call, .size = U64, .fd_rule = FD_VRING, .index_rule = IDX_U64),
+    REQ(SET_VRING_ERR, h_set_vring_err, .size = U64, .fd_rule = FD_VRING, .index_rule = IDX_U64),
+    REQ(GET_PROTOCOL_FEATURES, h_get_protocol_features, .reply = true),
+    REQ(SET_PROTOCOL_FEATURES, h_set_protocol_features, .size = U64),
+    /* "should be sent only when MQ is set in queried protocol features": offered suffices. */
+    REQ(GET_QUEUE_NUM, h_get_queue_num, .gate = PF(MQ), .gate_offered = true, .reply = true),
+    REQ(SET_VRING_ENABLE, h_set_vring_enable, .size = STATE, .index_rule = IDX_STATE),
+    REQ(SEND_RARP, NULL),
+    REQ(NET_SET_MTU, NULL),
+    REQ(SET_BACKEND_REQ_FD, h_set_backend_req_fd, .fd_rule = FD_ONE, .gate = PF(BACKEND_REQ)),
+    REQ(IOTLB_MSG, NULL, .reply = true),
+    REQ(SET_VRING_ENDIAN, NULL),
+    REQ(GET_CONFIG, h_get_config, .size_rule = SZ_CONFIG, .gate = PF(CONFIG), .reply = true,
+        .empty_error_reply = true),
+    REQ(SET_CONFIG, h_set_config, .size_rule = SZ_CONFIG, .gate = PF(CONFIG)),
+    REQ(CREATE_CRYPTO_SESSION, NULL, .reply = true),
+    REQ(CLOSE_CRYPTO_SESSION, NULL),
+    REQ(POSTCOPY_ADVISE, NULL, .reply = true),
+    REQ(POSTCOPY_LISTEN, NULL),
+    REQ(POSTCOPY_END, NULL, .reply = true),
+    REQ(GET_INFLIGHT_FD, NULL, .reply = true),
+    REQ(SET_INFLIGHT_FD, NULL),
+    REQ(GPU_SET_SOCKET, NULL),
+    /* "Only valid if the RESET_DEVICE protocol feature is set by the back-end": offered. */
+    REQ(RESET_DEVICE, h_reset_device, .gate = PF(RESET_DEVICE), .gate_offered = true),
+    REQ(VRING_KICK, NULL),
+    REQ(GET_MAX_MEM_SLOTS, h_get_max_mem_slots, .gate = PF(CONFIGURE_MEM_SLOTS), .reply = true),
+    REQ(ADD_MEM_REG, h_add_mem_reg, .size = MREG, .fd_rule = FD_ONE,
+        .gate = PF(CONFIGURE_MEM_SLOTS)),
+    REQ(REM_MEM_REG, h_rem_mem_reg, .size = MREG, .fd_rule = FD_OPT_ONE,
+        .gate = PF(CONFIGURE_MEM_SLOTS)),
+    REQ(SET_STATUS, h_set_status, .size = U64, .gate = PF(STATUS)),
+    REQ(GET_STATUS, h_get_status, .gate = PF(STATUS), .reply = true),
+    REQ(GET_SHARED_OBJECT, NULL, .reply = true),
+    REQ(SET_DEVICE_STATE_FD, NULL, .reply = true),
+    REQ(CHECK_DEVICE_STATE, NULL, .reply = true),
+};
+
+const char *vu_request_name(uint32_t request)
+{
+    if (request < VHOST_USER_REQUEST_MAX && vu_reqs[request].name)
+        return vu_reqs[request].name;
+    return "UNKNOWN";
+}
+
+/* ---- offered features ---- */
+
+/* Virtio bits the transport cannot honour yet, whatever the device offers. */
+#define VU_FEATURES_NOT_YET (BIT(VHOST_F_LOG_ALL) | BIT(VIRTIO_F_ACCESS_PLATFORM))
+
+/* Layouts allowed; both flags false means "not configured": both allowed. */
+static bool layout_allowed(const struct vhd_dev *dev, bool packed)
+{
+    if (!dev->allow_split && !dev->allow_packed)
+        return true;
+    return packed ? dev->allow_packed : dev->allow_split;
+}
+
+uint64_t vhd_vu_offered_features(const struct vhd_dev *dev)
+{
+    uint64_t f = dev->ops->features ? dev->ops->features((struct vhd_dev *)dev) : 0;
+
+    f &= ~VU_FEATURES_NOT_YET;
+    if (!layout_allowed(dev, true))
+        f &= ~BIT(VIRTIO_F_RING_PACKED);
+    return f | BIT(VHOST_USER_F_PROTOCOL_FEATURES);
+}
+
+/*
+ * Offered: MQ (the spec says back-ends should always implement it), REPLY_ACK,
+ * BACKEND_REQ (config change notifications), CONFIG when the device has a
+ * config space, RESET_DEVICE, CONFIGURE_MEM_SLOTS, STATUS. Not offered until
+ * built: LOG_SHMFD, INFLIGHT_SHMFD, BACKEND_SEND_FD (we never send fds),
+ * INBAND_NOTIFICATIONS, PAGEFAULT, and the rest.
+ */
+uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
+{
+    uint64_t f = BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                 BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) | BIT(VHOST_USER_PROTOCOL_F_RESET_DEVICE) |
+                 BIT(VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS) | BIT(VHOST_USER_PROTOCOL_F_STATUS);
+
+    if (dev->ops->get_config && dev->ops->config_size > 0)
+        f |= BIT(VHOST_USER_PROTOCOL_F_CONFIG);
+    return f;
+}
+
+static bool proto_has(const struct vhd_vu_conn *c, int bit)
+{
+    return (c->dev->protocol_features & BIT(bit)) != 0;
+}
+
+static bool feature_has(const struct vhd_vu_conn *c, int bit)
+{
+    return (c->dev->features & BIT(bit)) != 0;
+}
+
+/* ---- queues: attach, detach, quiescence ---- */
+
+static void conn_mark_broken(struct vhd_vu_conn *c, const char *why, bool log);
+
+static bool any_ring_started(const struct vhd_dev *dev)
+{
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        if (dev->queues[i].started)
+            return true;
+    return false;
+}
+
+static unsigned queue_worker_of(const struct vhd_dev *dev, uint32_t i)
+{
+    unsigned n = vhd_rt_nworkers(dev->rt);
+    int w = dev->queue_worker ? dev->queue_worker[i] : (int)i;
+
+    if (n == 0)
+        return 0;
+    return w < 0 ? 0 : (unsigned)w % n;
+}
+
+/* Fresh control state for queue i: stopped, disabled, no fds. No worker may hold it. */
+static void queue_clear(struct vhd_dev *dev, uint32_t i)
+{
+    struct vhd_queue *q = &dev->queues[i];
+
+    memset(q, 0, sizeof(*q));
+    q->dev = dev;
+    q->index = (uint16_t)i;
+    q->kick_fd = -1;
+    q->call_fd = -1;
+    q->err_fd = -1;
+    q->worker_idx = (int)queue_worker_of(dev, i);
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/*
+ * Spec "Ring states": a ring is processed only while started; we also require
+ * it enabled (see h_set_vring_enable).
+ */
+static bool queue_should_run(const struct vhd_queue *q)
+{
+    return q->started && q->enabled;
+}
+
+/*
+ * Take q back from its worker (in-flight requests complete first). On
+ * timeout the queue stays attached: the device is broken and the session
+ * must never free memory the worker may still use.
+ */
+static int queue_detach(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    if (!q->attached)
+        return 0;
+    int rc = vhd_rt_detach(c->dev->rt, q, c->detach_timeout_ms);
+    if (rc < 0) {
+        /* vhd_rt_detach logged it. */
+        conn_mark_broken(c, "a queue does not stop", false);
+        return rc;
+    }
+    q->attached = false;
+    return 0;
+}
+
+static int queue_attach(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    if (q->attached)
+        return 0;
+    q->worker_idx = (int)queue_worker_of(c->dev, q->index);
+    int rc = vhd_rt_attach(c->dev->rt, q, (unsigned)q->worker_idx);
+    if (rc < 0) {
+        /* vhd_rt_attach logged it. */
+        conn_mark_broken(c, "a queue cannot be started", false);
+        return rc;
+    }
+    q->attached = true;
+    return 0;
+}
+
+/* Attach or detach q so that it runs exactly when it should. */
+static int queue_sync(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    if (queue_should_run(q))
+        return queue_attach(c, q);
+    return queue_detach(c, q);
+}
+
+/*
+ * Targeted quiescence: detach every attached queue of this device only (the
+ * workers of other devices are not involved). On failure some queues may be
+ * detached and one is stuck; call dev_resume() either way.
+ */
+static int dev_quiesce(struct vhd_vu_conn *c)
+{
+    for (uint32_t i = 0; i < c->dev->num_queues; i++) {
+        int rc = queue_detach(c, &c->dev->queues[i]);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Re-attach every queue that should run. Failures are logged and break the device. */
+static void dev_resume(struct vhd_vu_conn *c)
+{
+    for (uint32_t i = 0; i < c->dev->num_queues; i++) {
+        struct vhd_queue *q = &c->dev->queues[i];
+        if (queue_should_run(q))
+            (void)queue_attach(c, q);
+    }
+}
+
+/*
+ * Stop a started ring (GET_VRING_BASE, reset, disconnect): detach (drains
+ * in-flight I/O), save its base, queue_fini, close the kick fd (the spec
+ * restarts a ring only on a new kick fd).
+ */
+static int queue_stop(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    if (!q->started)
+        return 0;
+    int rc = queue_detach(c, q);
+    if (rc < 0)
+        return rc;
+    q->base = vhd_vq_get_base(&q->vq);
+    if (c->dev->ops->queue_fini)
+        c->dev->ops->queue_fini(c->dev, q);
+    q->priv = NULL;
+    q->started = false;
+    close_fd(&q->kick_fd);
+    return 0;
+}
+
+/* Do q's rings (as the engine will map them) lie inside mem? Front-end VAs. */
+static bool queue_rings_in(const struct vhd_queue *q, const struct vhd_mem *mem)
+{
+    uint64_t dlen, alen, ulen;
+
+    if (!mem)
+        return false;
+    if (q->vq.packed) {
+        dlen = 16ull * q->vq.size;
+        alen = ulen = sizeof(struct vhd_vring_packed_event);
+    } else {
+        dlen = vhd_vring_desc_size(q->vq.size);
+        alen = vhd_vring_avail_size(q->vq.size);
+        ulen = vhd_vring_used_size(q->vq.size);
+    }
+    return vhd_mem_uva_to_hva(mem, q->vq.desc_addr, dlen) &&
+           vhd_mem_uva_to_hva(mem, q->vq.avail_addr, alen) &&
+           vhd_mem_uva_to_hva(mem, q->vq.used_addr, ulen);
+}
+
+/*
+ * Install a new memory table: quiesce this device's queues, point every
+ * started queue at the new table (its cached ring pointers are dropped and
+ * re-translated on next use), free the old table once no worker holds it,
+ * resume. Refused (-EBUSY) when a started ring would not be inside the new
+ * table. Takes newmem (freed on failure).
+ */
+static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem *newmem)
+{
+    struct vhd_dev *dev = c->dev;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        struct vhd_queue *q = &dev->queues[i];
+        if (q->started && !queue_rings_in(q, newmem)) {
+            vhd_mem_free(newmem);
+            r->why = "a started ring would be outside the new memory table";
+            return -EBUSY;
+        }
+    }
+    int rc = dev_quiesce(c);
+    if (rc < 0) {
+        dev_resume(c);
+        vhd_mem_free(newmem);
+        r->why = "queues did not stop";
+        return rc;
+    }
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        struct vhd_queue *q = &dev->queues[i];
+        if (q->started)
+            vhd_vq_set_mem(&q->vq, newmem);
+    }
+    struct vhd_mem *old = dev->mem;
+    dev->mem = newmem;
+    vhd_mem_free(old);
+    dev_resume(c);
+    return 0;
+}
+
+/* ---- session ---- */
+
+int vhd_vu_conn_new(struct vhd_dev *dev, int fd, struct vhd_vu_conn **out)
+{
+    struct vhd_vu_conn *c;
+
+    if (!dev || !dev->ops || !dev->queues || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -EINVAL;
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return -ENOMEM;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+        int err = -errno;
+        close(fd);
+        free(c);
+        return err;
+    }
+    c->err_signalled = calloc(dev->num_queues ? dev->num_queues : 1, sizeof(bool));
+    if (!c->err_signalled) {
+        close(fd);
+        free(c);
+        return -ENOMEM;
+    }
+    c->dev = dev;
+    c->fd = fd;
+    c->backend_fd = -1;
+    c->detach_timeout_ms = VHD_VU_DETACH_TIMEOUT_MS;
+    vu_rx_init(&c->rx);
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        queue_clear(dev, i);
+    dev->mem = NULL;
+    dev->features = 0;
+    dev->protocol_features = 0;
+    dev->status = 0;
+    dev->broken = false;
+    *out = c;
+    return 0;
+}
+
+/*
+ * Stop every ring and return the device to its initial state, keeping what
+ * `keep_session` says: RESET_DEVICE keeps the session's memory table,
+ * protocol features, back-end channel and the rings' call and error fds
+ * (QEMU sends SET_VRING_ERR only once per connection); a disconnect drops
+ * everything. Returns 0 or the detach error (then nothing that a worker may
+ * use is freed).
+ */
+static int conn_reset_device(struct vhd_vu_conn *c, bool keep_session)
+{
+    struct vhd_dev *dev = c->dev;
+    int rc = 0;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        int qrc = queue_stop(c, &dev->queues[i]);
+        if (qrc < 0 && rc == 0)
+            rc = qrc;
+    }
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        if (dev->queues[i].attached)
+            return -EBUSY; /* a worker still runs it: free nothing it may use */
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        struct vhd_queue *q = &dev->queues[i];
+        int call_fd = q->call_fd, err_fd = q->err_fd;
+        close_fd(&q->kick_fd);
+        if (!keep_session) {
+            close_fd(&call_fd);
+            close_fd(&err_fd);
+        }
+        queue_clear(dev, i);
+        q->call_fd = call_fd;
+        q->err_fd = err_fd;
+    }
+    if (dev->ops->reset)
+        dev->ops->reset(dev);
+    dev->features = 0;
+    dev->status = 0;
+    dev->broken = false;
+    c->acked_features = 0;
+    c->features_set = false;
+    if (!keep_session) {
+        vhd_mem_free(dev->mem);
+        dev->mem = NULL;
+        dev->protocol_features = 0;
+        c->protocol_features_set = false;
+        close_fd(&c->backend_fd);
+    }
+    return 0;
+}
+
+int vhd_vu_conn_free(struct vhd_vu_conn *c)
+{
+    int rc;
+
+    if (!c)
+        return 0;
+    rc = conn_reset_device(c, false);
+    if (rc < 0) {
+        /*
+         * A worker still owns a queue: leave the device, its queues' fds and
+         * its memory table alone (freeing them could crash that worker).
+         */
+        vhd_log(VHD_LOG_ERROR, "%s: session ended with a queue still running; device disabled",
+                c->dev->name);
+        close_fd(&c->backend_fd);
+    }
+    vu_rx_reset(&c->rx);
+    close(c->fd);
+    free(c->err_signalled);
+    free(c);
+    return rc < 0 ? -EBUSY : 0;
+}
+
+int vhd_vu_conn_fd(const struct vhd_vu_conn *c)
+{
+    return c->fd;
+}
+
+struct vhd_dev *vhd_vu_conn_dev(const struct vhd_vu_conn *c)
+{
+    return c->dev;
+}
+
+void vhd_vu_conn_set_detach_timeout(struct vhd_vu_conn *c, int timeout_ms)
+{
+    c->detach_timeout_ms = timeout_ms;
+}
+
+int vhd_vu_conn_config_changed(struct vhd_vu_conn *c)
+{
+    struct vu_hdr h = {
+        .request = VHOST_USER_BACKEND_CONFIG_CHANGE_MSG,
+        .flags = VHOST_USER_VERSION,
+        .size = 0,
+    };
+
+    if (c->backend_fd < 0 || !proto_has(c, VHOST_USER_PROTOCOL_F_BACKEND_REQ) ||
+        !proto_has(c, VHOST_USER_PROTOCOL_F_CONFIG))
+        return -ENOTCONN;
+    int rc = vu_send(c->backend_fd, &h, NULL, NULL, 0, CONN_SEND_TIMEOUT_MS);
+    if (rc < 0) {
+        vhd_log(VHD_LOG_WARN,
+                "%s: cannot send CONFIG_CHANGE to the front-end: %s; "
+                "closing the back-end channel",
+                c->dev->name, strerror(-rc));
+        close_fd(&c->backend_fd);
+    }
+    return rc;
+}
+
+/*
+ * Set NEEDS_RESET and notify the front-end, except while the device is
+ * suspended (spec "Suspended device state": with every ring stopped the
+ * back-end must not send messages to the front-end); GET_STATUS still
+ * reports it.
+ */
+static void conn_mark_broken(struct vhd_vu_conn *c, const char *why, bool log)
+{
+    if (c->dev->broken)
+        return;
+    c->dev->broken = true;
+    if (log)
+        vhd_log(VHD_LOG_ERROR, "%s: device needs reset: %s", c->dev->name, why);
+    if (any_ring_started(c->dev))
+        (void)vhd_vu_conn_config_changed(c);
+}
+
+void vhd_vu_conn_set_broken(struct vhd_vu_conn *c, const char *why)
+{
+    conn_mark_broken(c, why, true);
+}
+
+bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
+{
+    bool found = false;
+
+    for (uint32_t i = 0; i < c->dev->num_queues; i++) {
+        struct vhd_queue *q = &c->dev->queues[i];
+        /* Pairs with the worker's release store (dev.h, vhd_queue.broken). */
+        if (!vhd_load_acquire(&q->broken))
+            continue;
+        found = true;
+        /* SET_VRING_ERR: tell the front-end once per ring start (QEMU logs it). */
+        if (!c->err_signalled[i] && q->err_fd >= 0) {
+            uint64_t one = 1;
+            if (write(q->err_fd, &one, sizeof(one)) < 0) {
+                /* EAGAIN: the counter is already non-zero; nothing else to do. */
+            }
+        }
+        c->err_signalled[i] = true;
+    }
+    if (found)
+        conn_mark_broken(c, "a queue broke", false); /* the worker logged why */
+    return found;
+}
+
+/* ---- generic validation and dispatch ---- */
+
+/* Check the request against its table entry. 0 or -errno with r->why set. */
+static int req_validate(struct vhd_vu_conn *c, const struct vu_req_info *info, struct vu_req *r)
+{
+    uint32_t size = r->hdr->size;
+    const union vu_payload *p = r->p;
+
+    if (info->gate) {
+        uint64_t have = info->gate_offered ? vhd_vu_offered_protocol_features(c->dev)
+                                           : c->dev->protocol_features;
+        if (!(have & info->gate)) {
+            r->why = info->gate_offered ? "protocol feature not offered"
+                                        : "protocol feature not negotiated";
+            return -EOPNOTSUPP;
+        }
+    }
+
+    switch (info->size_rule) {
+    case SZ_EXACT:
+        if (size != info->size) {
+            r->why = "bad payload size";
+            return -EINVAL;
+        }
+        break;
+    case SZ_MEM_TABLE:
+        if (size < VU_MEM_TABLE_HDR_SIZE) {
+            r->why = "bad payload size";
+            return -EINVAL;
+        }
+        if (p->mem.nregions > VHOST_USER_MEM_TABLE_MAX_REGIONS) {
+            r->why = "too many memory regions";
+            return -E2BIG;
+        }
+        if (size != VU_MEM_TABLE_HDR_SIZE + p->mem.nregions * sizeof(struct vu_mem_region)) {
+            r->why = "payload size does not match the region count";
+            return -EINVAL;
+        }
+        break;
+    case SZ_CONFIG:
+        if (size < VU_CONFIG_HDR_SIZE || p->config.size > VHOST_USER_MAX_CONFIG_SIZE ||
+            size != VU_CONFIG_HDR_SIZE + p->config.size) {
+            r->why = "bad config payload size";
+            return -EINVAL;
+        }
+        break;
+    default:
+        r->why = "internal: bad size rule";
+        return -EINVAL;
+    }
+
+    unsigned want_min = 0, want_max = 0;
+    switch (info->fd_rule) {
+    case FD_NONE:
+        break;
+    case FD_ONE:
+        want_min = want_max = 1;
+        break;
+    case FD_OPT_ONE:
+        want_max = 1;
+        break;
+    case FD_VRING: {
+        uint64_t v = p->u64;
+        if (v & ~(uint64_t)(VHOST_USER_VRING_IDX_MASK | VHOST_USER_VRING_NOFD_MASK)) {
+            r->why = "reserved bits set in the ring index word";
+            return -EINVAL;
+        }
+        want_min = want_max = (v & VHOST_USER_VRING_NOFD_MASK) ? 0 : 1;
+        break;
+    }
+    case FD_PER_REGION:
+        want_min = want_max = p->mem.nregions;
+        break;
+    default:
+        r->why = "internal: bad fd rule";
+        return -EINVAL;
+    }
+    if (r->nfds < want_min || r->nfds > want_max) {
+        r->why = "wrong number of file descriptors";
+        return -EBADF;
+    }
+
+    uint64_t idx;
+    switch (info->index_rule) {
+    case IDX_NONE:
+        return 0;
+    case IDX_STATE:
+        idx = p->state.index;
+        break;
+    case IDX_ADDR:
+        idx = p->addr.index;
+        break;
+    case IDX_U64:
+        idx = p->u64 & VHOST_USER_VRING_IDX_MASK;
+        break;
+    default:
+        r->why = "internal: bad index rule";
+        return -EINVAL;
+    }
+    if (idx >= c->dev->num_queues) {
+        r->why = "ring index out of range";
+        return -ERANGE;
+    }
+    return 0;
+}
+
+/* The queue named by a validated ring index, clamped against speculation. */
+static struct vhd_queue *req_queue(struct vhd_vu_conn *c, uint64_t idx)
+{
+    return &c->dev->queues[vhd_index_nospec(idx, c->dev->num_queues)];
+}
+
+static int send_reply(struct vhd_vu_conn *c, uint32_t request, const void *payload, uint32_t size)
+{
+    /* Spec "Header": replies carry the version and the reply flag, nothing else. */
+    struct vu_hdr h = {
+        .request = request, .flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, .size = size};
+    int rc = vu_send(c->fd, &h, size ? payload : NULL, NULL, 0, CONN_SEND_TIMEOUT_MS);
+    if (rc < 0)
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: cannot send %s reply: %s", c->dev->name,
+                   vu_request_name(request), strerror(-rc));
+    return rc;
+}
+
+static void req_close_fds(struct vu_req *r)
+{
+    for (unsigned i = 0; i < r->nfds; i++)
+        close_fd(&r->fds[i]);
+}
+
+int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
+                       const union vu_payload *payload, int *fds, unsigned nfds)
+{
+    struct vu_req r = {.hdr = hdr, .p = payload};
+    const struct vu_req_info *info = NULL;
+    uint32_t req = hdr->request;
+    int rc;
+
+    if (nfds > VHOST_USER_MAX_FDS) {
+        for (unsigned i = 0; i < nfds; i++)
+            if (fds[i] >= 0)
+                close(fds[i]);
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: %s with %u fds (at most %d): closing the connection",
+                   c->dev->name, vu_request_name(req), nfds, VHOST_USER_MAX_FDS);
+        return -EPROTO;
+    }
+    memcpy(r.fds, fds, nfds * sizeof(int));
+    r.nfds = nfds;
+
+    /* Header (spec "Header"): version 1; a request never has the reply flag. */
+    if ((hdr->flags & VHOST_USER_VERSION_MASK) != VHOST_USER_VERSION ||
+        (hdr->flags & ~(VHOST_USER_VERSION_MASK | VHOST_USER_NEED_REPLY_MASK)) ||
+        hdr->size > VU_MAX_PAYLOAD) {
+        req_close_fds(&r);
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: %s: bad header (flags 0x%x, size %u): closing the connection",
+                   c->dev->name, vu_request_name(req), hdr->flags, hdr->size);
+        return -EPROTO;
+    }
+
+    bool need_reply = (hdr->flags & VHOST_USER_NEED_REPLY_MASK) != 0;
+    bool ack_before = proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+
+    if (req < VHOST_USER_REQUEST_MAX)
+        info = &vu_reqs[req];
+    if (!info || !info->handler) {
+        r.why = "unsupported request";
+        rc = -EOPNOTSUPP;
+        goto fail;
+    }
+    rc = req_validate(c, info, &r);
+    if (rc < 0)
+        goto fail;
+    vhd_log(VHD_LOG_DEBUG, "%s: %s size %u fds %u%s", c->dev->name, info->name, hdr->size, nfds,
+            need_reply ? " need-reply" : "");
+    rc = info->handler(c, &r);
+    if (rc < 0)
+        goto fail;
+    req_close_fds(&r); /* fds the handler did not keep */
+    if (info->reply)
+        return send_reply(c, req, &r.reply, r.reply_size);
+    if (need_reply && (ack_before || proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK))) {
+        uint64_t ok = 0;
+        return send_reply(c, req, &ok, sizeof(ok));
+    }
+    return 0;
+
+fail:
+    req_close_fds(&r);
+    VHD_LOG_RL(VHD_LOG_WARN, "%s: %s (request %u, size %u, %u fds) failed: %s (%s)", c->dev->name,
+               vu_request_name(req), req, hdr->size, nfds, r.why ? r.why : "error", strerror(-rc));
+    if (info && info->reply) {
+        if (info->empty_error_reply)
+            return send_reply(c, req, NULL, 0);
+        return rc; /* no error form of this reply: end the session */
+    }
+    if (need_reply && (ack_before || proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK))) {
+        /* REPLY_ACK: "non-zero on failure"; the positive errno says which. */
+        uint64_t err = (uint64_t)-rc;
+        return send_reply(c, req, &err, sizeof(err));
+    }
+    return rc; /* the front-end cannot learn of the failure: end the session */
+}
+
+int vhd_vu_conn_process(struct vhd_vu_conn *c)
+{
+    for (int n = 0; n < CONN_MSGS_PER_WAKEUP; n++) {
+        int rc = vu_rx_read(&c->rx, c->fd);
+        if (rc == 0)
+            return 0;
+        if (rc < 0) {
+            if (rc == -ECONNRESET)
+                vhd_log(VHD_LOG_INFO, "%s: front-end disconnected", c->dev->name);
+            else
+                VHD_LOG_RL(VHD_LOG_WARN, "%s: bad message framing: %s: closing the connection",
+                           c->dev->name,
+                           rc == -EMSGSIZE ? "payload size above the largest message"
+                           : rc == -EPROTO ? "too many fds or bad ancillary data"
+                                           : strerror(-rc));
+            return rc;
+        }
+        rc = vhd_vu_conn_handle(c, &c->rx.hdr, &c->rx.payload, c->rx.fds, c->rx.nfds);
+        vu_rx_next(&c->rx); /* the fds were consumed by the handler */
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- handlers: features ---- */
+
+static int h_get_features(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    r->reply.u64 = vhd_vu_offered_features(c->dev);
+    r->reply_size = sizeof(uint64_t);
+    return 0;
+}
+
+/*
+ * SET_FEATURES: the value must be a subset of what GET_FEATURES offers, with
+ * a ring layout the device allows. Virtio features are fixed once the rings
+ * run (the only runtime change QEMU makes is VHOST_F_LOG_ALL, not offered),
+ * so a different value while a ring is started is refused. The device sees
+ * the virtio bits only (PROTOCOL_FEATURES stripped), with its queues
+ * detached. Spec "Ring states": without PROTOCOL_FEATURES every ring is
+ * enabled immediately.
+ */
+static int h_set_features(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_dev *dev = c->dev;
+    uint64_t f = r->p->u64;
+    uint64_t vf = f & ~BIT(VHOST_USER_F_PROTOCOL_FEATURES);
+
+    if (f & ~vhd_vu_offered_features(dev)) {
+        r->why = "features not offered";
+        return -EINVAL;
+    }
+    if (!layout_allowed(dev, (vf & BIT(VIRTIO_F_RING_PACKED)) != 0)) {
+        r->why = "ring layout not allowed for this device";
+        return -EINVAL;
+    }
+    if (c->features_set && any_ring_started(dev) && vf != dev->features) {
+        r->why = "features changed while a ring is started";
+        return -EBUSY;
+    }
+    int rc = dev_quiesce(c);
+    if (rc < 0) {
+        dev_resume(c);
+        r->why = "queues did not stop";
+        return rc;
+    }
+    if (dev->ops->set_features) {
+        rc = dev->ops->set_features(dev, vf);
+        if (rc < 0) {
+            dev_resume(c);
+            r->why = "the device refused the features";
+            return rc;
+        }
+    }
+    if (!c->features_set || dev->features != vf || c->acked_features != f)
+        vhd_log(VHD_LOG_INFO, "%s: features 0x%llx%s", dev->name, (unsigned long long)vf,
+                (f & BIT(VHOST_USER_F_PROTOCOL_FEATURES)) ? " + PROTOCOL_FEATURES" : "");
+    dev->features = vf;
+    c->acked_features = f;
+    c->features_set = true;
+    if (!(f & BIT(VHOST_USER_F_PROTOCOL_FEATURES)))
+        for (uint32_t i = 0; i < dev->num_queues; i++)
+            dev->queues[i].enabled = true;
+    dev_resume(c);
+    return 0;
+}
+
+static int h_get_protocol_features(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    r->reply.u64 = vhd_vu_offered_protocol_features(c->dev);
+    r->reply_size = sizeof(uint64_t);
+    return 0;
+}
+
+/* Must be a subset of the offer (so INBAND_NOTIFICATIONS, never offered, cannot be set). */
+static int h_set_protocol_features(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    uint64_t f = r->p->u64;
+
+    if (f & ~vhd_vu_offered_protocol_features(c->dev)) {
+        r->why = "protocol features not offered";
+        return -EINVAL;
+    }
+    c->dev->protocol_features = f;
+    c->protocol_features_set = true;
+    vhd_log(VHD_LOG_INFO, "%s: protocol features 0x%llx", c->dev->name, (unsigned long long)f);
+    return 0;
+}
+
+/* SET_OWNER marks the session start; repeating it in the same session is harmless. */
+static int h_set_owner(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    (void)c;
+    (void)r;
+    return 0;
+}
+
+/*
+ * RESET_OWNER is deprecated; the spec recommends ignoring it or disabling all
+ * rings. We disable all rings (started rings keep their state and resume on
+ * SET_VRING_ENABLE), which never loses ring state.
+ */
+static int h_reset_owner(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    int rc = 0;
+
+    for (uint32_t i = 0; i < c->dev->num_queues; i++) {
+        struct vhd_queue *q = &c->dev->queues[i];
+        q->enabled = false;
+        int qrc = queue_sync(c, q);
+        if (qrc < 0 && rc == 0)
+            rc = qrc;
+    }
+    if (rc < 0)
+        r->why = "queues did not stop";
+    return rc;
+}
+
+static int h_get_queue_num(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    r->reply.u64 = c->dev->num_queues;
+    r->reply_size = sizeof(uint64_t);
+    return 0;
+}
+
+/* ---- handlers: memory ---- */
+
+static void region_desc(const struct vu_mem_region *w, int fd, struct vhd_mem_region_desc *d)
+{
+    d->gpa = w->gpa;
+    d->size = w->size;
+    d->uva = w->uva;
+    d->mmap_offset = w->mmap_offset;
+    d->fd = fd;
+}
+
+static const char *mem_error(int rc)
+{
+    switch (rc) {
+    case -EINVAL:
+        return "invalid or overlapping memory regions";
+    case -ENXIO:
+        return "mmap offset and size beyond the end of the file";
+    case -ENOENT:
+        return "no such memory region";
+    default:
+        return "cannot map the memory regions";
+    }
+}
+
+/*
+ * SET_MEM_TABLE: map the regions (fds in region order, closed afterwards:
+ * the mappings keep the memory) and swap the table in. Up to 8 regions
+ * (the spec's region0..region7, one fd each).
+ */
+static int h_set_mem_table(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_mem_table *m = &r->p->mem;
+    struct vhd_mem_region_desc d[VHOST_USER_MEM_TABLE_MAX_REGIONS];
+    struct vhd_mem *mem = NULL;
+
+    for (uint32_t i = 0; i < m->nregions; i++)
+        region_desc(&m->regions[i], r->fds[i], &d[i]);
+    int rc = vhd_mem_new(d, m->nregions, &mem);
+    if (rc < 0) {
+        r->why = mem_error(rc);
+        return rc;
+    }
+    rc = conn_swap_mem(c, r, mem);
+    if (rc == 0)
+        vhd_log(VHD_LOG_INFO, "%s: memory table: %u regions", c->dev->name, m->nregions);
+    return rc;
+}
+
+static int h_get_max_mem_slots(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    (void)c;
+    r->reply.u64 = VHD_MEM_MAX_REGIONS;
+    r->reply_size = sizeof(uint64_t);
+    return 0;
+}
+
+/* ADD_MEM_REG: the table plus one region (existing mappings are shared, not remapped). */
+static int h_add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_mem_region_desc d;
+    struct vhd_mem *mem = NULL;
+
+    if (c->dev->mem && c->dev->mem->nregions >= VHD_MEM_MAX_REGIONS) {
+        r->why = "all memory slots are in use";
+        return -ENOSPC;
+    }
+    region_desc(&r->p->mreg.region, r->fds[0], &d);
+    int rc = vhd_mem_add(c->dev->mem, &d, &mem);
+    if (rc < 0) {
+        r->why = mem_error(rc);
+        return rc;
+    }
+    return conn_swap_mem(c, r, mem);
+}
+
+/*
+ * REM_MEM_REG: identified by guest address, user address and size; "the mmap
+ * offset is ignored"; an fd, if any, is closed unused (generic code). The
+ * spec does not say what happens to a started ring inside the region; we
+ * refuse (-EBUSY) rather than leave a running ring without memory.
+ */
+static int h_rem_mem_reg(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_mem_region *w = &r->p->mreg.region;
+    struct vhd_mem *mem = NULL;
+
+    int rc = vhd_mem_remove(c->dev->mem, w->gpa, w->size, w->uva, &mem);
+    if (rc < 0) {
+        r->why = mem_error(rc);
+        return rc;
+    }
+    return conn_swap_mem(c, r, mem);
+}
+
+/* ---- handlers: rings ---- */
+
+/*
+ * SET_VRING_NUM: 1..32768 (virtio 1.2, 2.7 and 2.8); a power of two for split
+ * rings, checked here when the layout is already negotiated and again when
+ * the ring starts. Refused while the ring is started (like the kernel's
+ * -EBUSY): the size of a running ring cannot change.
+ */
+static int h_set_vring_num(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->state.index);
+    uint32_t num = r->p->state.num;
+
+    if (q->started) {
+        r->why = "ring is started";
+        return -EBUSY;
+    }
+    if (num == 0 || num > VHD_VQ_MAX_SIZE) {
+        r->why = "ring size out of range";
+        return -EINVAL;
+    }
+    if (c->features_set && !feature_has(c, VIRTIO_F_RING_PACKED) && (num & (num - 1))) {
+        r->why = "split ring size is not a power of two";
+        return -EINVAL;
+    }
+    q->size = num;
+    return 0;
+}
+
+/*
+ * SET_VRING_ADDR: front-end virtual addresses (IOMMU_PLATFORM is not
+ * offered). The only flag is VHOST_VRING_F_LOG, which needs VHOST_F_LOG_ALL
+ * (not offered), so flags must be 0. Alignments that hold for both layouts
+ * are checked now (descriptors 16, avail 2, used 4), the rest at ring start.
+ * While the ring is started the same addresses may be sent again (QEMU does
+ * when toggling logging); new ones are refused.
+ */
+static int h_set_vring_addr(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_vring_addr *a = &r->p->addr;
+    struct vhd_queue *q = req_queue(c, a->index);
+
+    if (a->flags) {
+        r->why = "ring address flags not supported (no dirty logging)";
+        return -EINVAL;
+    }
+    if ((a->desc & 15) || (a->avail & 1) || (a->used & 3)) {
+        r->why = "misaligned ring address";
+        return -EINVAL;
+    }
+    if (q->started) {
+        if (a->desc != q->addr_desc || a->avail != q->addr_avail || a->used != q->addr_used) {
+            r->why = "ring is started";
+            return -EBUSY;
+        }
+        q->addr_log = a->log;
+        return 0;
+    }
+    q->addr_desc = a->desc;
+    q->addr_avail = a->avail;
+    q->addr_used = a->used;
+    q->addr_log = a->log;
+    q->have_addr = true;
+    return 0;
+}
+
+/*
+ * SET_VRING_BASE: split: bits 0-15 the next avail index, bits 16-31
+ * reserved; packed: both indices and wrap counters (checked against the ring
+ * size at start). Refused while started.
+ */
+static int h_set_vring_base(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->state.index);
+    uint32_t num = r->p->state.num;
+
+    if (q->started) {
+        r->why = "ring is started";
+        return -EBUSY;
+    }
+    if (c->features_set && !feature_has(c, VIRTIO_F_RING_PACKED) && num > 0xffff) {
+        r->why = "split ring base above 16 bits";
+        return -EINVAL;
+    }
+    q->base = num;
+    return 0;
+}
+
+/*
+ * GET_VRING_BASE stops the ring: it is detached (its in-flight requests
+ * complete and are pushed first), its state read, queue_fini called. A ring
+ * that is not started answers the base it would start from. The request's
+ * num field is reserved (must be 0) and ignored.
+ */
+static int h_get_vring_base(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->state.index);
+
+    int rc = queue_stop(c, q);
+    if (rc < 0) {
+        r->why = "the ring did not stop";
+        return rc;
+    }
+    r->reply.state.index = r->p->state.index;
+    r->reply.state.num = q->base;
+    r->reply_size = sizeof(struct vu_vring_state);
+    return 0;
+}
+
+/*
+ * Start q (spec "Ring states": started by SET_VRING_KICK): needs a memory
+ * table, SET_VRING_NUM, SET_VRING_ADDR and SET_FEATURES first. A ring outside
+ * guest memory (or misaligned, or a bad base) is an error and breaks the
+ * device (NEEDS_RESET).
+ */
+static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue *q)
+{
+    struct vhd_dev *dev = c->dev;
+
+    if (!dev->mem) {
+        r->why = "ring started before SET_MEM_TABLE";
+        return -EPROTO;
+    }
+    if (!c->features_set) {
+        r->why = "ring started before SET_FEATURES";
+        return -EPROTO;
+    }
+    if (q->size == 0 || !q->have_addr) {
+        r->why = "ring started before SET_VRING_NUM/SET_VRING_ADDR";
+        return -EPROTO;
+    }
+    struct vhd_vq_params p = {
+        .size = q->size,
+        .packed = feature_has(c, VIRTIO_F_RING_PACKED),
+        .event_idx = feature_has(c, VIRTIO_F_EVENT_IDX),
+        .indirect = feature_has(c, VIRTIO_F_INDIRECT_DESC),
+        .addr_is_gpa = false,
+        .desc = q->addr_desc,
+        .avail = q->addr_avail,
+        .used = q->addr_used,
+    };
+    int rc = vhd_vq_init(&q->vq, &p, dev->mem);
+    if (rc < 0) {
+        r->why = "bad ring size or misaligned ring";
+        return rc;
+    }
+    rc = vhd_vq_set_base(&q->vq, q->base);
+    if (rc < 0) {
+        r->why = "ring base out of range";
+        return rc;
+    }
+    rc = vhd_vq_start(&q->vq);
+    if (rc < 0) {
+        r->why = "ring outside guest memory";
+        conn_mark_broken(c, "a ring is outside guest memory", false);
+        return rc;
+    }
+    q->inflight_io = 0;
+    q->notify_pending = false;
+    q->broken = false; /* detached: a plain store (dev.h) */
+    c->err_signalled[q->index] = false;
+    if (dev->ops->queue_init) {
+        rc = dev->ops->queue_init(dev, q);
+        if (rc < 0) {
+            r->why = "the device could not set the queue up";
+            return rc;
+        }
+    }
+    q->started = true;
+    return 0;
+}
+
+/*
+ * SET_VRING_KICK: bits 0-7 index, bit 8 no fd (then the ring is polled).
+ * On a stopped ring it starts the ring; on a started one it replaces the kick
+ * fd (detach, swap, re-attach). A started ring runs only while enabled.
+ */
+static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->u64 & VHOST_USER_VRING_IDX_MASK);
+    int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
+    int rc;
+
+    if (q->started) {
+        rc = queue_detach(c, q);
+        if (rc < 0) {
+            r->why = "the ring did not stop";
+            return rc;
+        }
+        close_fd(&q->kick_fd);
+        q->kick_fd = fd;
+        if (fd >= 0)
+            r->fds[0] = -1;
+        (void)queue_sync(c, q);
+        return 0;
+    }
+    q->kick_fd = fd; /* queue_init may want to see it */
+    rc = queue_start(c, r, q);
+    if (rc < 0) {
+        q->kick_fd = -1; /* still in r->fds: closed by the generic code */
+        return rc;
+    }
+    if (fd >= 0)
+        r->fds[0] = -1;
+    vhd_log(VHD_LOG_DEBUG, "%s: queue %u started (size %u, %s)%s", c->dev->name, q->index, q->size,
+            q->vq.packed ? "packed" : "split", q->enabled ? "" : ", disabled");
+    (void)queue_sync(c, q);
+    return 0;
+}
+
+/* SET_VRING_CALL: the call fd is worker-owned while attached: swap it detached. */
+static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->u64 & VHOST_USER_VRING_IDX_MASK);
+    int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
+    bool was_attached = q->attached;
+
+    int rc = queue_detach(c, q);
+    if (rc < 0) {
+        r->why = "the ring did not stop";
+        return rc;
+    }
+    close_fd(&q->call_fd);
+    q->call_fd = fd;
+    if (fd >= 0)
+        r->fds[0] = -1;
+    if (was_attached)
+        (void)queue_sync(c, q);
+    return 0;
+}
+
+/* SET_VRING_ERR: kept for error signalling; control-thread state only. */
+static int h_set_vring_err(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->u64 & VHOST_USER_VRING_IDX_MASK);
+    int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
+
+    close_fd(&q->err_fd);
+    q->err_fd = fd;
+    if (fd >= 0)
+        r->fds[0] = -1;
+    return 0;
+}
+
+/*
+ * SET_VRING_ENABLE: num 1 enables, 0 disables; anything else is invalid.
+ * The enabled state is tracked whether or not the ring is started (spec
+ * "Ring states": it comes into effect once the ring is started). A started
+ * but disabled ring is not processed at all: for a block device there is
+ * no "processing without side effects" (any request touches guest memory
+ * or the image), so disabled rings are left untouched until enabled.
+ */
+static int h_set_vring_enable(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    struct vhd_queue *q = req_queue(c, r->p->state.index);
+    uint32_t num = r->p->state.num;
+
+    if (num > 1) {
+        r->why = "enable value is neither 0 nor 1";
+        return -EINVAL;
+    }
+    q->enabled = num == 1;
+    int rc = queue_sync(c, q);
+    if (rc < 0)
+        r->why = q->enabled ? "the ring could not start" : "the ring did not stop";
+    return rc;
+}
+
+/* ---- handlers: config, back-end channel, reset, status ---- */
+
+static int config_check(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_config *cfg = &r->p->config;
+    uint32_t cs = c->dev->ops->config_size;
+
+    if (cfg->flags > VHOST_USER_CONFIG_FLAG_MIGRATION) {
+        r->why = "unknown config flags";
+        return -EINVAL;
+    }
+    if (cfg->size == 0 || cfg->offset > cs || cfg->size > cs - cfg->offset) {
+        r->why = "config access outside the config space";
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* GET_CONFIG: the reply echoes offset, size and flags; a failure is an empty reply (spec). */
+static int h_get_config(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_config *cfg = &r->p->config;
+
+    int rc = config_check(c, r);
+    if (rc < 0)
+        return rc;
+    if (!c->dev->ops->get_config) {
+        r->why = "device has no config space";
+        return -EOPNOTSUPP;
+    }
+    r->reply.config.offset = cfg->offset;
+    r->reply.config.size = cfg->size;
+    r->reply.config.flags = cfg->flags;
+    rc = c->dev->ops->get_config(c->dev, r->reply.config.region, cfg->offset, cfg->size);
+    if (rc < 0) {
+        r->why = "the device could not read its config space";
+        return rc;
+    }
+    r->reply_size = VU_CONFIG_HDR_SIZE + cfg->size;
+    return 0;
+}
+
+/*
+ * SET_CONFIG with the device's queues quiesced. Flag 0: the device accepts
+ * writable fields only (-EPERM otherwise). Flag 1 (live migration): read-only
+ * fields may be "written" too; since dev.h's set_config has no flags, a write
+ * the device refuses with -EPERM is accepted when it matches the current
+ * contents (the destination restoring the source's identical config).
+ */
+static int h_set_config(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_config *cfg = &r->p->config;
+    struct vhd_dev *dev = c->dev;
+
+    int rc = config_check(c, r);
+    if (rc < 0)
+        return rc;
+    if (!dev->ops->set_config) {
+        r->why = "config space is read-only";
+        return -EPERM;
+    }
+    rc = dev_quiesce(c);
+    if (rc < 0) {
+        dev_resume(c);
+        r->why = "queues did not stop";
+        return rc;
+    }
+    rc = dev->ops->set_config(dev, cfg->region, cfg->offset, cfg->size);
+    if (rc == -EPERM && cfg->flags == VHOST_USER_CONFIG_FLAG_MIGRATION && dev->ops->get_config) {
+        uint8_t cur[VHOST_USER_MAX_CONFIG_SIZE];
+        if (dev->ops->get_config(dev, cur, cfg->offset, cfg->size) == 0 &&
+            memcmp(cur, cfg->region, cfg->size) == 0)
+            rc = 0;
+    }
+    dev_resume(c);
+    if (rc < 0)
+        r->why = "the device refused the config write";
+    return rc;
+}
+
+/* SET_BACKEND_REQ_FD: keep the channel for back-end requests (replaces an earlier one). */
+static int h_set_backend_req_fd(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    close_fd(&c->backend_fd);
+    c->backend_fd = r->fds[0];
+    r->fds[0] = -1;
+    /* Back-end messages must never block the control thread for long. */
+    int fl = fcntl(c->backend_fd, F_GETFL);
+    if (fl >= 0)
+        (void)fcntl(c->backend_fd, F_SETFL, fl | O_NONBLOCK);
+    return 0;
+}
+
+/*
+ * RESET_DEVICE: "disable all rings and reset all internal device state to the
+ * initial state, ready to be reinitialized. The back-end retains ownership".
+ * Every ring is stopped (kick fd closed) and disabled and forgets its size,
+ * addresses and base; features and status are cleared; ops->reset runs. The
+ * session keeps its memory table, protocol features, back-end channel and
+ * the call/error fds: QEMU negotiates those once per connection and does not
+ * send them again before reinitialising the rings.
+ */
+static int h_reset_device(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    int rc = conn_reset_device(c, true);
+    if (rc < 0)
+        r->why = "queues did not stop";
+    else
+        vhd_log(VHD_LOG_INFO, "%s: device reset by the front-end", c->dev->name);
+    return rc;
+}
+
+/*
+ * SET_STATUS records the virtio status byte; it does not reset or stop
+ * anything: QEMU writes 0 before it stops the rings with GET_VRING_BASE, so
+ * a reset here would lose the ring state. Writing 0 (a driver reset) clears
+ * a previous NEEDS_RESET.
+ */
+static int h_set_status(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    uint64_t v = r->p->u64;
+
+    if (v > 0xff) {
+        r->why = "status above 8 bits";
+        return -EINVAL;
+    }
+    c->dev->status = (uint8_t)(v & ~(uint64_t)VIRTIO_STATUS_NEEDS_RESET);
+    if (v == 0)
+        c->dev->broken = false;
+    return 0;
+}
+
+static int h_get_status(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    (void)vhd_vu_conn_check_queues(c); /* a worker may have broken a queue since */
+    r->reply.u64 = c->dev->status | (c->dev->broken ? VIRTIO_STATUS_NEEDS_RESET : 0);
+    r->reply_size = sizeof(uint64_t);
+    return 0;
+}
