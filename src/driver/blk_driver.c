@@ -1,0 +1,1111 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The userspace virtio-blk driver (public API in include/vhostd/blk_driver.h):
+ * shared-memory layout, session set-up over the vhost-user front-end
+ * (vu_frontend.c) and its end/restart, per-queue request slots and buffer
+ * pools, request building (virtio 1.2, 5.2.6), submission with kick
+ * suppression, and completion by polling or by the call eventfd.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/compiler.h"
+#include "core/virtio.h"
+#include "dev/virtio_blk.h"
+#include "driver/guestmem.h"
+#include "driver/vring.h"
+#include "driver/vu_frontend.h"
+#include "transport/vu_msg.h"
+#include "vhostd/blk_driver.h"
+
+#define BIT(n) (1ull << (n))
+
+#define DEFAULT_QUEUE_SIZE 256u
+#define DEFAULT_POOL_SIZE  (4ull << 20)
+#define MAX_QUEUES         64u
+#define POOL_PAGE          4096u
+#define PAGE_ALIGN(v)      (((v) + POOL_PAGE - 1) & ~(uint64_t)(POOL_PAGE - 1))
+/* Guest-physical address of the first region: above 0, like a VM's RAM, so GPA 0 is never valid. */
+#define GPA_BASE 0x100000ull
+/* Descriptors of one request: header + data segments + status. */
+#define MAX_REQ_DESCS (VHD_BLKDRV_MAX_SEGS + 2u)
+/*
+ * Indirect tables are reserved for MAX_REQ_DESCS entries whatever is
+ * negotiated, so a reconnect that negotiates differently fits the same
+ * layout.
+ */
+#define AREA_INDIRECT MAX_REQ_DESCS
+/* Status value the device never writes: the request is not finished. */
+#define STATUS_NONE 0xffu
+/* While draining before a stop, pause between looks at the used rings (us). */
+#define DRAIN_PAUSE_US 100
+
+/* What a request slot holds in shared memory: one cache line per slot. */
+struct blkdrv_shared {
+    struct virtio_blk_outhdr hdr; /* device-readable header */
+    union {
+        struct virtio_blk_discard_write_zeroes seg; /* DISCARD / WRITE_ZEROES range */
+        uint8_t id[VIRTIO_BLK_ID_BYTES];            /* GET_ID answer */
+    } u;
+    uint8_t pad0[8];
+    uint8_t status; /* device-writable status byte */
+    uint8_t pad1[15];
+};
+_Static_assert(sizeof(struct blkdrv_shared) == 64, "one cache line per request slot");
+
+enum req_state {
+    REQ_FREE,     /* on the free list */
+    REQ_RING,     /* in the ring, the device owns it */
+    REQ_DEFERRED, /* finished (or lost) during a reconnect; in the deferred list */
+};
+
+/* Driver-private state of one request slot (host memory, owner thread only). */
+struct blkdrv_req {
+    void *cookie;
+    char *id_out;   /* GET_ID: caller's destination */
+    uint32_t next;  /* free list link / deferred list link */
+    uint32_t len;   /* DEFERRED: used length */
+    int16_t forced; /* DEFERRED: 0, or -ECONNRESET when the device never completed it */
+    uint8_t state;  /* enum req_state */
+};
+
+#define NO_SLOT UINT32_MAX
+
+/*
+ * One queue. Allocated on its own cache lines, like its slot array and pool
+ * bitmap; written only by the owner thread, and by control calls while the
+ * owner is quiescent (API contract). The ring bookkeeping that vring.c
+ * allocates (dq.slots, dq.id_next) comes from plain calloc: the ends of
+ * those arrays may share a line with another queue's (false sharing, never
+ * a correctness issue).
+ */
+struct vhd_blkdrv_queue {
+    struct vhd_drv_vq dq;
+    struct blkdrv_req *reqs;      /* nslots */
+    struct blkdrv_shared *shared; /* nslots, in shared memory */
+    uint64_t shared_gpa;
+    uint32_t nslots;
+    uint32_t free_head;                    /* slot free list */
+    uint32_t inflight;                     /* slots not free */
+    uint32_t deferred_head, deferred_tail; /* FIFO of DEFERRED slots */
+    bool plugged;
+    bool broken;   /* the device broke the ring protocol */
+    bool dead;     /* no session (a reconnect failed) */
+    bool indirect; /* copy of what was negotiated */
+    uint32_t max_indirect;
+    uint32_t seg_max;
+    uint32_t size_max;
+    uint64_t features;
+    int kick_fd;
+    int call_fd;
+    uint32_t index;
+
+    /* shared memory carved for this queue */
+    void *area;
+    uint64_t area_gpa;
+    size_t area_len;
+    uint8_t *pool;
+    uint64_t pool_gpa;
+    uint64_t pool_pages;
+    uint64_t *pool_map; /* bit set: page in use */
+
+    const struct vhd_guestmem *gm; /* read-only after connect */
+    struct vhd_blkdrv_queue_stats stats;
+} vhd_cacheline_aligned;
+
+struct vhd_blkdrv {
+    struct vhd_blkdrv_opts o;
+    char *path;
+    struct vhd_guestmem gm;
+    struct vhd_vuf vuf;
+    bool connected;
+    struct vhd_blkdrv_info info;
+    struct vhd_blkdrv_queue *q[MAX_QUEUES];
+    char err[256];
+};
+
+static int dfail(struct vhd_blkdrv *d, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int dfail(struct vhd_blkdrv *d, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof(d->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* ======================= shared memory layout ======================= */
+
+static size_t ring_area_bytes(const struct vhd_blkdrv_opts *o)
+{
+    return (size_t)PAGE_ALIGN(vhd_drv_vq_area_size(o->queue_size, o->packed, AREA_INDIRECT));
+}
+
+/* Shared bytes of a queue besides its pool: rings and indirect tables, request slots. */
+static uint64_t queue_fixed_bytes(const struct vhd_blkdrv_opts *o)
+{
+    return ring_area_bytes(o) + PAGE_ALIGN((uint64_t)o->queue_size * sizeof(struct blkdrv_shared));
+}
+
+/*
+ * Queue i lives in region i % nregions: ring area, slots, pool, each page
+ * aligned. Every region has the same size. Sets *region_size and *pool.
+ */
+static int plan_memory(struct vhd_blkdrv *d, uint64_t *region_size, uint64_t *pool)
+{
+    const struct vhd_blkdrv_opts *o = &d->o;
+    uint32_t per_region = (o->num_queues + o->mem_regions - 1) / o->mem_regions;
+    uint64_t fixed = queue_fixed_bytes(o);
+
+    if (o->mem_size == 0) {
+        *pool = PAGE_ALIGN(o->pool_size);
+        *region_size = per_region * (fixed + *pool);
+        return 0;
+    }
+    uint64_t rs = (o->mem_size / o->mem_regions) & ~(uint64_t)(POOL_PAGE - 1);
+    if (rs < per_region * (fixed + POOL_PAGE))
+        return dfail(d, -ENOMEM,
+                     "mem_size %llu too small: each of %u regions needs at least %llu bytes",
+                     (unsigned long long)o->mem_size, o->mem_regions,
+                     (unsigned long long)(per_region * (fixed + POOL_PAGE)));
+    *region_size = rs;
+    *pool = ((rs / per_region) - fixed) & ~(uint64_t)(POOL_PAGE - 1);
+    return 0;
+}
+
+/* Translate our pointer into shared memory to a gpa; UINT64_MAX when outside. */
+static uint64_t hva_to_gpa(const struct vhd_guestmem *gm, const void *p, uint64_t *avail)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (uint32_t i = 0; i < gm->nregions; i++) {
+        uintptr_t base = (uintptr_t)gm->r[i].hva;
+        if (a >= base && a - base < gm->r[i].size) {
+            *avail = gm->r[i].size - (a - base);
+            return gm->r[i].gpa + (a - base);
+        }
+    }
+    return UINT64_MAX;
+}
+
+/* ======================= buffer pool ======================= */
+
+static bool pool_test(const struct vhd_blkdrv_queue *q, uint64_t pg)
+{
+    return (q->pool_map[pg / 64] >> (pg % 64)) & 1;
+}
+
+static void pool_mark(struct vhd_blkdrv_queue *q, uint64_t first, uint64_t n, bool used)
+{
+    for (uint64_t pg = first; pg < first + n; pg++) {
+        if (used)
+            q->pool_map[pg / 64] |= 1ull << (pg % 64);
+        else
+            q->pool_map[pg / 64] &= ~(1ull << (pg % 64));
+    }
+}
+
+/* First fit over the page bitmap: allocation is set-up work, not per-I/O. */
+void *vhd_blkdrv_buf_alloc(struct vhd_blkdrv_queue *q, size_t len)
+{
+    if (len == 0 || len > q->pool_pages * POOL_PAGE)
+        return NULL;
+    uint64_t need = PAGE_ALIGN(len) / POOL_PAGE, run = 0;
+    for (uint64_t pg = 0; pg < q->pool_pages; pg++) {
+        if (run == 0 && (pg % 64) == 0 && q->pool_map[pg / 64] == UINT64_MAX) {
+            pg += 63; /* a full word: skip it */
+            continue;
+        }
+        if (pool_test(q, pg)) {
+            run = 0;
+            continue;
+        }
+        if (++run == need) {
+            uint64_t first = pg + 1 - need;
+            pool_mark(q, first, need, true);
+            return q->pool + first * POOL_PAGE;
+        }
+    }
+    return NULL;
+}
+
+void vhd_blkdrv_buf_free(struct vhd_blkdrv_queue *q, void *buf, size_t len)
+{
+    if (!buf || len == 0)
+        return;
+    uintptr_t off = (uintptr_t)buf - (uintptr_t)q->pool;
+    if ((uintptr_t)buf < (uintptr_t)q->pool || off % POOL_PAGE ||
+        off / POOL_PAGE + PAGE_ALIGN(len) / POOL_PAGE > q->pool_pages)
+        return; /* not from this pool: ignore rather than corrupt the map */
+    pool_mark(q, off / POOL_PAGE, PAGE_ALIGN(len) / POOL_PAGE, false);
+}
+
+/* ======================= request slots ======================= */
+
+static void slots_reset(struct vhd_blkdrv_queue *q)
+{
+    for (uint32_t i = 0; i < q->nslots; i++) {
+        q->reqs[i].state = REQ_FREE;
+        q->reqs[i].next = i + 1 < q->nslots ? i + 1 : NO_SLOT;
+    }
+    q->free_head = 0;
+    q->inflight = 0;
+    q->deferred_head = q->deferred_tail = NO_SLOT;
+}
+
+static void slot_free(struct vhd_blkdrv_queue *q, uint32_t s)
+{
+    q->reqs[s].state = REQ_FREE;
+    q->reqs[s].next = q->free_head;
+    q->free_head = s;
+    q->inflight--;
+}
+
+static void deferred_push(struct vhd_blkdrv_queue *q, uint32_t s, uint32_t len, int forced)
+{
+    struct blkdrv_req *r = &q->reqs[s];
+    r->state = REQ_DEFERRED;
+    r->len = len;
+    r->forced = (int16_t)forced;
+    r->next = NO_SLOT;
+    if (q->deferred_tail == NO_SLOT)
+        q->deferred_head = s;
+    else
+        q->reqs[q->deferred_tail].next = s;
+    q->deferred_tail = s;
+}
+
+/* Turn a finished slot into a completion for the caller and free it. */
+static void slot_complete(struct vhd_blkdrv_queue *q, uint32_t s, uint32_t len, int forced,
+                          struct vhd_blkdrv_completion *c)
+{
+    struct blkdrv_req *r = &q->reqs[s];
+    /* Read after the used element's acquire (vring get_used): the device's write is visible. */
+    uint8_t st = q->shared[s].status;
+
+    c->cookie = r->cookie;
+    c->len = len;
+    c->status = st;
+    if (forced)
+        c->ret = forced;
+    else if (st == VIRTIO_BLK_S_OK)
+        c->ret = 0;
+    else if (st == VIRTIO_BLK_S_IOERR)
+        c->ret = -EIO;
+    else if (st == VIRTIO_BLK_S_UNSUPP)
+        c->ret = -ENOTSUP;
+    else
+        c->ret = -EPROTO;
+    if (c->ret == 0 && r->id_out)
+        memcpy(r->id_out, q->shared[s].u.id, VIRTIO_BLK_ID_BYTES);
+    slot_free(q, s);
+}
+
+/* ======================= submission ======================= */
+
+static inline void kick(struct vhd_blkdrv_queue *q)
+{
+    uint64_t one = 1;
+    /* An eventfd write fails only when the counter would overflow: the device is signalled anyway.
+     */
+    ssize_t n = write(q->kick_fd, &one, sizeof(one));
+    (void)n;
+    q->stats.kicks++;
+}
+
+static inline void publish_and_kick(struct vhd_blkdrv_queue *q)
+{
+    vhd_drv_vq_publish(&q->dq);
+    if (vhd_drv_vq_kick_needed(&q->dq))
+        kick(q);
+}
+
+/*
+ * Append the gpa segments of [p, p + len) to bufs: one per region crossed
+ * and per size_max piece. -EFAULT outside shared memory, -EINVAL when more
+ * than max segments.
+ */
+static int add_segments(const struct vhd_blkdrv_queue *q, const void *p, size_t len,
+                        struct vhd_drv_buf *bufs, unsigned *n, unsigned max)
+{
+    const uint8_t *a = p;
+    while (len) {
+        uint64_t avail, gpa;
+        /* Fast path: the queue's own pool. */
+        if (a >= q->pool && (uint64_t)(a - q->pool) < q->pool_pages * POOL_PAGE) {
+            avail = q->pool_pages * POOL_PAGE - (uint64_t)(a - q->pool);
+            gpa = q->pool_gpa + (uint64_t)(a - q->pool);
+        } else {
+            gpa = hva_to_gpa(q->gm, a, &avail);
+            if (gpa == UINT64_MAX)
+                return -EFAULT;
+        }
+        uint64_t chunk = len < avail ? len : avail;
+        if (q->size_max && chunk > q->size_max)
+            chunk = q->size_max;
+        if (chunk > UINT32_MAX)
+            chunk = (uint64_t)UINT32_MAX & ~(uint64_t)(VIRTIO_BLK_SECTOR_SIZE - 1);
+        if (*n >= max)
+            return -EINVAL;
+        bufs[*n].gpa = gpa;
+        bufs[*n].len = (uint32_t)chunk;
+        (*n)++;
+        a += chunk;
+        len -= chunk;
+    }
+    return 0;
+}
+
+/*
+ * Queue one request: header (type, sector) in the slot, nr device-readable
+ * then nw device-writable buffers from bufs[1..], the status byte last.
+ * bufs[0] and the status entry are filled here.
+ */
+static int submit_req(struct vhd_blkdrv_queue *q, uint32_t type, uint64_t sector,
+                      struct vhd_drv_buf *bufs, unsigned ndata, bool data_writable, char *id_out,
+                      void *cookie)
+{
+    if (vhd_unlikely(q->dead))
+        return -ENOTCONN;
+    if (vhd_unlikely(q->broken))
+        return -EIO;
+    uint32_t s = q->free_head;
+    if (s == NO_SLOT)
+        return -EAGAIN;
+
+    struct blkdrv_shared *sh = &q->shared[s];
+    sh->hdr.type = vhd_le32(type);
+    sh->hdr.reserved = 0;
+    sh->hdr.sector = vhd_le64(sector);
+    sh->status = STATUS_NONE;
+    uint64_t sh_gpa = q->shared_gpa + (uint64_t)s * sizeof(*sh);
+    bufs[0].gpa = sh_gpa + offsetof(struct blkdrv_shared, hdr);
+    bufs[0].len = sizeof(sh->hdr);
+    bufs[ndata + 1].gpa = sh_gpa + offsetof(struct blkdrv_shared, status);
+    bufs[ndata + 1].len = 1;
+
+    uint32_t n = ndata + 2;
+    uint32_t nr = data_writable ? 1 : 1 + ndata;
+    bool ind = q->indirect && n <= q->max_indirect;
+    struct blkdrv_req *r = &q->reqs[s];
+    int rc = vhd_drv_vq_add(&q->dq, bufs, nr, n - nr, ind, r);
+    if (rc < 0)
+        return rc == -ENOSPC ? -EAGAIN : rc;
+
+    q->free_head = r->next;
+    r->state = REQ_RING;
+    r->cookie = cookie;
+    r->id_out = id_out;
+    q->inflight++;
+    q->stats.submitted++;
+    if (!q->plugged)
+        publish_and_kick(q);
+    return 0;
+}
+
+static int submit_rw(struct vhd_blkdrv_queue *q, bool write, uint64_t offset,
+                     const struct iovec *iov, unsigned iovcnt, void *cookie)
+{
+    struct vhd_drv_buf bufs[MAX_REQ_DESCS];
+    unsigned n = 1; /* bufs[0] is the header */
+    uint64_t total = 0;
+
+    if (offset % VIRTIO_BLK_SECTOR_SIZE)
+        return -EINVAL;
+    for (unsigned i = 0; i < iovcnt; i++) {
+        if (iov[i].iov_len == 0)
+            continue;
+        total += iov[i].iov_len;
+        int rc = add_segments(q, iov[i].iov_base, iov[i].iov_len, bufs, &n, q->seg_max + 1);
+        if (rc < 0)
+            return rc;
+    }
+    if (total == 0 || total % VIRTIO_BLK_SECTOR_SIZE || total > UINT32_MAX)
+        return -EINVAL;
+    return submit_req(q, write ? VIRTIO_BLK_T_OUT : VIRTIO_BLK_T_IN,
+                      offset >> VIRTIO_BLK_SECTOR_SHIFT, bufs, n - 1, !write, NULL, cookie);
+}
+
+int vhd_blkdrv_submit_readv(struct vhd_blkdrv_queue *q, uint64_t offset, const struct iovec *iov,
+                            unsigned iovcnt, void *cookie)
+{
+    return submit_rw(q, false, offset, iov, iovcnt, cookie);
+}
+
+int vhd_blkdrv_submit_writev(struct vhd_blkdrv_queue *q, uint64_t offset, const struct iovec *iov,
+                             unsigned iovcnt, void *cookie)
+{
+    return submit_rw(q, true, offset, iov, iovcnt, cookie);
+}
+
+int vhd_blkdrv_submit_read(struct vhd_blkdrv_queue *q, uint64_t offset, void *buf, size_t len,
+                           void *cookie)
+{
+    struct iovec v = {.iov_base = buf, .iov_len = len};
+    return submit_rw(q, false, offset, &v, 1, cookie);
+}
+
+int vhd_blkdrv_submit_write(struct vhd_blkdrv_queue *q, uint64_t offset, const void *buf,
+                            size_t len, void *cookie)
+{
+    struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+    return submit_rw(q, true, offset, &v, 1, cookie);
+}
+
+int vhd_blkdrv_submit_flush(struct vhd_blkdrv_queue *q, void *cookie)
+{
+    struct vhd_drv_buf bufs[2];
+    if (!(q->features & BIT(VIRTIO_BLK_F_FLUSH)))
+        return -ENOTSUP;
+    return submit_req(q, VIRTIO_BLK_T_FLUSH, 0, bufs, 0, false, NULL, cookie);
+}
+
+/* DISCARD / WRITE_ZEROES: one segment (5.2.6), device-readable, in the slot. */
+static int submit_range(struct vhd_blkdrv_queue *q, uint32_t type, uint64_t offset, uint64_t len,
+                        uint32_t flags, void *cookie)
+{
+    struct vhd_drv_buf bufs[3];
+    unsigned feature =
+        type == VIRTIO_BLK_T_DISCARD ? VIRTIO_BLK_F_DISCARD : VIRTIO_BLK_F_WRITE_ZEROES;
+    if (!(q->features & BIT(feature)))
+        return -ENOTSUP;
+    if (offset % VIRTIO_BLK_SECTOR_SIZE || len % VIRTIO_BLK_SECTOR_SIZE || len == 0 ||
+        (len >> VIRTIO_BLK_SECTOR_SHIFT) > UINT32_MAX)
+        return -EINVAL;
+    uint32_t s = q->free_head;
+    if (s == NO_SLOT)
+        return -EAGAIN;
+    struct virtio_blk_discard_write_zeroes *seg = &q->shared[s].u.seg;
+    seg->sector = vhd_le64(offset >> VIRTIO_BLK_SECTOR_SHIFT);
+    seg->num_sectors = vhd_le32((uint32_t)(len >> VIRTIO_BLK_SECTOR_SHIFT));
+    seg->flags = vhd_le32(flags);
+    bufs[1].gpa = q->shared_gpa + (uint64_t)s * sizeof(struct blkdrv_shared) +
+                  offsetof(struct blkdrv_shared, u.seg);
+    bufs[1].len = sizeof(*seg);
+    return submit_req(q, type, 0, bufs, 1, false, NULL, cookie);
+}
+
+int vhd_blkdrv_submit_discard(struct vhd_blkdrv_queue *q, uint64_t offset, uint64_t len,
+                              void *cookie)
+{
+    return submit_range(q, VIRTIO_BLK_T_DISCARD, offset, len, 0, cookie);
+}
+
+int vhd_blkdrv_submit_write_zeroes(struct vhd_blkdrv_queue *q, uint64_t offset, uint64_t len,
+                                   bool unmap, void *cookie)
+{
+    return submit_range(q, VIRTIO_BLK_T_WRITE_ZEROES, offset, len,
+                        unmap ? VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP : 0, cookie);
+}
+
+int vhd_blkdrv_submit_get_id(struct vhd_blkdrv_queue *q, char *id, void *cookie)
+{
+    struct vhd_drv_buf bufs[3];
+    uint32_t s = q->free_head;
+    if (!id)
+        return -EINVAL;
+    if (s == NO_SLOT)
+        return -EAGAIN;
+    bufs[1].gpa = q->shared_gpa + (uint64_t)s * sizeof(struct blkdrv_shared) +
+                  offsetof(struct blkdrv_shared, u.id);
+    bufs[1].len = VIRTIO_BLK_ID_BYTES;
+    return submit_req(q, VIRTIO_BLK_T_GET_ID, 0, bufs, 1, true, id, cookie);
+}
+
+void vhd_blkdrv_plug(struct vhd_blkdrv_queue *q)
+{
+    q->plugged = true;
+}
+
+void vhd_blkdrv_unplug(struct vhd_blkdrv_queue *q)
+{
+    q->plugged = false;
+    if (!q->dead)
+        publish_and_kick(q);
+}
+
+/* ======================= completion ======================= */
+
+/* Move every used element of the ring into the deferred list (control calls only). */
+static int reap_to_deferred(struct vhd_blkdrv_queue *q)
+{
+    for (;;) {
+        void *ck;
+        uint32_t len;
+        int rc = vhd_drv_vq_get_used(&q->dq, &ck, &len);
+        if (rc <= 0)
+            return rc;
+        deferred_push(q, (uint32_t)((struct blkdrv_req *)ck - q->reqs), len, 0);
+    }
+}
+
+int vhd_blkdrv_poll(struct vhd_blkdrv_queue *q, struct vhd_blkdrv_completion *c, unsigned max)
+{
+    unsigned n = 0;
+
+    while (n < max && q->deferred_head != NO_SLOT) {
+        uint32_t s = q->deferred_head;
+        struct blkdrv_req *r = &q->reqs[s];
+        q->deferred_head = r->next;
+        if (q->deferred_head == NO_SLOT)
+            q->deferred_tail = NO_SLOT;
+        slot_complete(q, s, r->len, r->forced, &c[n++]);
+    }
+    while (n < max && !q->dead) {
+        void *ck;
+        uint32_t len;
+        int rc = vhd_drv_vq_get_used(&q->dq, &ck, &len);
+        if (rc == 0)
+            break;
+        if (vhd_unlikely(rc < 0)) {
+            q->broken = true;
+            if (n)
+                break;
+            return -EIO;
+        }
+        /* ck is one of our slots: vring only returns cookies of requests in flight. */
+        slot_complete(q, (uint32_t)((struct blkdrv_req *)ck - q->reqs), len, 0, &c[n++]);
+    }
+    q->stats.completed += n;
+    return (int)n;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Interrupt-driven completion. The classic race: the device may finish a
+ * request between our last look and our request for a notification, and
+ * skip the notification because we had asked for none. enable_cb's barrier
+ * plus its re-check closes it: either the device sees the request and
+ * signals the call eventfd, or enable_cb sees the used element.
+ * Notifications are disabled again after each wake-up so a caller that
+ * mixes poll and wait does not keep the device signalling.
+ */
+int vhd_blkdrv_wait(struct vhd_blkdrv_queue *q, struct vhd_blkdrv_completion *c, unsigned max,
+                    int timeout_ms)
+{
+    int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+
+    for (;;) {
+        int n = vhd_blkdrv_poll(q, c, max);
+        if (n != 0)
+            return n;
+        if (q->inflight == 0 || max == 0)
+            return 0;
+        if (q->dead)
+            return -ENOTCONN;
+        if (vhd_drv_vq_enable_cb(&q->dq)) {
+            vhd_drv_vq_disable_cb(&q->dq);
+            continue;
+        }
+        int left = -1;
+        if (timeout_ms >= 0) {
+            int64_t l = deadline - now_ms();
+            if (l <= 0) {
+                vhd_drv_vq_disable_cb(&q->dq);
+                return -ETIMEDOUT;
+            }
+            left = (int)l;
+        }
+        struct pollfd p = {.fd = q->call_fd, .events = POLLIN};
+        q->stats.sleeps++;
+        int rc = poll(&p, 1, left);
+        vhd_drv_vq_disable_cb(&q->dq);
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+        if (rc > 0) {
+            uint64_t v;
+            /* Clear the eventfd; EAGAIN if another reader raced us (there is none). */
+            ssize_t r = read(q->call_fd, &v, sizeof(v));
+            (void)r;
+        }
+    }
+}
+
+unsigned vhd_blkdrv_inflight(const struct vhd_blkdrv_queue *q)
+{
+    return q->inflight;
+}
+
+void vhd_blkdrv_queue_stats(const struct vhd_blkdrv_queue *q, struct vhd_blkdrv_queue_stats *s)
+{
+    *s = q->stats;
+}
+
+uint32_t vhd_blkdrv_queue_index(const struct vhd_blkdrv_queue *q)
+{
+    return q->index;
+}
+
+/* ======================= session ======================= */
+
+/* Features we implement (virtio 1.2, 5.2.3 and 6). */
+static uint64_t wanted_features(const struct vhd_blkdrv_opts *o)
+{
+    uint64_t f = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_BLK_F_SIZE_MAX) | BIT(VIRTIO_BLK_F_SEG_MAX) |
+                 BIT(VIRTIO_BLK_F_BLK_SIZE) | BIT(VIRTIO_BLK_F_TOPOLOGY) | BIT(VIRTIO_BLK_F_FLUSH) |
+                 BIT(VIRTIO_BLK_F_RO) | BIT(VIRTIO_BLK_F_MQ) | BIT(VIRTIO_BLK_F_DISCARD) |
+                 BIT(VIRTIO_BLK_F_WRITE_ZEROES);
+    if (!o->no_event_idx)
+        f |= BIT(VIRTIO_F_EVENT_IDX);
+    if (!o->no_indirect)
+        f |= BIT(VIRTIO_F_INDIRECT_DESC);
+    if (o->packed)
+        f |= BIT(VIRTIO_F_RING_PACKED);
+    return f;
+}
+
+/*
+ * Read the config space. QEMU 7.2's vhost-user-blk export refuses reads
+ * longer than its struct (60 bytes, without the secure-erase fields), others
+ * may be shorter still: try 60, then the fields up to num_queues, then the
+ * capacity alone.
+ */
+static int read_config(struct vhd_blkdrv *d, struct virtio_blk_config *cfg)
+{
+    static const uint32_t sizes[] = {offsetof(struct virtio_blk_config, max_secure_erase_sectors),
+                                     offsetof(struct virtio_blk_config, max_discard_sectors),
+                                     sizeof(uint64_t)};
+    int rc = -EIO;
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < VHD_ARRAY_SIZE(sizes); i++) {
+        rc = vhd_vuf_get_config(&d->vuf, 0, cfg, sizes[i]);
+        if (rc != -EIO || !vhd_vuf_alive(&d->vuf))
+            break;
+    }
+    if (rc < 0)
+        return dfail(d, rc, "config space: %s", vhd_vuf_strerror(&d->vuf));
+    return 0;
+}
+
+static void fill_info(struct vhd_blkdrv *d, uint64_t f, const struct virtio_blk_config *cfg)
+{
+    struct vhd_blkdrv_info *in = &d->info;
+    memset(in, 0, sizeof(*in));
+    in->features = f;
+    in->capacity = vhd_le64(cfg->capacity) << VIRTIO_BLK_SECTOR_SHIFT;
+    in->blk_size = (f & BIT(VIRTIO_BLK_F_BLK_SIZE)) && vhd_le32(cfg->blk_size)
+                       ? vhd_le32(cfg->blk_size)
+                       : VIRTIO_BLK_SECTOR_SIZE;
+    in->size_max = (f & BIT(VIRTIO_BLK_F_SIZE_MAX)) ? vhd_le32(cfg->size_max) : 0;
+    uint32_t seg_max = VHD_BLKDRV_MAX_SEGS;
+    if ((f & BIT(VIRTIO_BLK_F_SEG_MAX)) && vhd_le32(cfg->seg_max) &&
+        vhd_le32(cfg->seg_max) < seg_max)
+        seg_max = vhd_le32(cfg->seg_max);
+    /* Without indirect a request's descriptors must fit the ring. */
+    if (!(f & BIT(VIRTIO_F_INDIRECT_DESC)) && seg_max + 2 > d->o.queue_size)
+        seg_max = d->o.queue_size > 2 ? d->o.queue_size - 2 : 1;
+    in->seg_max = seg_max;
+    in->device_queues = (f & BIT(VIRTIO_BLK_F_MQ)) ? vhd_le16(cfg->num_queues) : 1;
+    if (in->device_queues == 0)
+        in->device_queues = 1;
+    in->num_queues = d->o.num_queues;
+    in->queue_size = d->o.queue_size;
+    in->indirect = (f & BIT(VIRTIO_F_INDIRECT_DESC)) != 0;
+    in->max_inflight = in->indirect ? d->o.queue_size : d->o.queue_size / 3;
+    if (in->max_inflight == 0)
+        in->max_inflight = 1;
+    in->read_only = (f & BIT(VIRTIO_BLK_F_RO)) != 0;
+    in->flush = (f & BIT(VIRTIO_BLK_F_FLUSH)) != 0;
+    in->discard = (f & BIT(VIRTIO_BLK_F_DISCARD)) != 0;
+    if (in->discard) {
+        in->max_discard_sectors = vhd_le32(cfg->max_discard_sectors);
+        in->max_discard_seg = vhd_le32(cfg->max_discard_seg);
+        in->discard_sector_alignment = vhd_le32(cfg->discard_sector_alignment);
+    }
+    in->write_zeroes = (f & BIT(VIRTIO_BLK_F_WRITE_ZEROES)) != 0;
+    if (in->write_zeroes) {
+        in->max_write_zeroes_sectors = vhd_le32(cfg->max_write_zeroes_sectors);
+        in->max_write_zeroes_seg = vhd_le32(cfg->max_write_zeroes_seg);
+        in->write_zeroes_may_unmap = cfg->write_zeroes_may_unmap != 0;
+    }
+    in->packed = (f & BIT(VIRTIO_F_RING_PACKED)) != 0;
+    in->event_idx = (f & BIT(VIRTIO_F_EVENT_IDX)) != 0;
+    in->reply_ack = vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+}
+
+/* Lay the rings out afresh (zeroed) with what was negotiated, and start them on the back-end. */
+static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q)
+{
+    const struct vhd_blkdrv_info *in = &d->info;
+
+    vhd_drv_vq_fini(&q->dq);
+    q->indirect = in->indirect;
+    q->max_indirect = in->indirect ? in->seg_max + 2 : 0;
+    q->seg_max = in->seg_max;
+    q->size_max = in->size_max;
+    q->features = in->features;
+    struct vhd_drv_vq_params p = {.size = in->queue_size,
+                                  .packed = in->packed,
+                                  .event_idx = in->event_idx,
+                                  .max_indirect = q->max_indirect,
+                                  .area = q->area,
+                                  .area_gpa = q->area_gpa,
+                                  .area_len = q->area_len};
+    int rc = vhd_drv_vq_init(&q->dq, &p);
+    if (rc < 0)
+        return dfail(d, rc, "queue %u: ring set-up: %s", q->index, strerror(-rc));
+    /* No notifications until someone waits (vhd_blkdrv_wait). */
+    vhd_drv_vq_disable_cb(&q->dq);
+    uint64_t v;
+    while (read(q->call_fd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+    }
+    q->broken = false;
+    q->plugged = false;
+
+    struct vhd_vuf_ring r = {
+        .index = q->index,
+        .num = in->queue_size,
+        .desc = vhd_guestmem_uva(&d->gm, q->dq.desc_gpa),
+        .avail = vhd_guestmem_uva(&d->gm, q->dq.avail_gpa),
+        .used = vhd_guestmem_uva(&d->gm, q->dq.used_gpa),
+        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
+        .base = in->packed ? 0x80008000u : 0,
+        .kick_fd = q->kick_fd,
+        .call_fd = q->call_fd,
+    };
+    rc = vhd_vuf_ring_start(&d->vuf, &r);
+    if (rc < 0)
+        return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
+    q->dead = false;
+    return 0;
+}
+
+/* A new session on a new connection: negotiate, read config, memory table, start the rings. */
+static int session_open(struct vhd_blkdrv *d)
+{
+    struct vhd_vuf *f = &d->vuf;
+    struct virtio_blk_config cfg;
+    const struct vhd_blkdrv_opts *o = &d->o;
+
+    vhd_vuf_init(f, o->timeout_ms);
+    int rc = vhd_vuf_connect(f, d->path);
+    if (rc == 0)
+        rc = vhd_vuf_handshake(f, BIT(VHOST_USER_PROTOCOL_F_MQ) |
+                                      BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                                      BIT(VHOST_USER_PROTOCOL_F_CONFIG));
+    if (rc < 0)
+        goto fail_vuf;
+
+    uint64_t offered = f->offered;
+    if (!(offered & BIT(VIRTIO_F_VERSION_1))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_F_VERSION_1 (legacy only)");
+        goto fail;
+    }
+    if (o->packed && !(offered & BIT(VIRTIO_F_RING_PACKED))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer packed rings (VIRTIO_F_RING_PACKED)");
+        goto fail;
+    }
+    uint64_t feat = offered & wanted_features(o);
+    if (o->num_queues > 1 && !(feat & BIT(VIRTIO_BLK_F_MQ))) {
+        rc = dfail(d, -ENOTSUP, "%u queues asked for, but the device has one (no VIRTIO_BLK_F_MQ)",
+                   o->num_queues);
+        goto fail;
+    }
+    if (o->num_queues > f->queue_num) {
+        rc = dfail(d, -ENOTSUP, "%u queues asked for, the back-end serves %u (GET_QUEUE_NUM)",
+                   o->num_queues, f->queue_num);
+        goto fail;
+    }
+    rc = read_config(d, &cfg);
+    if (rc < 0)
+        goto fail;
+    fill_info(d, feat, &cfg);
+    d->info.pool_size = d->q[0]->pool_pages * POOL_PAGE;
+    if (o->num_queues > d->info.device_queues) {
+        rc = dfail(d, -ENOTSUP, "%u queues asked for, the device has %u (config num_queues)",
+                   o->num_queues, d->info.device_queues);
+        goto fail;
+    }
+    rc = vhd_vuf_set_features(f, feat);
+    if (rc == 0)
+        rc = vhd_vuf_set_mem_table(f, &d->gm);
+    if (rc < 0)
+        goto fail_vuf;
+    for (uint32_t i = 0; i < o->num_queues; i++) {
+        rc = queue_start(d, d->q[i]);
+        if (rc < 0)
+            goto fail;
+    }
+    rc = vhd_vuf_sync(f);
+    if (rc < 0)
+        goto fail_vuf;
+    d->connected = true;
+    d->err[0] = 0;
+    return 0;
+
+fail_vuf:
+    dfail(d, rc, "%s", vhd_vuf_strerror(f));
+fail:
+    vhd_vuf_close(f);
+    for (uint32_t i = 0; i < o->num_queues; i++)
+        d->q[i]->dead = true;
+    return rc;
+}
+
+/*
+ * End the session. Wait (bounded) for the device to finish what is in
+ * flight, stop each ring (GET_VRING_BASE: the back-end completes its
+ * requests first), collect what was completed into the deferred lists, and
+ * mark what never was with -ECONNRESET. The rings may then be reused.
+ * The drain comes before the stop because not every back-end finishes its
+ * requests inside GET_VRING_BASE (libvhost-user, under qemu-storage-daemon,
+ * answers at once): one that completes after the stop would write into the
+ * restarted rings. After the drain's timeout that risk remains, as it does
+ * for any driver whose device ignores a reset.
+ */
+static void session_end(struct vhd_blkdrv *d)
+{
+    const struct vhd_blkdrv_opts *o = &d->o;
+    bool alive = vhd_vuf_alive(&d->vuf);
+
+    if (alive) {
+        int64_t deadline = now_ms() + o->timeout_ms;
+        for (;;) {
+            bool pending = false;
+            for (uint32_t i = 0; i < o->num_queues; i++) {
+                struct vhd_blkdrv_queue *q = d->q[i];
+                if (q->dead || q->broken)
+                    continue;
+                vhd_drv_vq_publish(&q->dq); /* a plugged batch still goes out */
+                if (vhd_drv_vq_kick_needed(&q->dq))
+                    kick(q);
+                if (reap_to_deferred(q) < 0)
+                    q->broken = true;
+                else if (vhd_drv_vq_inflight(&q->dq))
+                    pending = true;
+            }
+            if (!pending || now_ms() >= deadline || !vhd_vuf_alive(&d->vuf))
+                break;
+            usleep(DRAIN_PAUSE_US);
+        }
+        for (uint32_t i = 0; i < o->num_queues; i++)
+            if (!d->q[i]->dead && vhd_vuf_ring_stop(&d->vuf, i, NULL) < 0)
+                break; /* the session is gone or refusing: nothing more to stop */
+    }
+    vhd_vuf_close(&d->vuf);
+    for (uint32_t i = 0; i < o->num_queues; i++) {
+        struct vhd_blkdrv_queue *q = d->q[i];
+        if (!q->dead && !q->broken && reap_to_deferred(q) < 0)
+            q->broken = true;
+        for (uint32_t s = 0; s < q->nslots; s++)
+            if (q->reqs[s].state == REQ_RING)
+                deferred_push(q, s, 0, -ECONNRESET);
+        q->dead = true;
+    }
+    d->connected = false;
+}
+
+/* ======================= connect / disconnect ======================= */
+
+static void queue_free(struct vhd_blkdrv_queue *q)
+{
+    if (!q)
+        return;
+    vhd_drv_vq_fini(&q->dq);
+    if (q->kick_fd >= 0)
+        close(q->kick_fd);
+    if (q->call_fd >= 0)
+        close(q->call_fd);
+    free(q->reqs);
+    free(q->pool_map);
+    free(q);
+}
+
+static void drv_free(struct vhd_blkdrv *d)
+{
+    for (uint32_t i = 0; i < MAX_QUEUES; i++)
+        queue_free(d->q[i]);
+    vhd_vuf_close(&d->vuf);
+    vhd_guestmem_fini(&d->gm);
+    free(d->path);
+    free(d);
+}
+
+/* Carve queue i's part of its region: ring area, slots, pool. */
+static int queue_new(struct vhd_blkdrv *d, uint32_t i, uint64_t pool, uint64_t *region_off)
+{
+    const struct vhd_blkdrv_opts *o = &d->o;
+    struct vhd_blkdrv_queue *q;
+    size_t qbytes = (sizeof(*q) + VHD_CACHELINE - 1) & ~(size_t)(VHD_CACHELINE - 1);
+
+    if (posix_memalign((void **)&q, VHD_CACHELINE, qbytes))
+        return -ENOMEM;
+    memset(q, 0, qbytes);
+    q->kick_fd = q->call_fd = -1;
+    d->q[i] = q;
+    q->index = i;
+    q->gm = &d->gm;
+    q->nslots = o->queue_size;
+    q->dead = true;
+
+    uint32_t reg = i % o->mem_regions;
+    struct vhd_guestmem_region *r = &d->gm.r[reg];
+    uint64_t off = region_off[reg];
+    q->area = r->hva + off;
+    q->area_gpa = r->gpa + off;
+    q->area_len = ring_area_bytes(o);
+    off += q->area_len;
+    q->shared = (struct blkdrv_shared *)(void *)(r->hva + off);
+    q->shared_gpa = r->gpa + off;
+    off += PAGE_ALIGN((uint64_t)q->nslots * sizeof(struct blkdrv_shared));
+    q->pool = r->hva + off;
+    q->pool_gpa = r->gpa + off;
+    q->pool_pages = pool / POOL_PAGE;
+    off += pool;
+    if (off > r->size)
+        return -ENOMEM; /* plan_memory's arithmetic says this cannot happen */
+    region_off[reg] = off;
+
+    /* Slot arrays and the bitmap: cache-line multiples so no line is shared with another queue. */
+    size_t rbytes =
+        ((size_t)q->nslots * sizeof(*q->reqs) + VHD_CACHELINE - 1) & ~(size_t)(VHD_CACHELINE - 1);
+    size_t mbytes =
+        (((q->pool_pages + 63) / 64) * 8 + VHD_CACHELINE - 1) & ~(size_t)(VHD_CACHELINE - 1);
+    if (posix_memalign((void **)&q->reqs, VHD_CACHELINE, rbytes) ||
+        posix_memalign((void **)&q->pool_map, VHD_CACHELINE, mbytes))
+        return -ENOMEM;
+    memset(q->reqs, 0, rbytes);
+    memset(q->pool_map, 0, mbytes);
+    slots_reset(q);
+
+    q->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    q->call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (q->kick_fd < 0 || q->call_fd < 0)
+        return -errno;
+    return 0;
+}
+
+int vhd_blkdrv_connect(const struct vhd_blkdrv_opts *opts, struct vhd_blkdrv **out, char *err,
+                       size_t errlen)
+{
+    struct vhd_blkdrv *d = calloc(1, sizeof(*d));
+    int rc;
+
+    if (err && errlen)
+        err[0] = 0;
+    if (!d) {
+        if (err && errlen)
+            snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    vhd_vuf_init(&d->vuf, opts->timeout_ms);
+    d->o = *opts;
+    struct vhd_blkdrv_opts *o = &d->o;
+    if (!o->num_queues)
+        o->num_queues = 1;
+    if (!o->queue_size)
+        o->queue_size = DEFAULT_QUEUE_SIZE;
+    if (!o->mem_regions)
+        o->mem_regions = 1;
+    if (!o->pool_size)
+        o->pool_size = DEFAULT_POOL_SIZE;
+    if (o->timeout_ms <= 0)
+        o->timeout_ms = VHD_VUF_DEFAULT_TIMEOUT_MS;
+
+    if (!o->socket_path || !*o->socket_path) {
+        rc = dfail(d, -EINVAL, "no socket path");
+        goto fail;
+    }
+    if (o->num_queues > MAX_QUEUES) {
+        rc = dfail(d, -EINVAL, "num_queues %u: at most %u", o->num_queues, MAX_QUEUES);
+        goto fail;
+    }
+    if (o->queue_size > VHD_VQ_MAX_SIZE || (!o->packed && (o->queue_size & (o->queue_size - 1)))) {
+        rc = dfail(d, -EINVAL, "queue_size %u: 1..32768%s", o->queue_size,
+                   o->packed ? "" : ", a power of two for split rings");
+        goto fail;
+    }
+    if (o->mem_regions > VHD_GUESTMEM_MAX_REGIONS ||
+        o->mem_regions > VHOST_USER_MEM_TABLE_MAX_REGIONS) {
+        rc = dfail(d, -EINVAL, "mem_regions %u: 1..%u", o->mem_regions,
+                   VHOST_USER_MEM_TABLE_MAX_REGIONS);
+        goto fail;
+    }
+    d->path = strdup(o->socket_path);
+    if (!d->path) {
+        rc = dfail(d, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    o->socket_path = d->path;
+
+    uint64_t region_size = 0, pool = 0;
+    rc = plan_memory(d, &region_size, &pool);
+    if (rc < 0)
+        goto fail;
+    rc = vhd_guestmem_init(&d->gm, o->mem_regions, region_size, GPA_BASE, 0);
+    if (rc < 0) {
+        dfail(d, rc, "shared memory (%u x %llu bytes): %s", o->mem_regions,
+              (unsigned long long)region_size, strerror(-rc));
+        goto fail;
+    }
+    uint64_t region_off[VHD_GUESTMEM_MAX_REGIONS] = {0};
+    for (uint32_t i = 0; i < o->num_queues; i++) {
+        rc = queue_new(d, i, pool, region_off);
+        if (rc < 0) {
+            dfail(d, rc, "queue %u: %s", i, strerror(-rc));
+            goto fail;
+        }
+    }
+    rc = session_open(d);
+    if (rc < 0)
+        goto fail;
+    *out = d;
+    return 0;
+
+fail:
+    if (err && errlen)
+        snprintf(err, errlen, "%s", d->err[0] ? d->err : strerror(-rc));
+    drv_free(d);
+    return rc;
+}
+
+void vhd_blkdrv_disconnect(struct vhd_blkdrv *d)
+{
+    if (!d)
+        return;
+    if (d->connected)
+        session_end(d);
+    drv_free(d);
+}
+
+int vhd_blkdrv_reconnect(struct vhd_blkdrv *d)
+{
+    if (d->connected)
+        session_end(d);
+    /* Slots parked in the deferred lists stay parked; the rings restart empty. */
+    return session_open(d);
+}
+
+const char *vhd_blkdrv_errmsg(const struct vhd_blkdrv *d)
+{
+    return d->err;
+}
+
+const struct vhd_blkdrv_info *vhd_blkdrv_get_info(const struct vhd_blkdrv *d)
+{
+    return &d->info;
+}
+
+uint64_t vhd_blkdrv_capacity(const struct vhd_blkdrv *d)
+{
+    return d->info.capacity;
+}
+
+struct vhd_blkdrv_queue *vhd_blkdrv_get_queue(struct vhd_blkdrv *d, uint32_t i)
+{
+    return i < d->o.num_queues ? d->q[i] : NULL;
+}

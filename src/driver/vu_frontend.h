@@ -1,0 +1,137 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhost-user front-end: the side of the protocol QEMU plays, for the
+ * userspace drivers. One struct vhd_vuf is one session on one connected Unix
+ * socket: feature and protocol-feature negotiation, the memory table, ring
+ * set-up and orderly stop, config space. Wire format from transport/vu_msg.h.
+ *
+ * Every exchange is synchronous and bounded by the session's timeout; every
+ * reply is validated (request id, flags, size). Functions return 0 or -errno
+ * and leave a one-line reason in vhd_vuf_strerror(). A framing error or a
+ * timeout closes the socket (the stream can no longer be trusted); later
+ * calls fail with -ENOTCONN. A back-end that refuses a request (non-zero
+ * REPLY_ACK) yields -EIO and the session stays usable.
+ *
+ * Threading: a session is used by one thread at a time; nothing here is on
+ * the datapath.
+ */
+#ifndef VHD_DRV_VU_FRONTEND_H
+#define VHD_DRV_VU_FRONTEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "guestmem.h"
+
+#define VHD_VUF_DEFAULT_TIMEOUT_MS 5000
+
+struct vhd_vuf {
+    int fd;                 /* session socket; -1 when closed */
+    int timeout_ms;         /* bound on each exchange (connect, send, reply) */
+    uint64_t offered;       /* GET_FEATURES reply */
+    uint64_t features;      /* last SET_FEATURES value (PROTOCOL_FEATURES bit included) */
+    uint64_t proto_offered; /* GET_PROTOCOL_FEATURES reply (0 when not offered) */
+    uint64_t proto;         /* SET_PROTOCOL_FEATURES value we sent */
+    bool has_proto;         /* VHOST_USER_F_PROTOCOL_FEATURES offered (and so acked) */
+    uint32_t queue_num;     /* GET_QUEUE_NUM with MQ, else 1 */
+    char err[192];          /* reason of the last failure */
+};
+
+/* One ring as the front-end describes it to the back-end. */
+struct vhd_vuf_ring {
+    uint32_t index;
+    uint32_t num;   /* queue size */
+    uint64_t desc;  /* front-end virtual addresses (our mapping; spec "Memory access") */
+    uint64_t avail; /* split: available ring; packed: driver event suppression area */
+    uint64_t used;  /* split: used ring; packed: device event suppression area */
+    uint32_t base;  /* split: next avail index; packed: 0x80008000 for a fresh ring */
+    int kick_fd;    /* eventfd we write to; the back-end receives a copy */
+    int call_fd;    /* eventfd the back-end signals; the back-end receives a copy */
+};
+
+/* A fresh (zeroed) session object, not connected. */
+void vhd_vuf_init(struct vhd_vuf *f, int timeout_ms);
+
+/*
+ * vhd_vuf_connect - connect to the back-end's listening socket at path,
+ * retrying while it does not exist yet or refuses (a daemon still starting)
+ * until the timeout. 0, -ENAMETOOLONG, -ETIMEDOUT (with the last connect
+ * error in the message), or another -errno.
+ */
+int vhd_vuf_connect(struct vhd_vuf *f, const char *path);
+
+/*
+ * vhd_vuf_handshake - the session's opening, as QEMU does it: GET_FEATURES;
+ * when PROTOCOL_FEATURES is offered, GET_PROTOCOL_FEATURES and
+ * SET_PROTOCOL_FEATURES(offered & want); SET_OWNER; GET_QUEUE_NUM when MQ
+ * was negotiated. want is a mask of VHOST_USER_PROTOCOL_F_* bits (the
+ * caller should ask only for what it implements; REPLY_ACK, MQ and CONFIG
+ * are what the drivers use).
+ */
+int vhd_vuf_handshake(struct vhd_vuf *f, uint64_t want_proto);
+
+/* Whether a protocol feature (VHOST_USER_PROTOCOL_F_*) was negotiated. */
+static inline bool vhd_vuf_has_proto(const struct vhd_vuf *f, unsigned bit)
+{
+    return (f->proto >> bit) & 1;
+}
+
+/*
+ * vhd_vuf_set_features - SET_FEATURES with the virtio bits given, plus
+ * VHOST_USER_F_PROTOCOL_FEATURES when it was offered (spec: it must be
+ * acked for the protocol features to stay enabled). -EINVAL when a bit was
+ * not offered.
+ */
+int vhd_vuf_set_features(struct vhd_vuf *f, uint64_t virtio_features);
+
+/*
+ * vhd_vuf_get_config - GET_CONFIG of len bytes (<= 256) at offset into buf.
+ * Needs the CONFIG protocol feature (-ENOTSUP). A back-end that cannot
+ * answer replies with an empty payload (spec): -EIO.
+ */
+int vhd_vuf_get_config(struct vhd_vuf *f, uint32_t offset, void *buf, uint32_t len);
+
+/*
+ * vhd_vuf_set_mem_table - SET_MEM_TABLE with every region of gm (uva = our
+ * mapping address, mmap_offset 0, one memfd each). The fds stay ours; the
+ * back-end receives copies.
+ */
+int vhd_vuf_set_mem_table(struct vhd_vuf *f, const struct vhd_guestmem *gm);
+
+/*
+ * vhd_vuf_ring_start - SET_VRING_NUM, SET_VRING_BASE, SET_VRING_ADDR,
+ * SET_VRING_CALL, SET_VRING_KICK (which starts the ring), then, when
+ * protocol features were negotiated, SET_VRING_ENABLE 1 (spec "Ring
+ * states": such rings start disabled). Memory table and features first.
+ */
+int vhd_vuf_ring_start(struct vhd_vuf *f, const struct vhd_vuf_ring *r);
+
+/* SET_VRING_ENABLE (needs protocol features: -ENOTSUP otherwise). */
+int vhd_vuf_ring_enable(struct vhd_vuf *f, uint32_t index, bool enable);
+
+/*
+ * vhd_vuf_ring_stop - stop a ring: SET_VRING_ENABLE 0 when protocol features
+ * were negotiated, then GET_VRING_BASE (the back-end completes or records
+ * its in-flight requests before it answers). *base gets the reply's value
+ * when base is not NULL.
+ */
+int vhd_vuf_ring_stop(struct vhd_vuf *f, uint32_t index, uint32_t *base);
+
+/*
+ * vhd_vuf_sync - make sure every message sent so far was handled: a no-op
+ * with REPLY_ACK (each message was acknowledged), else a GET_FEATURES round
+ * trip (the back-end handles messages in order), as QEMU does.
+ */
+int vhd_vuf_sync(struct vhd_vuf *f);
+
+/* Is the session's socket still open on both ends? (non-blocking check) */
+bool vhd_vuf_alive(const struct vhd_vuf *f);
+
+/* Close the socket (idempotent). The back-end ends the session. */
+void vhd_vuf_close(struct vhd_vuf *f);
+
+/* The reason of the last failure ("" when none). */
+const char *vhd_vuf_strerror(const struct vhd_vuf *f);
+
+#endif /* VHD_DRV_VU_FRONTEND_H */
