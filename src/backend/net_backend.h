@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The packet backend interface: what the virtio-net device (src/dev/net.c)
+ * hands a frame to when the guest transmits, and the device's delivery verb
+ * a backend calls to put a frame into a guest receive queue. Backends:
+ * "loopback" (net_loopback.c: every frame comes back on the same pair);
+ * later an in-process L2 switch and TAP.
+ */
+#ifndef VHD_NET_BACKEND_H
+#define VHD_NET_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "dev/virtio_net.h"
+#include "runtime/dev.h"
+
+struct vhd_net_backend;
+struct vhd_worker;
+
+/*
+ * One frame in guest memory, as the device parsed it from a transmit chain.
+ * The header was copied out of guest memory once and validated (no double
+ * fetch); the frame bytes are still in the guest's buffers: iov[0..iovcnt)
+ * hold the header and then the frame, which starts `off` bytes in.
+ * Everything here is valid only during the call it is passed to.
+ */
+struct vhd_net_frame {
+    struct virtio_net_hdr_v1 hdr; /* the sender's header (wire order, num_buffers 0) */
+    const struct iovec *iov;      /* header + frame */
+    uint32_t iovcnt;
+    uint32_t off; /* where the frame starts (12: after the header) */
+    uint32_t len; /* frame bytes from the Ethernet header on */
+};
+
+/* What open() is given. */
+struct vhd_net_backend_opts {
+    const char *name; /* the device's name, for logs */
+    uint32_t pairs;   /* queue pairs of the device */
+};
+
+struct vhd_net_backend_ops {
+    const char *name; /* "loopback" */
+
+    /*
+     * open - create a backend instance serving dev. Returns 0 and *out, or
+     * -errno with a one-line message in err (if err != NULL). Control thread.
+     */
+    int (*open)(const struct vhd_net_backend_opts *o, struct vhd_dev *dev,
+                struct vhd_net_backend **out, char *err, size_t errlen);
+
+    /* close - release everything; no queue of the device may be attached. Control thread. */
+    void (*close)(struct vhd_net_backend *be);
+
+    /*
+     * tx - the guest sent f on queue pair `pair`. Called on the worker that
+     * owns the pair (self), in the middle of a burst; must not block. f and
+     * the guest memory it points to are valid only during the call: a
+     * backend that keeps a frame copies it.
+     * Returns 0 when the frame was taken (delivered, queued, or dropped and
+     * counted by the receiving ring), or -errno when nobody could take it
+     * (the device counts a transmit drop): -ENODEV no receiver (ring
+     * stopped or disabled), -ENOBUFS backend queue full.
+     */
+    int (*tx)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
+              const struct vhd_net_frame *f);
+
+    /*
+     * rx_poll - optional (NULL for loopback, which delivers from tx): the
+     * receive queue of `pair` is being processed on self; deliver up to
+     * budget waiting frames with vhd_net_deliver(). Returns frames handled.
+     */
+    int (*rx_poll)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
+                   unsigned budget);
+};
+
+/*
+ * The common head of every backend instance (each backend embeds it first).
+ * Set by open() and read-only afterwards, so any thread may read it.
+ */
+struct vhd_net_backend {
+    const struct vhd_net_backend_ops *ops;
+    struct vhd_dev *dev; /* the device served */
+    /*
+     * Offload feature bits (VIRTIO_NET_F_CSUM, GUEST_CSUM, ...) the backend
+     * can honour; the device offers them in addition to its own.
+     */
+    uint64_t offloads;
+    char desc[128]; /* for logs: e.g. "loopback" */
+};
+
+extern const struct vhd_net_backend_ops vhd_net_backend_loopback;
+
+/* The backend called name ("loopback"), or NULL. Implemented in net.c. */
+const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name);
+
+/*
+ * vhd_net_deliver - copy frame f into the receive queue of `pair` of the
+ * net device dev: one copy from wherever f lives into the guest's receive
+ * buffers, with the header rewritten for the receiving driver (num_buffers,
+ * and the checksum completed in software when the sender left it partial
+ * and the receiver did not negotiate VIRTIO_NET_F_GUEST_CSUM). Flush and
+ * notification happen once per burst (vhd_queue_mark_used).
+ *
+ * Must be called on worker self, and delivers only when that worker owns
+ * the receive ring (it is attached there, started and enabled) and pair is
+ * among the pairs in use; spreading a device's pairs so that both rings of
+ * a pair share a worker is what makes loopback delivery possible.
+ * Returns 0 (delivered), or:
+ *  -ENODEV  receive ring not available to self (stopped, disabled, pair
+ *           not in use, another worker): not counted, the caller drops;
+ *  -ENOBUFS not enough receive buffers (5.1.6.4: the device drops it);
+ *  -EMSGSIZE larger than mtu allows, or than one buffer without MRG_RXBUF;
+ *  -EIO     the receive ring is broken (bad buffers; NEEDS_RESET).
+ * All but -ENODEV are counted as drops of the receive queue.
+ */
+int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
+                    const struct vhd_net_frame *f);
+
+#endif /* VHD_NET_BACKEND_H */

@@ -1,0 +1,1253 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The virtio-net device (virtio 1.2, section 5.1): features, config space,
+ * the transmit path (pop a chain, validate its header, hand the frame to the
+ * packet backend), delivery into receive queues (vhd_net_deliver: mergeable
+ * buffers, one copy), and the control queue. Both rings of a queue pair run
+ * on one worker, so a loopback frame crosses from TX to RX with no lock.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include "net.h"
+#include "backend/net_backend.h"
+#include "core/compiler.h"
+#include "runtime/log.h"
+#include "runtime/rt.h"
+#include "virtio_net.h"
+
+#define BIT(n) (1ull << (n))
+
+/*
+ * Feature bits that belong to the vhost-user transport rather than to the
+ * device (VHOST_F_LOG_ALL 26, VHOST_USER_F_PROTOCOL_FEATURES 30): the
+ * transport may pass them through SET_FEATURES; set_features tolerates them.
+ */
+#define NET_TRANSPORT_BITS (BIT(26) | BIT(30))
+
+/* Offload bits a backend may ask us to offer (net_backend.h, offloads). */
+#define NET_OFFLOAD_BITS (BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM))
+
+#define HDR_LEN ((uint32_t)sizeof(struct virtio_net_hdr_v1))
+
+/* The queue roles of 5.1.2: receiveqN = 2N, transmitqN = 2N + 1, controlq after them. */
+enum net_role { NET_Q_RX = 1, NET_Q_TX, NET_Q_CTRL };
+
+static const char *const role_names[] = {"?", "rx", "tx", "ctrl"};
+
+/* The device: generic part first (container_of from struct vhd_dev). */
+struct vhd_net {
+    struct vhd_dev dev;
+    struct vhd_net_backend *be;
+    uint32_t pairs;       /* max_virtqueue_pairs */
+    uint64_t offered;     /* feature bits offered */
+    bool no_split;        /* rings=packed */
+    uint64_t default_mac; /* 6 bytes packed, see mac_pack() */
+    uint16_t default_mtu;
+    /*
+     * Negotiated features: written by the control thread only while every
+     * queue is detached (set_features, reset); workers copy what they need
+     * at queue_init.
+     */
+    uint64_t features;
+    /*
+     * Device state shared by the control thread and the workers. Each field
+     * is read and written with plain atomic loads and stores (never a
+     * read-modify-write): a field has one writer at a time, or two whose
+     * race is harmless and noted.
+     */
+    uint64_t mac;        /* config space mac: default; MAC_ADDR_SET (control queue's worker) */
+    uint32_t curr_pairs; /* pairs in use (5.1.6.5.5): control thread at ctrl start/reset, ctrl
+                            worker on VQ_PAIRS_SET; never both at once (ctrl detached then) */
+    uint16_t mtu;        /* config space mtu: default, NET_SET_MTU (control thread) */
+    uint8_t announce;    /* VIRTIO_NET_S_ANNOUNCE: set by vhd_net_announce (control), cleared by
+                            ANNOUNCE_ACK (ctrl worker); an ack racing a new announce may clear it,
+                            which costs one announcement (the driver acks before it announces) */
+    uint8_t promisc;     /* CTRL_RX state, recorded for backends that filter (loopback does not) */
+    uint8_t allmulti;
+    uint32_t rarp_seq; /* SEND_RARP requests (control thread); pair 0's TX worker injects */
+    uint64_t rarp_mac; /* the MAC of the last SEND_RARP (written before rarp_seq, release) */
+    bool ctrl_seen;    /* control thread: the control queue started in this session */
+    struct vhd_net_queue_stats *totals; /* per queue: finished ring runs (control thread) */
+    uint8_t *roles;                     /* per queue: enum net_role at its last start (logs) */
+};
+
+/* Per-queue state (q->priv), owned by the queue's worker while attached. */
+struct net_queue {
+    struct vhd_queue *q;
+    struct vhd_net *net;
+    uint8_t role;       /* enum net_role */
+    uint16_t pair;      /* rx/tx: the pair's number */
+    bool mrg;           /* rx: MRG_RXBUF negotiated (5.1.6.3.1) */
+    bool guest_csum;    /* rx: the driver takes partial checksums (GUEST_CSUM) */
+    bool host_csum;     /* tx: NEEDS_CSUM honoured (CSUM) */
+    bool mtu_limit;     /* rx: MTU negotiated: larger frames are not passed (5.1.6.4.1) */
+    bool broken;        /* rx: the driver posted an unusable buffer: NEEDS_RESET */
+    uint32_t rarp_done; /* tx of pair 0: rarp_seq value already injected */
+    uint64_t features;  /* ctrl: negotiated features */
+    struct vhd_net_queue_stats st; /* relaxed atomic stores by the owner; any thread reads */
+    uint32_t niov;                 /* entries in iov[] */
+    struct vhd_vq_chain *chains;   /* rx: VHD_NET_RX_MAX_BUFS chains of one packet */
+    struct iovec iov[];            /* chain segments (rx: of every chain of one packet) */
+};
+
+/* Receive queues hold a packet's worth of chains: room for a last chain of full size. */
+#define RX_IOV (VHD_NET_RX_MAX_BUFS + VHD_NET_CHAIN_IOV)
+
+/* Counters are written by one thread and read by any: relaxed store of the new value, no RMW. */
+#define STAT_ADD(field, v) vhd_store_relaxed(&(field), (field) + (v))
+
+static struct vhd_net *to_net(struct vhd_dev *dev)
+{
+    return vhd_container_of(dev, struct vhd_net, dev);
+}
+
+static const struct vhd_net *to_cnet(const struct vhd_dev *dev)
+{
+    return vhd_container_of(dev, struct vhd_net, dev);
+}
+
+/* ---- small helpers ---- */
+
+static uint64_t mac_pack(const uint8_t mac[6])
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 6; i++)
+        v |= (uint64_t)mac[i] << (8 * i);
+    return v;
+}
+
+static void mac_unpack(uint64_t v, uint8_t mac[6])
+{
+    for (int i = 0; i < 6; i++)
+        mac[i] = (uint8_t)(v >> (8 * i));
+}
+
+void vhd_net_default_mac(const char *key, uint8_t mac[6])
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (const char *p = key ? key : ""; *p; p++)
+        h = (h ^ (uint8_t)*p) * 16777619u;
+    mac[0] = 0x52;
+    mac[1] = 0x54;
+    mac[2] = 0x00;
+    mac[3] = (uint8_t)(h >> 16);
+    mac[4] = (uint8_t)(h >> 8);
+    mac[5] = (uint8_t)h;
+}
+
+/* Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes copied. */
+static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void *dst, size_t len)
+{
+    uint8_t *d = dst;
+    size_t done = 0;
+
+    for (uint32_t i = 0; i < cnt && done < len; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = iov[i].iov_len - off;
+        if (n > len - done)
+            n = len - done;
+        memcpy(d + done, (const uint8_t *)iov[i].iov_base + off, n);
+        done += n;
+        off = 0;
+    }
+    return done;
+}
+
+/* Copy len bytes from src to byte off of iov[0..cnt) (as far as it reaches). */
+static void iov_from_buf(const struct iovec *iov, uint32_t cnt, size_t off, const void *src,
+                         size_t len)
+{
+    const uint8_t *s = src;
+
+    for (uint32_t i = 0; i < cnt && len; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = iov[i].iov_len - off;
+        if (n > len)
+            n = len;
+        memcpy((uint8_t *)iov[i].iov_base + off, s, n);
+        s += n;
+        len -= n;
+        off = 0;
+    }
+}
+
+/*
+ * Copy len bytes from byte soff of src to byte doff of dst (both iovec
+ * lists; stops early if either runs out). Guest to guest: the driver may
+ * point a receive buffer at its own transmit buffer, so the ranges may
+ * overlap, which is legal input for us: memmove, never memcpy (glibc's
+ * memmove is the same code as memcpy when they do not overlap).
+ */
+static void iov_copy(const struct iovec *dst, uint32_t dcnt, size_t doff, const struct iovec *src,
+                     uint32_t scnt, size_t soff, size_t len)
+{
+    uint32_t di = 0, si = 0;
+
+    while (di < dcnt && doff >= dst[di].iov_len)
+        doff -= dst[di++].iov_len;
+    while (si < scnt && soff >= src[si].iov_len)
+        soff -= src[si++].iov_len;
+    while (len && di < dcnt && si < scnt) {
+        size_t n = dst[di].iov_len - doff;
+        if (n > src[si].iov_len - soff)
+            n = src[si].iov_len - soff;
+        if (n > len)
+            n = len;
+        memmove((uint8_t *)dst[di].iov_base + doff, (const uint8_t *)src[si].iov_base + soff, n);
+        len -= n;
+        doff += n;
+        soff += n;
+        if (doff == dst[di].iov_len) {
+            di++;
+            doff = 0;
+        }
+        if (soff == src[si].iov_len) {
+            si++;
+            soff = 0;
+        }
+    }
+}
+
+/*
+ * Complete a partial checksum in place (the device side of
+ * VIRTIO_NET_HDR_F_NEEDS_CSUM, 5.1.6.2): the Internet checksum of the
+ * packet from csum_start to its end, whose 16-bit field at csum_start +
+ * csum_offset already holds the pseudo-header sum the driver put there, is
+ * stored complemented into that field. A result of 0 is stored as 0xffff
+ * (for UDP 0 means "no checksum"; both are the same one's-complement
+ * number), as Linux's skb_checksum_help does. iov holds the packet from
+ * byte base on; the caller checked csum_start + csum_offset + 2 <= len.
+ */
+static void csum_fill(const struct iovec *iov, uint32_t cnt, size_t base, uint32_t len,
+                      uint16_t csum_start, uint16_t csum_offset)
+{
+    uint64_t sum = 0;
+    size_t off = base + csum_start, left = len - csum_start;
+    bool odd = false; /* the next byte is the low half of a 16-bit word */
+
+    for (uint32_t i = 0; i < cnt && left; i++) {
+        if (off >= iov[i].iov_len) {
+            off -= iov[i].iov_len;
+            continue;
+        }
+        const uint8_t *p = (const uint8_t *)iov[i].iov_base + off;
+        size_t n = iov[i].iov_len - off, k = 0;
+        if (n > left)
+            n = left;
+        left -= n;
+        off = 0;
+        if (odd && n) {
+            sum += p[0];
+            k = 1;
+            odd = false;
+        }
+        for (; k + 1 < n; k += 2)
+            sum += (uint32_t)p[k] << 8 | p[k + 1];
+        if (k < n) {
+            sum += (uint32_t)p[k] << 8;
+            odd = true;
+        }
+    }
+    while (sum >> 16)
+        sum = (sum & 0xffff) + (sum >> 16);
+    uint16_t c = (uint16_t)~sum;
+    if (c == 0)
+        c = 0xffff;
+    uint8_t be[2] = {(uint8_t)(c >> 8), (uint8_t)c};
+    iov_from_buf(iov, cnt, base + csum_start + csum_offset, be, 2);
+}
+
+/*
+ * Undoing pops. A packet that turns out not to fit (no buffers left for
+ * the rest of it, or a size limit) must leave the receive ring as it found
+ * it: the buffers stay with the device for the next packet. The engine has
+ * no verb for this yet; a pop writes nothing to the ring, it only advances
+ * the queue's own last_avail_idx (packed: and the avail wrap counter) and
+ * its in-flight count, so restoring those three fields puts the chains back
+ * exactly as they were. Valid only when nothing was pushed on the queue in
+ * between (packed used slots are counted up to last_avail_idx), which
+ * vhd_net_deliver guarantees. A vhd_vq_unpop() in src/core would be the
+ * proper home for this.
+ */
+struct net_vq_mark {
+    uint16_t last_avail_idx;
+    uint16_t inflight;
+    bool avail_wrap;
+};
+
+static void vq_mark(const struct vhd_vq *vq, struct net_vq_mark *m)
+{
+    m->last_avail_idx = vq->last_avail_idx;
+    m->inflight = vq->inflight;
+    m->avail_wrap = vq->avail_wrap;
+}
+
+static void vq_rewind(struct vhd_vq *vq, const struct net_vq_mark *m)
+{
+    vq->last_avail_idx = m->last_avail_idx;
+    vq->inflight = m->inflight;
+    vq->avail_wrap = m->avail_wrap;
+}
+
+/* ---- backends ---- */
+
+const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name)
+{
+    static const struct vhd_net_backend_ops *const all[] = {&vhd_net_backend_loopback};
+    for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
+        if (!strcmp(all[i]->name, name))
+            return all[i];
+    return NULL;
+}
+
+/* ---- receive: delivery into a guest receive queue (5.1.6.3, 5.1.6.4) ---- */
+
+/* An unusable receive buffer (a MUST of 5.1.6.3.1 broken): the ring stops until reset. */
+static int rx_break(struct vhd_queue *q, struct net_queue *rq, const char *why)
+{
+    rq->broken = true;
+    STAT_ADD(rq->st.errors, 1);
+    VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: %s; queue stopped until the device is reset",
+               q->dev->name, q->index, why);
+    return -EIO;
+}
+
+int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
+                    const struct vhd_net_frame *f)
+{
+    struct vhd_net *net = to_net(dev);
+
+    /* 5.1.6.5.5: nothing is queued on receive queues beyond the pairs in use. */
+    if (vhd_unlikely(pair >= vhd_load_relaxed(&net->curr_pairs) || pair >= net->pairs))
+        return -ENODEV;
+    struct vhd_queue *q = &dev->queues[vhd_index_nospec(2u * pair, dev->num_queues)];
+    /*
+     * Ownership: q->worker is set to a worker by that worker's own thread
+     * when it takes the ring and cleared by it when it lets go (worker.c), so
+     * reading our own pointer here proves we own q right now; anything else
+     * (NULL, another worker) means hands off. q->enabled only changes while
+     * q is detached (dev.h, run_disabled), so it is stable while we own q.
+     */
+    if (vhd_unlikely(q->worker != self || self == NULL || !q->enabled))
+        return -ENODEV;
+    struct net_queue *rq = q->priv;
+    if (vhd_unlikely(rq == NULL || rq->role != NET_Q_RX))
+        return -ENODEV;
+    if (vhd_unlikely(rq->broken || q->vq.error)) {
+        STAT_ADD(rq->st.drops, 1);
+        return -EIO;
+    }
+    /* 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the link-level header is passed. */
+    if (vhd_unlikely(f->len > VHD_NET_MAX_FRAME ||
+                     (rq->mtu_limit && f->len > (uint32_t)vhd_load_relaxed(&net->mtu) +
+                                                    VHD_ETH_HLEN + VHD_ETH_VLAN_LEN) ||
+                     f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE)) {
+        STAT_ADD(rq->st.drops, 1);
+        return -EMSGSIZE;
+    }
+
+    /*
+     * Take buffers until the header and the frame fit: one chain without
+     * MRG_RXBUF (5.1.6.3.1), as many as needed with it (num_buffers). Every
+     * chain is popped into the next free part of rq->iov, so the writable
+     * segments of all of them form one list (receive chains have no
+     * readable part: checked below).
+     */
+    uint32_t total = HDR_LEN + f->len, nbufs = 0, niov = 0;
+    uint64_t room = 0;
+    struct net_vq_mark mark;
+    vq_mark(&q->vq, &mark);
+    do {
+        if (vhd_unlikely(nbufs == VHD_NET_RX_MAX_BUFS || rq->niov - niov < VHD_NET_CHAIN_IOV)) {
+            vq_rewind(&q->vq, &mark);
+            STAT_ADD(rq->st.drops, 1);
+            return -EMSGSIZE;
+        }
+        struct vhd_vq_chain *c = &rq->chains[nbufs];
+        int rc = vhd_vq_pop(&q->vq, rq->iov + niov, VHD_NET_CHAIN_IOV, c);
+        if (rc == 0) {
+            /* Out of buffers: drop, as a NIC does; the buffers taken so far stay posted. */
+            vq_rewind(&q->vq, &mark);
+            STAT_ADD(rq->st.drops, 1);
+            return -ENOBUFS;
+        }
+        if (vhd_unlikely(rc < 0)) {
+            /* The engine broke the ring (sticky vq->error); the runtime reports it. */
+            STAT_ADD(rq->st.drops, 1);
+            return -EIO;
+        }
+        /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a header.
+         */
+        if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
+            vq_rewind(&q->vq, &mark);
+            STAT_ADD(rq->st.drops, 1);
+            return rx_break(q, rq,
+                            c->nr ? "receive buffer with device-readable descriptors"
+                                  : "receive buffer smaller than the virtio-net header");
+        }
+        niov += c->nw;
+        room += c->wlen;
+        nbufs++;
+    } while (rq->mrg && room < total);
+    if (vhd_unlikely(room < total)) {
+        /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next. */
+        vq_rewind(&q->vq, &mark);
+        STAT_ADD(rq->st.drops, 1);
+        return -EMSGSIZE;
+    }
+
+    /*
+     * The header the receiving driver sees (5.1.6.4): the sender's, with
+     * num_buffers set (1 without MRG_RXBUF, 5.1.6.4.1) and flags limited to
+     * NEEDS_CSUM, kept only when the driver negotiated GUEST_CSUM; otherwise
+     * the checksum is completed here and flags is 0. gso_type is NONE (see
+     * above), hdr_len/gso_size are carried through (the driver ignores them
+     * for non-GSO packets).
+     */
+    struct virtio_net_hdr_v1 h = f->hdr;
+    uint16_t cs = vhd_le16(h.csum_start), co = vhd_le16(h.csum_offset);
+    bool fill = false;
+    h.num_buffers = vhd_le16((uint16_t)nbufs);
+    if (h.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) {
+        if ((uint32_t)cs + co + 2u > f->len) {
+            /* The sender's offsets do not fit the frame (a backend's bug): not passed on. */
+            vq_rewind(&q->vq, &mark);
+            STAT_ADD(rq->st.drops, 1);
+            return -EMSGSIZE;
+        }
+        fill = !rq->guest_csum;
+        h.flags = rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
+    } else {
+        h.flags = 0;
+    }
+
+    /* One copy: header, then the frame from wherever it is. */
+    iov_from_buf(rq->iov, niov, 0, &h, HDR_LEN);
+    iov_copy(rq->iov, niov, HDR_LEN, f->iov, f->iovcnt, f->off, f->len);
+    if (fill)
+        csum_fill(rq->iov, niov, HDR_LEN, f->len, cs, co);
+
+    /* Each buffer's used length is what it holds: all of it but the last (2.7.8, 5.1.6.4). */
+    uint32_t left = total;
+    for (uint32_t i = 0; i < nbufs; i++) {
+        uint32_t n = rq->chains[i].wlen < left ? rq->chains[i].wlen : left;
+        left -= n;
+        if (vhd_unlikely(vhd_vq_push(&q->vq, &rq->chains[i], n) < 0))
+            break; /* cannot happen (our own chains); the queue is broken and reported */
+    }
+    vhd_queue_mark_used(q);
+    STAT_ADD(rq->st.packets, 1);
+    STAT_ADD(rq->st.bytes, f->len);
+    STAT_ADD(rq->st.buffers, nbufs);
+    return 0;
+}
+
+/*
+ * Receive queue processing: the driver added buffers (a kick) or we poll.
+ * The loopback delivers from the transmit path, so there is nothing to do
+ * here; a backend with its own receive side (switch, TAP) is polled.
+ */
+static int net_rx_process(struct vhd_queue *q, struct net_queue *rq, unsigned budget)
+{
+    struct vhd_net *net = rq->net;
+
+    if (vhd_unlikely(rq->broken))
+        return -EPROTO;
+    if (net->be->ops->rx_poll && q->enabled)
+        return net->be->ops->rx_poll(net->be, rq->pair, q->worker, budget);
+    return 0;
+}
+
+/* ---- transmit (5.1.6.2) ---- */
+
+/*
+ * Check a transmit chain and describe its frame in f. The header is copied
+ * out once; every decision uses the copy. Returns 0, or -EINVAL/-EMSGSIZE
+ * for a chain the device cannot send (counted as an error, given back).
+ */
+static int net_tx_parse(struct vhd_queue *q, struct net_queue *tq, const struct vhd_vq_chain *c,
+                        struct vhd_net_frame *f)
+{
+    if (vhd_unlikely(c->rlen < HDR_LEN + VHD_ETH_HLEN)) {
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u: transmit chain of %u bytes: shorter than a header "
+                   "and an Ethernet header",
+                   q->dev->name, q->index, c->rlen);
+        return -EINVAL;
+    }
+    uint32_t len = c->rlen - HDR_LEN;
+    if (vhd_unlikely(len > VHD_NET_MAX_FRAME)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: transmit frame of %u bytes (at most %u)",
+                   q->dev->name, q->index, len, VHD_NET_MAX_FRAME);
+        return -EMSGSIZE;
+    }
+    (void)iov_to_buf(tq->iov, c->nr, 0, &f->hdr, HDR_LEN);
+    /* 5.1.6.2.1: without HOST_TSO4/6 or HOST_UFO (never offered) gso_type MUST be NONE. */
+    if (vhd_unlikely(f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: transmit frame with gso_type %u, not negotiated",
+                   q->dev->name, q->index, f->hdr.gso_type);
+        return -EINVAL;
+    }
+    /*
+     * 5.1.6.2.2: flags the device does not recognise are ignored, and
+     * NEEDS_CSUM means something only with CSUM negotiated; then the field
+     * it names must lie inside the frame.
+     */
+    if (tq->host_csum && (f->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM)) {
+        uint32_t cs = vhd_le16(f->hdr.csum_start), co = vhd_le16(f->hdr.csum_offset);
+        if (vhd_unlikely(cs + co + 2u > len)) {
+            VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: checksum at %u+%u outside the %u-byte frame",
+                       q->dev->name, q->index, cs, co, len);
+            return -EINVAL;
+        }
+        f->hdr.flags = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+    } else {
+        f->hdr.flags = 0;
+    }
+    f->hdr.num_buffers = 0;
+    f->iov = tq->iov;
+    f->iovcnt = c->nr;
+    f->off = HDR_LEN;
+    f->len = len;
+    return 0;
+}
+
+/*
+ * A RARP broadcast for a MAC (what SEND_RARP asks for): Ethernet broadcast
+ * from mac, ethertype RARP, "reverse request" with mac as sender and
+ * target hardware address, padded to the 60-byte minimum frame.
+ */
+static void build_rarp(const uint8_t mac[6], uint8_t *frame)
+{
+    static const uint8_t arp_head[8] = {0, 1, 8, 0, 6, 4, 0, 3}; /* Ethernet, IPv4, 6, 4, op 3 */
+    memset(frame, 0, 60);
+    memset(frame, 0xff, 6);
+    memcpy(frame + 6, mac, 6);
+    frame[12] = VHD_ETH_P_RARP >> 8;
+    frame[13] = VHD_ETH_P_RARP & 0xff;
+    memcpy(frame + 14, arp_head, sizeof(arp_head));
+    memcpy(frame + 22, mac, 6); /* sender hardware address; sender IP 0 */
+    memcpy(frame + 32, mac, 6); /* target hardware address; target IP 0 */
+}
+
+/* Pair 0's transmit queue: send a RARP the front-end asked for (SEND_RARP) as if the guest had. */
+static void net_tx_rarp(struct net_queue *tq, struct vhd_worker *self)
+{
+    struct vhd_net *net = tq->net;
+    uint32_t seq = vhd_load_acquire(&net->rarp_seq); /* pairs with the release in net_send_rarp */
+
+    if (vhd_likely(seq == tq->rarp_done))
+        return;
+    tq->rarp_done = seq;
+    uint8_t mac[6], buf[HDR_LEN + 60] = {0};
+    mac_unpack(vhd_load_relaxed(&net->rarp_mac), mac);
+    build_rarp(mac, buf + HDR_LEN);
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+    struct vhd_net_frame f = {.iov = &iov, .iovcnt = 1, .off = HDR_LEN, .len = 60};
+    STAT_ADD(tq->st.packets, 1);
+    STAT_ADD(tq->st.bytes, 60);
+    if (net->be->ops->tx(net->be, 0, self, &f) < 0)
+        STAT_ADD(tq->st.drops, 1);
+}
+
+/*
+ * Transmit queue processing: up to budget chains. A started but disabled
+ * ring (vhost-user "Ring states") is processed without side effects: its
+ * frames are discarded. Every chain goes back used with length 0 (nothing
+ * is written into transmit buffers); one flush per burst (the runtime).
+ */
+static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned budget)
+{
+    struct vhd_net *net = tq->net;
+    struct vhd_net_backend *be = net->be;
+    struct vhd_worker *self = q->worker;
+    bool enabled = q->enabled;
+    uint64_t pkts = 0, bytes = 0, drops = 0, errs = 0;
+    unsigned n = 0;
+    int rc = 0;
+
+    if (vhd_unlikely(tq->pair == 0 && enabled))
+        net_tx_rarp(tq, self);
+    while (n < budget) {
+        struct vhd_vq_chain c;
+        rc = vhd_vq_pop(&q->vq, tq->iov, VHD_NET_CHAIN_IOV, &c);
+        if (rc <= 0)
+            break; /* empty, or the engine broke the ring (reported below) */
+        n++;
+        if (vhd_likely(enabled)) {
+            struct vhd_net_frame f;
+            if (vhd_unlikely(net_tx_parse(q, tq, &c, &f) < 0)) {
+                errs++;
+            } else {
+                pkts++;
+                bytes += f.len;
+                if (vhd_unlikely(be->ops->tx(be, tq->pair, self, &f) < 0))
+                    drops++;
+            }
+        } else {
+            /* Taken and discarded: counted as sent and dropped (the invariant in net.h). */
+            pkts++;
+            bytes += c.rlen > HDR_LEN ? c.rlen - HDR_LEN : 0;
+            drops++;
+        }
+        rc = vhd_vq_push(&q->vq, &c, 0);
+        if (vhd_unlikely(rc < 0))
+            break;
+    }
+    if (n)
+        vhd_queue_mark_used(q);
+    STAT_ADD(tq->st.packets, pkts);
+    STAT_ADD(tq->st.bytes, bytes);
+    STAT_ADD(tq->st.drops, drops);
+    STAT_ADD(tq->st.errors, errs);
+    return rc < 0 ? rc : (int)n;
+}
+
+/* ---- control queue (5.1.6.5) ---- */
+
+/*
+ * Handle one command; returns the ack byte. The readable part is the
+ * 2-byte header and the command's data (dlen bytes from offset 2); every
+ * size is checked before the data is read, and the data is copied out once.
+ */
+static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
+                               const struct vhd_vq_chain *c)
+{
+    struct vhd_net *net = cq->net;
+    const struct iovec *iov = cq->iov;
+    struct virtio_net_ctrl_hdr h;
+    uint64_t f = cq->features;
+
+    if (c->rlen < sizeof(h)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: control command of %u bytes: no class and command",
+                   q->dev->name, c->rlen);
+        return VIRTIO_NET_ERR;
+    }
+    (void)iov_to_buf(iov, c->nr, 0, &h, sizeof(h));
+    uint32_t dlen = c->rlen - (uint32_t)sizeof(h);
+
+    switch (h.cls) {
+    case VIRTIO_NET_CTRL_RX:
+        /* 5.1.6.5.1: PROMISC and ALLMULTI (CTRL_RX) take one byte, on or off. */
+        if (!(f & BIT(VIRTIO_NET_F_CTRL_RX)) || dlen != 1 ||
+            (h.cmd != VIRTIO_NET_CTRL_RX_PROMISC && h.cmd != VIRTIO_NET_CTRL_RX_ALLMULTI))
+            break;
+        uint8_t on;
+        (void)iov_to_buf(iov, c->nr, sizeof(h), &on, 1);
+        vhd_store_relaxed(h.cmd == VIRTIO_NET_CTRL_RX_PROMISC ? &net->promisc : &net->allmulti,
+                          (uint8_t)(on != 0));
+        return VIRTIO_NET_OK;
+    case VIRTIO_NET_CTRL_MAC:
+        if (h.cmd == VIRTIO_NET_CTRL_MAC_ADDR_SET) {
+            /* 5.1.6.5.2: the new default address, reflected in config space (a unicast one). */
+            uint8_t mac[6];
+            if (!(f & BIT(VIRTIO_NET_F_CTRL_MAC_ADDR)) || dlen != 6)
+                break;
+            (void)iov_to_buf(iov, c->nr, sizeof(h), mac, 6);
+            if (mac[0] & 1)
+                break;
+            vhd_store_relaxed(&net->mac, mac_pack(mac));
+            return VIRTIO_NET_OK;
+        }
+        if (h.cmd == VIRTIO_NET_CTRL_MAC_TABLE_SET && (f & BIT(VIRTIO_NET_F_CTRL_RX))) {
+            /* Two tables, each le32 entries + 6 * entries bytes, filling the data exactly. */
+            uint32_t off = sizeof(h), left = dlen;
+            for (int t = 0; t < 2; t++) {
+                uint32_t n;
+                if (left < 4)
+                    return VIRTIO_NET_ERR;
+                (void)iov_to_buf(iov, c->nr, off, &n, 4);
+                n = vhd_le32(n);
+                left -= 4;
+                off += 4;
+                if (n > left / 6)
+                    return VIRTIO_NET_ERR;
+                left -= 6 * n;
+                off += 6 * n;
+            }
+            if (left != 0)
+                break;
+            return VIRTIO_NET_OK; /* loopback does not filter: nothing to program */
+        }
+        break;
+    case VIRTIO_NET_CTRL_MQ:
+        /* 5.1.6.5.5: 1..max_virtqueue_pairs; out of range is refused. */
+        if (h.cmd == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET && (f & BIT(VIRTIO_NET_F_MQ)) && dlen == 2) {
+            struct virtio_net_ctrl_mq mq;
+            (void)iov_to_buf(iov, c->nr, sizeof(h), &mq, sizeof(mq));
+            uint16_t n = vhd_le16(mq.virtqueue_pairs);
+            if (n < VIRTIO_NET_CTRL_MQ_VQ_PAIRS_MIN || n > net->pairs)
+                break;
+            vhd_store_relaxed(&net->curr_pairs, (uint32_t)n);
+            return VIRTIO_NET_OK;
+        }
+        break;
+    case VIRTIO_NET_CTRL_ANNOUNCE:
+        /* 5.1.6.5.4: the driver announced; clear VIRTIO_NET_S_ANNOUNCE. */
+        if (h.cmd == VIRTIO_NET_CTRL_ANNOUNCE_ACK && (f & BIT(VIRTIO_NET_F_GUEST_ANNOUNCE)) &&
+            dlen == 0) {
+            vhd_store_relaxed(&net->announce, (uint8_t)0);
+            return VIRTIO_NET_OK;
+        }
+        break;
+    default:
+        break;
+    }
+    VHD_LOG_RL(VHD_LOG_WARN,
+               "%s: control command class %u command %u with %u bytes of data refused "
+               "(unknown, not negotiated or malformed)",
+               q->dev->name, h.cls, h.cmd, dlen);
+    return VIRTIO_NET_ERR;
+}
+
+/*
+ * Control queue processing. The ack goes into the first device-writable
+ * byte (5.1.6.5: class, command, data, then ack); a command with no
+ * writable byte cannot be answered and is given back with length 0. A
+ * disabled control ring is left alone (a command always has side effects).
+ */
+static int net_ctrl_process(struct vhd_queue *q, struct net_queue *cq, unsigned budget)
+{
+    unsigned n = 0;
+    uint64_t cmds = 0, errs = 0;
+    int rc = 0;
+
+    if (!q->enabled)
+        return 0;
+    while (n < budget) {
+        struct vhd_vq_chain c;
+        rc = vhd_vq_pop(&q->vq, cq->iov, VHD_NET_CHAIN_IOV, &c);
+        if (rc <= 0)
+            break;
+        n++;
+        cmds++;
+        uint8_t ack = net_ctrl_handle(q, cq, &c);
+        uint32_t written = 0;
+        if (vhd_likely(c.nw > 0)) {
+            /* The engine never yields an empty segment, so the first writable one has a byte. */
+            *(uint8_t *)cq->iov[c.nr].iov_base = ack;
+            written = 1;
+        } else {
+            VHD_LOG_RL(VHD_LOG_WARN, "%s: control command without an ack byte", q->dev->name);
+            ack = VIRTIO_NET_ERR;
+        }
+        if (ack != VIRTIO_NET_OK)
+            errs++;
+        rc = vhd_vq_push(&q->vq, &c, written);
+        if (vhd_unlikely(rc < 0))
+            break;
+    }
+    if (n)
+        vhd_queue_mark_used(q);
+    STAT_ADD(cq->st.packets, cmds);
+    STAT_ADD(cq->st.errors, errs);
+    return rc < 0 ? rc : (int)n;
+}
+
+/* ---- vhd_dev_ops ---- */
+
+static int net_queue_process(struct vhd_queue *q, unsigned budget)
+{
+    struct net_queue *nq = q->priv;
+
+    if (vhd_unlikely(!nq))
+        return -ENODEV;
+    switch (nq->role) {
+    case NET_Q_TX:
+        return net_tx_process(q, nq, budget);
+    case NET_Q_RX:
+        return net_rx_process(q, nq, budget);
+    case NET_Q_CTRL:
+        return net_ctrl_process(q, nq, budget);
+    default:
+        return -ENODEV;
+    }
+}
+
+static uint64_t net_features(struct vhd_dev *dev)
+{
+    return to_net(dev)->offered;
+}
+
+/*
+ * SET_FEATURES. VERSION_1 is required (no legacy header layout). Feature
+ * dependencies (5.1.3.1) are not enforced: vhost-user front-ends handle the
+ * control queue themselves and clear CTRL_VQ, MAC and STATUS from what they
+ * send while keeping MQ or CTRL_RX (DPDK's virtio-user does), and none of
+ * them changes what the datapath does.
+ */
+static int net_set_features(struct vhd_dev *dev, uint64_t features)
+{
+    struct vhd_net *net = to_net(dev);
+
+    if (!(features & BIT(VIRTIO_F_VERSION_1))) {
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: driver did not accept VIRTIO_F_VERSION_1 (legacy virtio is not supported)",
+                   dev->name);
+        return -EINVAL;
+    }
+    if (features & ~(net->offered | NET_TRANSPORT_BITS)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver accepted features 0x%llx that were not offered",
+                   dev->name,
+                   (unsigned long long)(features & ~(net->offered | NET_TRANSPORT_BITS)));
+        return -EINVAL;
+    }
+    if (net->no_split && !(features & BIT(VIRTIO_F_RING_PACKED))) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver wants split rings, which this device refuses",
+                   dev->name);
+        return -EINVAL;
+    }
+    net->features = features & net->offered;
+    dev->features = features;
+    return 0;
+}
+
+static void net_fill_config(const struct vhd_net *net, struct virtio_net_config *cfg)
+{
+    uint16_t status = VIRTIO_NET_S_LINK_UP;
+
+    memset(cfg, 0, sizeof(*cfg));
+    mac_unpack(vhd_load_relaxed(&net->mac), cfg->mac);
+    if (vhd_load_relaxed(&net->announce))
+        status |= VIRTIO_NET_S_ANNOUNCE;
+    cfg->status = vhd_le16(status);
+    cfg->max_virtqueue_pairs = vhd_le16((uint16_t)net->pairs);
+    cfg->mtu = vhd_le16(vhd_load_relaxed(&net->mtu));
+    cfg->speed = vhd_le32(VIRTIO_NET_SPEED_UNKNOWN);
+    cfg->duplex = VIRTIO_NET_DUPLEX_UNKNOWN;
+}
+
+/* Config space (5.1.4) is read-only for the driver: no set_config. */
+static int net_get_config(struct vhd_dev *dev, void *buf, uint32_t off, uint32_t len)
+{
+    struct virtio_net_config cfg;
+
+    if (off > sizeof(cfg) || len > sizeof(cfg) - off)
+        return -EINVAL;
+    net_fill_config(to_net(dev), &cfg);
+    memcpy(buf, (const uint8_t *)&cfg + off, len);
+    return 0;
+}
+
+/* Fold a finished ring run's counters into the session totals. Control thread, q detached. */
+static void net_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
+{
+    struct vhd_net *net = to_net(dev);
+    struct net_queue *nq = q->priv;
+
+    if (!nq)
+        return;
+    if (q->index < dev->num_queues) {
+        struct vhd_net_queue_stats *t = &net->totals[q->index];
+        t->packets += nq->st.packets;
+        t->bytes += nq->st.bytes;
+        t->drops += nq->st.drops;
+        t->errors += nq->st.errors;
+        t->buffers += nq->st.buffers;
+    }
+    free(nq);
+    q->priv = NULL;
+}
+
+/*
+ * A ring starts: its role follows from its index and the negotiated
+ * features (5.1.2): with MQ the data queues are 0 .. 2 * pairs - 1 and the
+ * control queue is 2 * pairs; without MQ, 0 and 1 and the control queue 2.
+ * Any other ring is not part of the device: -EINVAL.
+ */
+static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
+{
+    struct vhd_net *net = to_net(dev);
+    uint64_t f = net->features;
+    uint32_t ndata = (f & BIT(VIRTIO_NET_F_MQ)) ? 2 * net->pairs : 2;
+    uint8_t role;
+    uint32_t niov = VHD_NET_CHAIN_IOV;
+
+    if (q->index < ndata) {
+        role = (q->index & 1) ? NET_Q_TX : NET_Q_RX;
+    } else if (q->index == ndata && (f & BIT(VIRTIO_NET_F_CTRL_VQ))) {
+        role = NET_Q_CTRL;
+    } else {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u is not used with the negotiated features", dev->name,
+                   q->index);
+        return -EINVAL;
+    }
+    if (q->priv)
+        net_queue_fini(dev, q);
+    net->roles[q->index] = role;
+    if (role == NET_Q_RX)
+        niov = RX_IOV;
+    size_t sz = sizeof(struct net_queue) + (size_t)niov * sizeof(struct iovec);
+    size_t chains_off = sz;
+    if (role == NET_Q_RX)
+        sz += VHD_NET_RX_MAX_BUFS * sizeof(struct vhd_vq_chain);
+    sz = (sz + VHD_CACHELINE - 1) & ~(size_t)(VHD_CACHELINE - 1);
+    struct net_queue *nq = aligned_alloc(VHD_CACHELINE, sz);
+    if (!nq)
+        return -ENOMEM;
+    memset(nq, 0, sizeof(*nq));
+    nq->q = q;
+    nq->net = net;
+    nq->role = role;
+    nq->pair = (uint16_t)(q->index / 2);
+    nq->niov = niov;
+    nq->features = f;
+    nq->mrg = (f & BIT(VIRTIO_NET_F_MRG_RXBUF)) != 0;
+    nq->guest_csum = (f & BIT(VIRTIO_NET_F_GUEST_CSUM)) != 0;
+    nq->host_csum = (f & BIT(VIRTIO_NET_F_CSUM)) != 0;
+    nq->mtu_limit = (f & BIT(VIRTIO_NET_F_MTU)) != 0;
+    nq->chains = role == NET_Q_RX ? (struct vhd_vq_chain *)((uint8_t *)nq + chains_off) : NULL;
+    if (role == NET_Q_CTRL && !net->ctrl_seen) {
+        /* The driver steers through us from now on: one pair until VQ_PAIRS_SET (5.1.6.5.5). */
+        net->ctrl_seen = true;
+        if (f & BIT(VIRTIO_NET_F_MQ))
+            vhd_store_relaxed(&net->curr_pairs, 1u);
+    }
+    q->priv = nq;
+    return 0;
+}
+
+/* Device reset (RESET_DEVICE, disconnect): every queue is detached and finalised. */
+static void net_reset(struct vhd_dev *dev)
+{
+    struct vhd_net *net = to_net(dev);
+
+    vhd_net_log_stats(dev, "session end");
+    memset(net->totals, 0, dev->num_queues * sizeof(*net->totals));
+    memset(net->roles, 0, dev->num_queues);
+    net->features = 0;
+    net->ctrl_seen = false;
+    vhd_store_relaxed(&net->mac, net->default_mac);
+    vhd_store_relaxed(&net->mtu, net->default_mtu);
+    vhd_store_relaxed(&net->curr_pairs, net->pairs);
+    vhd_store_relaxed(&net->announce, (uint8_t)0);
+    vhd_store_relaxed(&net->promisc, (uint8_t)0);
+    vhd_store_relaxed(&net->allmulti, (uint8_t)0);
+    vhd_store_relaxed(&net->rarp_seq, 0u);
+}
+
+/* VHOST_USER_NET_SET_MTU: the MTU the front-end exposes to the guest (5.1.4.1 range). */
+static int net_set_mtu(struct vhd_dev *dev, uint32_t mtu)
+{
+    struct vhd_net *net = to_net(dev);
+
+    if (mtu < VIRTIO_NET_MIN_MTU || mtu > VIRTIO_NET_MAX_MTU)
+        return -EINVAL;
+    vhd_store_relaxed(&net->mtu, (uint16_t)mtu);
+    vhd_log(VHD_LOG_INFO, "%s: MTU %u (set by the front-end)", dev->name, mtu);
+    return 0;
+}
+
+/*
+ * VHOST_USER_SEND_RARP: broadcast a RARP for mac, as the guest would after
+ * a migration, through the backend (loopback: back to the guest, on pair
+ * 0). The transmit worker of pair 0 sends it at its next turn; a write to
+ * that ring's kick eventfd makes sure it has one.
+ */
+static int net_send_rarp(struct vhd_dev *dev, const uint8_t mac[6])
+{
+    struct vhd_net *net = to_net(dev);
+
+    vhd_store_relaxed(&net->rarp_mac, mac_pack(mac));
+    /* Only the control thread writes rarp_seq: a plain increment, published with release. */
+    vhd_store_release(&net->rarp_seq, net->rarp_seq + 1);
+    struct vhd_queue *tx0 = &dev->queues[1];
+    if (tx0->started && tx0->kick_fd >= 0)
+        (void)eventfd_write(tx0->kick_fd, 1);
+    vhd_log(VHD_LOG_INFO, "%s: RARP for %02x:%02x:%02x:%02x:%02x:%02x requested", dev->name, mac[0],
+            mac[1], mac[2], mac[3], mac[4], mac[5]);
+    return 0;
+}
+
+const struct vhd_dev_ops vhd_net_ops = {
+    .type = "net",
+    .features = net_features,
+    .set_features = net_set_features,
+    .config_size = sizeof(struct virtio_net_config),
+    .get_config = net_get_config,
+    .set_config = NULL,
+    .queue_init = net_queue_init,
+    .queue_fini = net_queue_fini,
+    .queue_process = net_queue_process,
+    .reset = net_reset,
+    .set_mtu = net_set_mtu,
+    .send_rarp = net_send_rarp,
+    .run_disabled = true,
+};
+
+bool vhd_dev_is_net(const struct vhd_dev *dev)
+{
+    return dev && dev->ops == &vhd_net_ops;
+}
+
+/* ---- creation, worker map, counters ---- */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+int vhd_net_assign_workers(struct vhd_dev *dev, const int *list, unsigned nlist, unsigned nworkers,
+                           unsigned *next_rr)
+{
+    struct vhd_net *net = to_net(dev);
+    unsigned rr = next_rr ? *next_rr : 0;
+
+    if (nlist == 0 && nworkers == 0)
+        return -EINVAL;
+    for (unsigned i = 0; i < nlist; i++)
+        if (list[i] < 0)
+            return -EINVAL;
+    int *map = calloc(dev->num_queues, sizeof(*map));
+    if (!map)
+        return -ENOMEM;
+    for (uint32_t p = 0; p < net->pairs; p++) {
+        int w = nlist ? list[p % nlist] : (int)(rr++ % nworkers);
+        map[2 * p] = w;
+        map[2 * p + 1] = w;
+    }
+    map[2 * net->pairs] = map[0]; /* the control queue: rare, with pair 0 */
+    if (next_rr)
+        *next_rr = rr;
+    free(dev->queue_worker);
+    dev->queue_worker = map;
+    return 0;
+}
+
+int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, size_t errlen)
+{
+    const struct vhd_net_backend_ops *bops;
+    struct vhd_net *net;
+    uint32_t pairs, nq, mtu;
+    uint8_t mac[6];
+    int rc;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!o || !out)
+        return fail(err, errlen, -EINVAL, "no options");
+    *out = NULL;
+    pairs = o->pairs ? o->pairs : 1;
+    if (pairs > VHD_NET_MAX_PAIRS)
+        return fail(err, errlen, -EINVAL, "%u queue pairs: expected 1..%u", pairs,
+                    VHD_NET_MAX_PAIRS);
+    mtu = o->mtu ? o->mtu : VHD_NET_DEFAULT_MTU;
+    if (mtu < VIRTIO_NET_MIN_MTU || mtu > VIRTIO_NET_MAX_MTU)
+        return fail(err, errlen, -EINVAL, "mtu %u: expected %u..%u", mtu, VIRTIO_NET_MIN_MTU,
+                    VIRTIO_NET_MAX_MTU);
+    if (o->mac) {
+        memcpy(mac, o->mac, 6);
+        if ((mac[0] & 1) || !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]))
+            return fail(err, errlen, -EINVAL,
+                        "mac %02x:%02x:%02x:%02x:%02x:%02x is not a unicast "
+                        "address",
+                        mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+    } else {
+        vhd_net_default_mac(o->name && *o->name ? o->name : "net", mac);
+    }
+    bops = vhd_net_backend_find(o->backend ? o->backend : "loopback");
+    if (!bops)
+        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected loopback)", o->backend);
+    if (o->no_split && !o->allow_packed)
+        return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
+
+    nq = 2 * pairs + 1;
+    net = calloc(1, sizeof(*net));
+    if (!net)
+        return fail(err, errlen, -ENOMEM, "out of memory");
+    net->dev.queues = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct vhd_queue));
+    net->totals = calloc(nq, sizeof(*net->totals));
+    net->roles = calloc(nq, 1);
+    if (!net->dev.queues || !net->totals || !net->roles) {
+        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        goto err_free;
+    }
+    memset(net->dev.queues, 0, (size_t)nq * sizeof(struct vhd_queue));
+    snprintf(net->dev.name, sizeof(net->dev.name), "%s", o->name && *o->name ? o->name : "net");
+    net->dev.ops = &vhd_net_ops;
+    net->dev.num_queues = nq;
+    net->dev.allow_split = !o->no_split;
+    net->dev.allow_packed = o->allow_packed;
+    net->dev.priv = net;
+    for (uint32_t i = 0; i < nq; i++) {
+        struct vhd_queue *q = &net->dev.queues[i];
+        q->index = (uint16_t)i;
+        q->dev = &net->dev;
+        q->call_fd = -1;
+        q->kick_fd = -1;
+        q->err_fd = -1;
+        q->worker_idx = -1;
+    }
+    /* Default map: queue q on worker q / 2 (the transport takes it modulo the worker count). */
+    net->dev.queue_worker = calloc(nq, sizeof(int));
+    if (!net->dev.queue_worker) {
+        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        goto err_free;
+    }
+    for (uint32_t i = 0; i < nq; i++)
+        net->dev.queue_worker[i] = (int)(i / 2);
+
+    struct vhd_net_backend_opts bo = {.name = net->dev.name, .pairs = pairs};
+    rc = bops->open(&bo, &net->dev, &net->be, err, errlen);
+    if (rc < 0)
+        goto err_free;
+
+    net->pairs = pairs;
+    net->no_split = o->no_split;
+    net->default_mac = mac_pack(mac);
+    net->default_mtu = (uint16_t)mtu;
+    net->mac = net->default_mac;
+    net->mtu = net->default_mtu;
+    net->curr_pairs = pairs;
+    /*
+     * Offered (5.1.3): the datapath features, the control queue with RX
+     * mode, MAC address and pair-count commands, the announce handshake,
+     * config fields, and the offloads the backend can honour (loopback:
+     * CSUM and GUEST_CSUM, see net_loopback.c). Not offered: TSO/UFO/USO
+     * (no segmentation), CTRL_VLAN, CTRL_RX_EXTRA, CTRL_GUEST_OFFLOADS, RSS,
+     * HASH_REPORT, SPEED_DUPLEX, IN_ORDER, NOTIFICATION_DATA.
+     */
+    net->offered = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_INDIRECT_DESC) | BIT(VIRTIO_F_EVENT_IDX) |
+                   BIT(VIRTIO_NET_F_MRG_RXBUF) | BIT(VIRTIO_NET_F_MQ) | BIT(VIRTIO_NET_F_CTRL_VQ) |
+                   BIT(VIRTIO_NET_F_CTRL_RX) | BIT(VIRTIO_NET_F_CTRL_MAC_ADDR) |
+                   BIT(VIRTIO_NET_F_GUEST_ANNOUNCE) | BIT(VIRTIO_NET_F_STATUS) |
+                   BIT(VIRTIO_NET_F_MAC) | BIT(VIRTIO_NET_F_MTU) |
+                   (net->be->offloads & NET_OFFLOAD_BITS);
+    if (o->allow_packed)
+        net->offered |= BIT(VIRTIO_F_RING_PACKED);
+
+    vhd_log(VHD_LOG_INFO,
+            "%s: virtio-net on %s: %u queue pair%s, mac %02x:%02x:%02x:%02x:%02x:%02x, mtu %u",
+            net->dev.name, net->be->desc, pairs, pairs == 1 ? "" : "s", mac[0], mac[1], mac[2],
+            mac[3], mac[4], mac[5], mtu);
+    *out = &net->dev;
+    return 0;
+
+err_free:
+    free(net->dev.queue_worker);
+    free(net->dev.queues);
+    free(net->totals);
+    free(net->roles);
+    free(net);
+    return rc;
+}
+
+void vhd_net_free(struct vhd_dev *dev)
+{
+    if (!dev)
+        return;
+    struct vhd_net *net = to_net(dev);
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        net_queue_fini(dev, &dev->queues[i]);
+    if (net->be)
+        net->be->ops->close(net->be);
+    free(dev->queue_worker);
+    free(dev->queues);
+    free(net->totals);
+    free(net->roles);
+    free(net);
+}
+
+uint32_t vhd_net_pairs(const struct vhd_dev *dev)
+{
+    return to_cnet(dev)->pairs;
+}
+
+uint32_t vhd_net_curr_pairs(const struct vhd_dev *dev)
+{
+    return vhd_load_relaxed(&to_cnet(dev)->curr_pairs);
+}
+
+void vhd_net_get_mac(const struct vhd_dev *dev, uint8_t mac[6])
+{
+    mac_unpack(vhd_load_relaxed(&to_cnet(dev)->mac), mac);
+}
+
+int vhd_net_announce(struct vhd_dev *dev)
+{
+    struct vhd_net *net = to_net(dev);
+
+    if (!(net->features & BIT(VIRTIO_NET_F_GUEST_ANNOUNCE)))
+        return -EOPNOTSUPP;
+    vhd_store_relaxed(&net->announce, (uint8_t)1);
+    return 0;
+}
+
+int vhd_net_queue_stats(const struct vhd_dev *dev, uint32_t q, struct vhd_net_queue_stats *out)
+{
+    const struct vhd_net *net = to_cnet(dev);
+
+    if (q >= dev->num_queues)
+        return -EINVAL;
+    *out = net->totals[q];
+    const struct net_queue *nq = dev->queues[q].priv;
+    if (nq) {
+        out->packets += vhd_load_relaxed(&nq->st.packets);
+        out->bytes += vhd_load_relaxed(&nq->st.bytes);
+        out->drops += vhd_load_relaxed(&nq->st.drops);
+        out->errors += vhd_load_relaxed(&nq->st.errors);
+        out->buffers += vhd_load_relaxed(&nq->st.buffers);
+    }
+    return 0;
+}
+
+void vhd_net_log_stats(const struct vhd_dev *dev, const char *why)
+{
+    const struct vhd_net *net = to_cnet(dev);
+    struct vhd_net_queue_stats sum[4] = {{0}}; /* by role */
+    bool any = false;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        struct vhd_net_queue_stats st;
+        (void)vhd_net_queue_stats(dev, i, &st);
+        if (!(st.packets | st.drops | st.errors))
+            continue;
+        any = true;
+        int role = net->roles[i];
+        if (role == 0) /* never started: name it by the multiqueue layout */
+            role = i == 2 * net->pairs ? NET_Q_CTRL : (i & 1) ? NET_Q_TX : NET_Q_RX;
+        vhd_log(VHD_LOG_INFO,
+                "%s: stats (%s): queue %u (%s %u): packets=%llu bytes=%llu drops=%llu "
+                "errors=%llu buffers=%llu",
+                dev->name, why, i, role_names[role], role == NET_Q_CTRL ? 0 : i / 2,
+                (unsigned long long)st.packets, (unsigned long long)st.bytes,
+                (unsigned long long)st.drops, (unsigned long long)st.errors,
+                (unsigned long long)st.buffers);
+        sum[role].packets += st.packets;
+        sum[role].bytes += st.bytes;
+        sum[role].drops += st.drops;
+        sum[role].errors += st.errors;
+    }
+    if (!any) {
+        vhd_log(VHD_LOG_INFO, "%s: stats (%s): no traffic", dev->name, why);
+        return;
+    }
+    vhd_log(VHD_LOG_INFO,
+            "%s: stats (%s): total: tx_packets=%llu tx_bytes=%llu tx_drops=%llu tx_errors=%llu "
+            "rx_packets=%llu rx_bytes=%llu rx_drops=%llu rx_errors=%llu",
+            dev->name, why, (unsigned long long)sum[NET_Q_TX].packets,
+            (unsigned long long)sum[NET_Q_TX].bytes, (unsigned long long)sum[NET_Q_TX].drops,
+            (unsigned long long)sum[NET_Q_TX].errors, (unsigned long long)sum[NET_Q_RX].packets,
+            (unsigned long long)sum[NET_Q_RX].bytes, (unsigned long long)sum[NET_Q_RX].drops,
+            (unsigned long long)sum[NET_Q_RX].errors);
+}
