@@ -1,0 +1,375 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Split virtqueue, device side (virtio 1.2, 2.7): pop descriptor chains from
+ * the available ring (direct and indirect), push used elements, publish them
+ * with one index store per batch, and the notification suppression of both
+ * directions (flags, or used_event/avail_event with VIRTIO_F_EVENT_IDX).
+ *
+ * Everything read from the ring is guest-controlled and may change under our
+ * feet: each guest field is read exactly once into a local, checked there,
+ * and every guest index is clamped with vhd_index_nospec() after its bounds
+ * check. Nothing here asserts on guest data; a violation breaks the queue.
+ *
+ * Memory ordering, and who pairs with whom:
+ *  (A) pop:    acquire load of avail->idx  <->  driver's wmb/release before
+ *              its avail->idx store (2.7.13.3.1). Ring entries and
+ *              descriptors are read only after it.
+ *  (B) flush:  release store of used->idx  <->  driver's acquire/rmb after
+ *              reading used->idx, before reading used entries (2.7.14).
+ *  (C) need_notify: full barrier between our used->idx store and reading
+ *              used_event / avail->flags  <->  driver's mb between writing
+ *              used_event / clearing NO_INTERRUPT and re-reading used->idx.
+ *  (D) enable_notify: full barrier between writing avail_event / clearing
+ *              NO_NOTIFY and re-reading avail->idx  <->  driver's mb between
+ *              its avail->idx store and reading avail_event / used->flags
+ *              (2.7.13.4.1).
+ */
+#include <string.h>
+
+#include "vq.h"
+
+/*
+ * Longest iovec a chain can fill: struct vhd_vq_chain counts segments in
+ * 16 bits (nr + nw), so a caller's larger array is used only up to here.
+ */
+#define SPLIT_MAX_IOV UINT16_MAX
+
+/* A descriptor copied out of guest memory, fields in host byte order. */
+struct split_desc {
+    uint64_t addr;  /* buffer (or indirect table) guest-physical address */
+    uint32_t len;   /* buffer (or table) length in bytes */
+    uint16_t flags; /* VRING_DESC_F_* as the guest wrote them */
+    uint16_t next;  /* next index, meaningful only with VRING_DESC_F_NEXT */
+};
+
+/*
+ * Copy one descriptor out of guest memory, reading the guest's bytes exactly
+ * once. The guest can rewrite a descriptor at any time, so every check and
+ * every use must see the same values (no double fetch): the compiler barrier
+ * after the copy keeps the compiler from re-reading guest memory in place of
+ * the local copy. memcpy needs no alignment; the spec sets none for indirect
+ * tables (2.7.5.3), and a guest-placed table must not make us fault.
+ */
+static inline void split_desc_read(const struct vhd_vring_desc *src, struct split_desc *d)
+{
+    struct vhd_vring_desc raw;
+
+    memcpy(&raw, src, sizeof(raw));
+    __asm__ volatile("" : : : "memory");
+    d->addr = vhd_le64(raw.addr);
+    d->len = vhd_le32(raw.len);
+    d->flags = vhd_le16(raw.flags);
+    d->next = vhd_le16(raw.next);
+}
+
+/* used_event: the uint16 after avail->ring[size] (2.7.6), guest-written. */
+static inline uint16_t *split_used_event(const struct vhd_vq *vq)
+{
+    return &vq->ring.split.avail->ring[vq->size];
+}
+
+/*
+ * avail_event: the uint16 after used->ring[size] (2.7.8), at byte offset
+ * 4 + 8 * size of the used ring; written by us. map_rings mapped the used
+ * ring with it (vhd_vring_used_size()), and it is 4-byte aligned.
+ */
+static inline uint16_t *split_avail_event(const struct vhd_vq *vq)
+{
+    return (uint16_t *)(void *)((uint8_t *)vq->ring.split.used + 4 + 8u * vq->size);
+}
+
+/*
+ * Read avail->idx with acquire semantics (pairing A) and refresh the shadow.
+ * The driver can be at most a queue's worth ahead of what we consumed
+ * (2.7.13: the ring has size entries and the driver never decrements idx,
+ * 2.7.6.1); anything more is a corrupt index and breaks the queue.
+ * Returns 0 or -VHD_VQ_E_AVAIL_IDX.
+ */
+static inline int split_read_avail_idx(struct vhd_vq *vq)
+{
+    uint16_t idx = vhd_le16(vhd_load_acquire(&vq->ring.split.avail->idx));
+
+    if (vhd_unlikely((uint16_t)(idx - vq->last_avail_idx) > vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+    vq->avail_shadow = idx;
+    return 0;
+}
+
+/*
+ * Switch the walk to the indirect table that d refers to (2.7.5.3).
+ * On success *table / *table_size describe the table (its descriptor count).
+ *
+ * The table must translate into one contiguous host range: a table that
+ * crosses a memory-region boundary (or leaves guest memory) is refused with
+ * VHD_VQ_E_ADDR. QEMU refuses it too ("Cannot map indirect buffer"), and
+ * Linux allocates tables with kmalloc, physically contiguous and far smaller
+ * than a region, so a real driver does not hit this.
+ * The WRITE flag of d is ignored (2.7.5.3.2).
+ */
+static int split_enter_indirect(struct vhd_vq *vq, const struct split_desc *d,
+                                const struct vhd_vring_desc **table, uint32_t *table_size)
+{
+    /* 2.7.5.3.1: INDIRECT only when negotiated... */
+    if (vhd_unlikely(!vq->indirect))
+        return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_NOFEAT);
+    /* ...and never together with NEXT: the table ends the chain. */
+    if (vhd_unlikely(d->flags & VRING_DESC_F_NEXT))
+        return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
+    if (vhd_unlikely(d->len == 0 || (d->len & 15) || d->len / 16 > VHD_VQ_MAX_INDIRECT))
+        return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_LEN);
+    const void *t = vhd_mem_gpa_to_hva(vq->mem, d->addr, d->len, &vq->mem_hint);
+    if (vhd_unlikely(t == NULL))
+        return vhd_vq__fail(vq, VHD_VQ_E_ADDR);
+    *table = t;
+    *table_size = d->len / 16;
+    return 0;
+}
+
+/*
+ * Pop one chain (see vhd_vq_pop in vq.h for the contract).
+ *
+ * Chain shapes accepted (2.7.5, 2.7.5.3):
+ *  - direct descriptors linked by NEXT in the queue's table;
+ *  - one descriptor with INDIRECT, alone or at the end of zero or more
+ *    direct ones (2.7.5.3.2: "The device MUST handle the case of zero or
+ *    more normal chained descriptors followed by a single descriptor with
+ *    flags & VIRTQ_DESC_F_INDIRECT"). Readable-before-writable ordering is
+ *    checked across the whole chain, direct part and table alike.
+ * Zero-length buffers contribute no segment (a chain of only those pops with
+ * nr = nw = 0).
+ * Loop protection: the walk in the queue's table stops after `size`
+ * descriptors and the walk in an indirect table after its length
+ * (VHD_VQ_E_CHAIN_LOOP); a chain is therefore bounded by size + table length
+ * descriptors even when the guest rewrites it while we read it.
+ */
+int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                      struct vhd_vq_chain *c)
+{
+    uint16_t last = vq->last_avail_idx;
+
+    /*
+     * Only touch the shared avail->idx cache line when everything seen so far
+     * has been consumed; the acquire of the earlier read still orders the
+     * reads of the entries it covered.
+     */
+    if (last == vq->avail_shadow) {
+        int rc = split_read_avail_idx(vq);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+        if (vq->avail_shadow == last)
+            return 0;
+    }
+
+    /*
+     * Every chain holds at least one of the size descriptors until it is
+     * used, so a driver never has more than size chains with the device.
+     * One more means a head was posted again while still in flight (each
+     * avail->idx step looked legal, 2.7.13 bounds only the ring); refusing
+     * it also keeps vq->inflight from wrapping and the used ring from being
+     * overrun.
+     */
+    if (vhd_unlikely(vq->inflight >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+
+    /* The ring entry is read after the acquire above (pairing A). */
+    uint16_t head = vhd_le16(vhd_load_relaxed(&vq->ring.split.avail->ring[last & vq->mask]));
+    if (vhd_unlikely(head >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+
+    if (max_iov > SPLIT_MAX_IOV)
+        max_iov = SPLIT_MAX_IOV;
+    c->id = head;
+    c->ndescs = 1;
+    c->nr = 0;
+    c->nw = 0;
+    c->rlen = 0;
+    c->wlen = 0;
+
+    const struct vhd_vring_desc *table = vq->ring.split.desc;
+    uint32_t table_size = vq->size;
+    uint32_t idx = head;   /* position in the current table, < table_size */
+    uint32_t count = 0;    /* descriptors visited in the current table */
+    bool indirect = false; /* walking an indirect table */
+    uint64_t total = 0;    /* bytes in the chain, for the 2^32 limit */
+
+    for (;;) {
+        struct split_desc d;
+
+        if (vhd_unlikely(++count > table_size))
+            return vhd_vq__fail(vq, VHD_VQ_E_CHAIN_LOOP);
+        split_desc_read(&table[vhd_index_nospec(idx, table_size)], &d);
+
+        if (d.flags & VRING_DESC_F_INDIRECT) {
+            /* 2.7.5.3.1: one table per descriptor, no tables in tables. */
+            if (vhd_unlikely(indirect))
+                return vhd_vq__fail(vq, VHD_VQ_E_NESTED_INDIRECT);
+            int rc = split_enter_indirect(vq, &d, &table, &table_size);
+            if (vhd_unlikely(rc < 0))
+                return rc;
+            indirect = true;
+            idx = 0; /* the table's first descriptor is at index 0 */
+            count = 0;
+            continue;
+        }
+
+        int rc = vhd_vq__map_desc(vq, d.addr, d.len, d.flags & VRING_DESC_F_WRITE, iov, max_iov, c,
+                                  &total);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+
+        if (!(d.flags & VRING_DESC_F_NEXT))
+            break;
+        if (vhd_unlikely(d.next >= table_size))
+            return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+        idx = d.next;
+    }
+
+    vq->last_avail_idx = (uint16_t)(last + 1);
+    vq->inflight++;
+    return 1;
+}
+
+/*
+ * Record c as used (2.7.8). The element is written now but the driver sees
+ * it only after flush's release store of used->idx (pairing B), so the two
+ * stores need no ordering of their own (relaxed: single-copy atomic only).
+ * c->id and the in-flight count come from the device, not the guest; a
+ * mismatch is a device bug, which breaks the queue rather than hand the
+ * driver a bogus id.
+ * `written` is passed through: the caller promises it wrote at least that
+ * many bytes into the chain's writable buffers (2.7.8.2).
+ */
+int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
+{
+    if (vhd_unlikely(c->id >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+    if (vhd_unlikely(vq->inflight == 0))
+        return vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+
+    struct vhd_vring_used_elem *e = &vq->ring.split.used->ring[vq->used_idx & vq->mask];
+    vhd_store_relaxed(&e->id, vhd_le32(c->id));
+    vhd_store_relaxed(&e->len, vhd_le32(written));
+    vq->used_idx++;
+    vq->inflight--;
+    return 0;
+}
+
+/*
+ * Publish every pushed element with one release store of used->idx
+ * (pairing B): the elements and the data written into the buffers become
+ * visible to the driver no later than the index. No store when nothing new.
+ */
+void vhd_vq__split_flush(struct vhd_vq *vq)
+{
+    if (vq->used_idx == vq->published_used)
+        return;
+    vhd_store_release(&vq->ring.split.used->idx, vhd_le16(vq->used_idx));
+    vq->published_used = vq->used_idx;
+}
+
+/*
+ * Should the driver be interrupted for what was published since the last
+ * call? (2.7.7.2)
+ *  - Nothing published since the last decision: no (either the last
+ *    decision already covered it, or the driver asked not to be told and
+ *    re-checks used->idx itself when it re-enables interrupts).
+ *  - Without EVENT_IDX: yes unless avail->flags has NO_INTERRUPT.
+ *  - With EVENT_IDX (flags ignored): yes when used_event lies in the window
+ *    of indices published since the last decision (vring_need_event,
+ *    2.7.10); the first decision after start always says yes, as there is no
+ *    window yet (a spurious interrupt is allowed: 2.7.7.1, the driver MUST
+ *    handle it).
+ */
+bool vhd_vq__split_need_notify(struct vhd_vq *vq)
+{
+    uint16_t old = vq->signalled_used;
+    uint16_t new_idx = vq->published_used;
+    bool valid = vq->signalled_used_valid;
+
+    /*
+     * Pairing C: our used->idx store (flush) must be visible before we read
+     * the driver's used_event / flags. Otherwise the driver could re-enable
+     * interrupts, re-read a stale used->idx and sleep, while we read its old
+     * "no interrupt" state and do not signal: a lost wakeup. Store->load
+     * ordering needs the full barrier.
+     */
+    vhd_smp_mb();
+    vq->signalled_used = new_idx;
+    vq->signalled_used_valid = true;
+    if (valid && new_idx == old)
+        return false;
+    if (!vq->event_idx) {
+        uint16_t flags = vhd_le16(vhd_load_relaxed(&vq->ring.split.avail->flags));
+        return !(flags & VRING_AVAIL_F_NO_INTERRUPT);
+    }
+    if (!valid)
+        return true;
+    uint16_t used_event = vhd_le16(vhd_load_relaxed(split_used_event(vq)));
+    return vhd_vring_need_event(used_event, new_idx, old);
+}
+
+/*
+ * Ask for kicks again, then re-check the ring: the classic race. Between our
+ * last look at avail->idx and this call, the driver may have published more
+ * and decided not to kick (we had said "no kicks"). After our request is
+ * visible, any later publish will kick; anything published before it is
+ * caught by the re-read. Returns true when work is pending (the caller must
+ * pop instead of sleeping).
+ *
+ * With EVENT_IDX, avail_event = avail_shadow: "kick me when you add the
+ * entry at index avail_shadow", the first one we have not seen (Linux vhost
+ * does the same). Entries between last_avail_idx and the shadow are already
+ * known, and the return value tells the caller about them.
+ * Without EVENT_IDX, used->flags is written whole as 0 (2.7.10: the device
+ * sets it to 0 or 1; we never read back a field the guest can scribble on).
+ *
+ * A corrupt avail->idx breaks the queue and answers true, so the caller's
+ * next pop reports the error instead of the worker sleeping on a dead queue.
+ */
+bool vhd_vq__split_enable_notify(struct vhd_vq *vq)
+{
+    if (vq->event_idx)
+        vhd_store_relaxed(split_avail_event(vq), vhd_le16(vq->avail_shadow));
+    else
+        vhd_store_relaxed(&vq->ring.split.used->flags, vhd_le16(0));
+
+    /*
+     * Pairing D: the enable above must be visible before we re-read
+     * avail->idx, mirroring the driver's barrier between storing avail->idx
+     * and reading avail_event / used->flags. Store->load: full barrier.
+     */
+    vhd_smp_mb();
+    if (split_read_avail_idx(vq) < 0)
+        return true;
+    return vq->avail_shadow != vq->last_avail_idx;
+}
+
+/*
+ * We are polling: tell the driver kicks are not needed.
+ * Without EVENT_IDX: used->flags = NO_NOTIFY (2.7.10).
+ * With EVENT_IDX nothing is written: flags must stay 0 (2.7.10, and the
+ * driver ignores it), and avail_event keeps the value the last
+ * enable_notify wrote. The driver kicks only when its index crosses that
+ * value, so while we poll it kicks at most once more; moving avail_event
+ * "far away" would cost a store per poll for nothing (Linux vhost does the
+ * same).
+ */
+void vhd_vq__split_disable_notify(struct vhd_vq *vq)
+{
+    if (!vq->event_idx)
+        vhd_store_relaxed(&vq->ring.split.used->flags, vhd_le16(VRING_USED_F_NO_NOTIFY));
+}
+
+/*
+ * Is a chain available? Uses the shadow when it already shows unconsumed
+ * entries; otherwise re-reads avail->idx (acquire, pairing A). A corrupt
+ * index breaks the queue and answers true, as in enable_notify.
+ */
+bool vhd_vq__split_has_work(struct vhd_vq *vq)
+{
+    if (vq->avail_shadow != vq->last_avail_idx)
+        return true;
+    if (split_read_avail_idx(vq) < 0)
+        return true;
+    return vq->avail_shadow != vq->last_avail_idx;
+}
