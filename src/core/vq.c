@@ -17,7 +17,7 @@ static const char *const vq_err_names[VHD_VQ_E__COUNT] = {
     [VHD_VQ_E_CHAIN_LOOP] = "descriptor chain loops or is longer than its table",
     [VHD_VQ_E_NESTED_INDIRECT] = "nested indirect descriptor",
     [VHD_VQ_E_INDIRECT_LEN] = "bad indirect table length",
-    [VHD_VQ_E_INDIRECT_FLAGS] = "indirect descriptor with NEXT or WRITE",
+    [VHD_VQ_E_INDIRECT_FLAGS] = "indirect descriptor with NEXT or inside a chain",
     [VHD_VQ_E_INDIRECT_NOFEAT] = "indirect descriptor without INDIRECT_DESC",
     [VHD_VQ_E_WRITE_ORDER] = "device-readable descriptor after a device-writable one",
     [VHD_VQ_E_ADDR] = "buffer outside guest memory",
@@ -138,6 +138,15 @@ int vhd_vq__map_rings(struct vhd_vq *vq)
     }
     if (!d || !a || !u)
         return vhd_vq__fail(vq, VHD_VQ_E_RING_ADDR);
+    /*
+     * vhd_vq_init checked the alignment of the addresses; the host pointers
+     * must keep it too, or the ring's atomic index/flag accesses would be
+     * misaligned (undefined behaviour; an alignment fault on some CPUs). They
+     * differ when a region's host mapping is not congruent with its guest
+     * (or front-end) address, which only a broken front-end produces.
+     */
+    if (((uintptr_t)d & 15) || ((uintptr_t)a & (vq->packed ? 3 : 1)) || ((uintptr_t)u & 3))
+        return vhd_vq__fail(vq, VHD_VQ_E_RING_ADDR);
     if (vq->packed) {
         vq->ring.packed.desc = d;
         vq->ring.packed.driver = a;
@@ -180,8 +189,7 @@ void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem)
 }
 
 int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
-                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
-                     uint64_t *total)
+                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total)
 {
     uint32_t used = (uint32_t)c->nr + c->nw;
 

@@ -28,12 +28,13 @@
 enum vhd_vq_err {
     VHD_VQ_OK = 0,
     VHD_VQ_E_RING_ADDR,       /* ring address outside guest memory or misaligned */
-    VHD_VQ_E_AVAIL_IDX,       /* split: avail->idx ran more than a queue size ahead */
+    VHD_VQ_E_AVAIL_IDX,       /* split: avail->idx ran more than a queue size ahead;
+                                 packed: avail position more than a ring ahead of used */
     VHD_VQ_E_DESC_INDEX,      /* descriptor index (head or next) >= table size */
     VHD_VQ_E_CHAIN_LOOP,      /* chain longer than its table: a loop */
     VHD_VQ_E_NESTED_INDIRECT, /* INDIRECT flag inside an indirect table */
     VHD_VQ_E_INDIRECT_LEN,    /* indirect table length 0, not a multiple of 16, or too big */
-    VHD_VQ_E_INDIRECT_FLAGS,  /* INDIRECT together with NEXT (or WRITE, packed) */
+    VHD_VQ_E_INDIRECT_FLAGS,  /* INDIRECT with NEXT (packed: or inside a NEXT list) */
     VHD_VQ_E_INDIRECT_NOFEAT, /* INDIRECT used but VIRTIO_F_INDIRECT_DESC not negotiated */
     VHD_VQ_E_WRITE_ORDER,     /* a device-readable descriptor after a device-writable one */
     VHD_VQ_E_ADDR,            /* a buffer does not translate to guest memory */
@@ -58,14 +59,14 @@ const char *vhd_vq_strerror(int err);
 
 /* What vhd_vq_init() needs: SET_VRING_NUM + SET_VRING_ADDR + features. */
 struct vhd_vq_params {
-    uint32_t size;     /* split: power of two 1..32768; packed: 1..32768 */
-    bool packed;       /* VIRTIO_F_RING_PACKED negotiated */
-    bool event_idx;    /* VIRTIO_F_EVENT_IDX negotiated */
-    bool indirect;     /* VIRTIO_F_INDIRECT_DESC negotiated */
-    bool addr_is_gpa;  /* ring addresses below are GPAs, not front-end VAs */
-    uint64_t desc;     /* split: descriptor table;  packed: descriptor ring */
-    uint64_t avail;    /* split: available ring;    packed: driver event suppression area */
-    uint64_t used;     /* split: used ring;         packed: device event suppression area */
+    uint32_t size;    /* split: power of two 1..32768; packed: 1..32768 */
+    bool packed;      /* VIRTIO_F_RING_PACKED negotiated */
+    bool event_idx;   /* VIRTIO_F_EVENT_IDX negotiated */
+    bool indirect;    /* VIRTIO_F_INDIRECT_DESC negotiated */
+    bool addr_is_gpa; /* ring addresses below are GPAs, not front-end VAs */
+    uint64_t desc;    /* split: descriptor table;  packed: descriptor ring */
+    uint64_t avail;   /* split: available ring;    packed: driver event suppression area */
+    uint64_t used;    /* split: used ring;         packed: device event suppression area */
 };
 
 /*
@@ -112,7 +113,8 @@ struct vhd_vq {
     uint16_t avail_shadow;   /* split: last value read from avail->idx */
     uint16_t used_idx;       /* split: next used ring index; packed: next used slot */
     uint16_t published_used; /* split: used->idx as last stored; packed: used_idx at last flush */
-    uint16_t signalled_used; /* used index at the last notification decision */
+    uint16_t signalled_used; /* used index at the last notification decision
+                                (packed: slot | wrap << 15) */
     bool signalled_used_valid;
     bool avail_wrap;          /* packed: driver ring wrap counter for last_avail_idx */
     bool used_wrap;           /* packed: wrap counter for used_idx */
@@ -290,8 +292,7 @@ static inline bool vhd_vq_has_work(struct vhd_vq *vq)
 
 /* Per-buffer translation shared by both layouts (vq.c). Appends to iov. */
 int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
-                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
-                     uint64_t *total);
+                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total);
 
 /* Mark the queue broken with err (positive) and return -err. */
 static inline int vhd_vq__fail(struct vhd_vq *vq, int err)

@@ -70,26 +70,29 @@ struct vhd_drv_vq {
     } ring;
     uint64_t desc_gpa, avail_gpa, used_gpa; /* what to give SET_VRING_ADDR (GPA form) */
 
-    uint8_t *indirect;     /* max_indirect * 16 bytes per id */
+    uint8_t *indirect; /* max_indirect * 16 bytes per id */
     uint64_t indirect_gpa;
 
     /* split state */
-    uint16_t free_head;     /* head of the free descriptor list */
-    uint16_t avail_idx;     /* next avail->idx value (incl. unpublished adds) */
+    uint16_t free_head;       /* head of the free descriptor list */
+    uint16_t avail_idx;       /* next avail->idx value (incl. unpublished adds) */
     uint16_t published_avail; /* avail->idx as last stored */
-    uint16_t kicked_avail;  /* avail index at the last kick decision */
-    uint16_t last_used_idx; /* next used ring entry to read */
+    uint16_t kicked_avail;    /* avail index at the last kick decision
+                                 (packed: slot | wrap << 15) */
+    uint16_t last_used_idx;   /* next used ring entry to read */
 
     /* packed state */
-    uint16_t next_avail;    /* next ring slot to fill */
+    uint16_t next_avail; /* next ring slot to fill */
     bool avail_wrap;
-    uint16_t last_used;     /* next ring slot to read a used element from */
+    uint16_t last_used; /* next ring slot to read a used element from */
     bool used_wrap;
-    uint16_t batch_first;   /* first slot of the unpublished batch */
+    bool kicked_valid;    /* packed: kicked_avail exact (<= a lap published since) */
+    uint16_t batch_first; /* first slot of the unpublished batch */
     uint16_t batch_first_flags;
-    uint16_t batch_count;   /* unpublished requests */
-    uint16_t free_id_head;  /* packed buffer-id free list */
-    uint16_t *id_next;      /* packed: free-list links of buffer ids */
+    uint16_t batch_count;  /* unpublished requests */
+    uint16_t free_id_head; /* packed buffer-id free list */
+    uint16_t *id_next;     /* free-list links: split: of descriptors (private copy of the
+                              chain links); packed: of buffer ids */
 
     struct vhd_drv_vq_slot *slots; /* size entries, by id */
 };

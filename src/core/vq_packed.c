@@ -1,0 +1,433 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Device side of the packed virtqueue layout (virtio 1.2, 2.8): popping
+ * available descriptor chains (direct and indirect), writing used
+ * descriptors in batches published by one release store, and both
+ * directions of event suppression. Dispatched from the vq.h inline verbs,
+ * which have already checked that the rings are mapped and the queue is not
+ * broken.
+ *
+ * Section numbers are those of virtio 1.2, section 2.8 ("Packed Virtqueues"):
+ * 2.8.1 wrap counters, 2.8.3 write flag, 2.8.6 chaining, 2.8.7 indirect,
+ * 2.8.10/2.8.14 event suppression, 2.8.15-2.8.19 normative requirements,
+ * 2.8.21 supplying buffers, 2.8.22 receiving used buffers.
+ *
+ * Ring positions. A position is a slot (0..size-1) plus the wrap counter of
+ * the lap it belongs to. Where a position must fit one uint16_t (the event
+ * suppression off_wrap field, and vq->signalled_used) it is encoded as
+ * slot | wrap << 15, which is exact because size <= 32768.
+ *
+ * Ownership of slots. Going round the ring in order, the slots from
+ * published_used up to (not including) last_avail_idx belong to the device:
+ * it has read them and has not yet handed a used descriptor for them back.
+ * All the others belong to the driver. A driver may only make available
+ * slots it owns (2.8.16: it must not change a descriptor until it has seen
+ * it used), so pop never reads past published_used + size; that one bound
+ * also guarantees that inflight cannot overflow and that used descriptors
+ * are only ever written into slots the device has already consumed.
+ */
+#include <string.h>
+
+#include "vq.h"
+
+#define PACKED_POS_WRAP (1u << VRING_PACKED_EVENT_WRAP_SHIFT)
+#define PACKED_POS_SLOT (PACKED_POS_WRAP - 1)
+
+/* vhd_vq_chain counts iovec entries in uint16_t fields. */
+#define PACKED_MAX_IOV 65535u
+
+/* Encode a position as slot | wrap << 15. */
+static inline uint16_t pos_encode(uint16_t slot, bool wrap)
+{
+    return (uint16_t)(slot | (wrap ? PACKED_POS_WRAP : 0));
+}
+
+/*
+ * Slots from position (from, from_wrap) forward to (to, to_wrap), for slots
+ * below size. Positions are only known modulo two laps, so the answer is in
+ * [0, 2 * size); callers treat anything above size as "not a sane distance".
+ */
+static inline uint32_t pos_dist(uint32_t size, uint16_t from, bool from_wrap, uint16_t to,
+                                bool to_wrap)
+{
+    int32_t d = (int32_t)to - (int32_t)from + (from_wrap != to_wrap ? (int32_t)size : 0);
+    if (d < 0)
+        d += 2 * (int32_t)size;
+    return (uint32_t)d;
+}
+
+/*
+ * The packed-ring event rule (2.8.14; the packed counterpart of the split
+ * ring's vring_need_event): with positions encoded as slot | wrap << 15,
+ * must the other side be notified when the positions [old, new) have just
+ * been made available/used and it asked for an event at `event`?
+ * True when event lies in [old, new). old and new come from our own state;
+ * event comes from the other side, so an offset beyond the ring (which
+ * could never be reached) answers true: a spurious notification costs a
+ * wake-up, a missing one hangs the queue. Likewise when more than a lap was
+ * published between two decisions (the positions can no longer tell how
+ * far we went): notify.
+ */
+static bool packed_need_event(uint32_t size, uint16_t event, uint16_t new_pos, uint16_t old_pos)
+{
+    uint16_t ev_slot = event & PACKED_POS_SLOT;
+    if (ev_slot >= size)
+        return true;
+    uint32_t n = pos_dist(size, old_pos & PACKED_POS_SLOT, old_pos >> 15, new_pos & PACKED_POS_SLOT,
+                          new_pos >> 15);
+    if (n > size)
+        return true;
+    /* How far behind new the event position is: 1..n means it was just crossed. */
+    uint32_t behind =
+        pos_dist(size, ev_slot, event >> 15, new_pos & PACKED_POS_SLOT, new_pos >> 15);
+    return behind - 1 < n; /* behind == 0 wraps to UINT32_MAX: not crossed */
+}
+
+/* 2.8.1: available when AVAIL matches the wrap counter and USED does not. */
+static inline bool desc_is_avail(uint16_t flags, bool wrap)
+{
+    return ((flags & VRING_PACKED_DESC_F_AVAIL) != 0) == wrap &&
+           ((flags & VRING_PACKED_DESC_F_USED) != 0) != wrap;
+}
+
+/*
+ * Flags of a ring slot, with acquire: pairs with the driver's release (its
+ * write barrier, then the flags store) after it wrote addr/len/id
+ * (2.8.21.1.1), so the descriptor's other fields read afterwards are the
+ * ones it published.
+ */
+static inline uint16_t slot_flags(const struct vhd_vring_packed_desc *d)
+{
+    return vhd_le16(vhd_load_acquire(&d->flags));
+}
+
+/* Slots the device owns: published_used up to last_avail_idx (see top). */
+static inline uint32_t device_owned(const struct vhd_vq *vq)
+{
+    return pos_dist(vq->size, vq->published_used, vq->published_used_wrap, vq->last_avail_idx,
+                    vq->avail_wrap);
+}
+
+/* Is a chain available at last_avail_idx (in a slot the driver owns)? */
+static inline bool avail_ready(const struct vhd_vq *vq)
+{
+    if (vhd_unlikely(device_owned(vq) >= vq->size))
+        return false; /* the whole ring is ours: nothing can be available */
+    return desc_is_avail(slot_flags(&vq->ring.packed.desc[vq->last_avail_idx]), vq->avail_wrap);
+}
+
+/*
+ * One indirect table (2.8.7): addr/len describe an array of len / 16
+ * struct pvirtq_desc read sequentially (there is no next field in packed
+ * descriptors). Only WRITE is meaningful inside a table; the spec reserves
+ * the other flags and says the device ignores them, so NEXT (and AVAIL /
+ * USED, which some drivers copy in) are ignored. INDIRECT inside a table is
+ * the exception we refuse: 2.8.19 forbids it (only WRITE may be set) and a
+ * driver that sets it means a second table we would otherwise read as data,
+ * so it is a protocol violation (NESTED_INDIRECT), as in the split layout.
+ * The buffer id inside the table is reserved and ignored.
+ */
+static int pop_indirect(struct vhd_vq *vq, uint64_t addr, uint32_t len, struct iovec *iov,
+                        uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total)
+{
+    if (len == 0 || (len % sizeof(struct vhd_vring_packed_desc)) ||
+        len / sizeof(struct vhd_vring_packed_desc) > VHD_VQ_MAX_INDIRECT)
+        return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_LEN);
+    const uint8_t *tbl = vhd_mem_gpa_to_hva(vq->mem, addr, len, &vq->mem_hint);
+    if (!tbl)
+        return vhd_vq__fail(vq, VHD_VQ_E_ADDR);
+
+    uint32_t n = len / (uint32_t)sizeof(struct vhd_vring_packed_desc);
+    for (uint32_t i = 0; i < n; i++) {
+        struct vhd_vring_packed_desc d;
+        /*
+         * The table need not be 16-byte aligned (the spec sets no alignment),
+         * so copy the entry with memcpy rather than typed loads. The empty asm
+         * with a memory clobber stops the compiler from re-reading guest
+         * memory in place of the local copy: each field is fetched once, and
+         * a driver rewriting the table concurrently cannot make a checked
+         * value differ from the used one.
+         */
+        memcpy(&d, tbl + (size_t)i * sizeof(d), sizeof(d));
+        __asm__ volatile("" ::: "memory");
+        uint16_t flags = vhd_le16(d.flags);
+        if (flags & VRING_DESC_F_INDIRECT)
+            return vhd_vq__fail(vq, VHD_VQ_E_NESTED_INDIRECT);
+        int rc = vhd_vq__map_desc(vq, vhd_le64(d.addr), vhd_le32(d.len),
+                                  (flags & VRING_DESC_F_WRITE) != 0, iov, max_iov, c, total);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/*
+ * Pop one chain (2.8.6, 2.8.7, 2.8.15, 2.8.18). Contract in vq.h
+ * (vhd_vq_pop): 1 with *c and iov filled, 0 when nothing is available,
+ * -enum vhd_vq_err with the queue broken.
+ *
+ * Chain rules enforced:
+ *  - every slot of a chain (consecutive slots, wrapping at size and then
+ *    toggling the wrap counter) must itself be available (2.8.6: all flags
+ *    are set in every descriptor, the first one made available last),
+ *    otherwise PACKED_CHAIN; a chain may not run into the slots the device
+ *    owns (PACKED_CHAIN) nor be longer than the ring (CHAIN_LOOP);
+ *  - the buffer id is the LAST descriptor's (2.8.6), < size (BUFFER_ID);
+ *  - INDIRECT needs VIRTIO_F_INDIRECT_DESC (INDIRECT_NOFEAT, 2.8.19) and
+ *    must be a chain of its own: INDIRECT with NEXT, or inside a
+ *    NEXT-linked list, is forbidden by 2.8.19 (INDIRECT_FLAGS). WRITE on
+ *    the descriptor that points at a table is reserved and ignored by the
+ *    device (2.8.7), so it is accepted;
+ *  - readable before writable, length and iovec limits: vhd_vq__map_desc.
+ */
+int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                       struct vhd_vq_chain *c)
+{
+    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint16_t slot = vq->last_avail_idx;
+    bool wrap = vq->avail_wrap;
+
+    uint32_t owned = device_owned(vq);
+    if (vhd_unlikely(owned > size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX); /* inconsistent SET_VRING_BASE */
+    /* Slots the driver may have made available. */
+    uint32_t room = size - owned;
+    if (room == 0)
+        return 0;
+
+    uint16_t flags = slot_flags(&ring[slot]);
+    if (!desc_is_avail(flags, wrap))
+        return 0;
+
+    if (max_iov > PACKED_MAX_IOV)
+        max_iov = PACKED_MAX_IOV;
+    c->nr = c->nw = 0;
+    c->rlen = c->wlen = 0;
+
+    uint64_t total = 0;
+    uint32_t n = 0;
+    uint16_t id;
+    for (;;) {
+        const struct vhd_vring_packed_desc *d = &ring[slot];
+        /* Each guest field read once, after the acquire on this slot's flags. */
+        uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
+        uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
+        id = vhd_le16(vhd_load_relaxed(&d->id));
+        int rc;
+
+        n++;
+        if (flags & VRING_DESC_F_INDIRECT) {
+            if (vhd_unlikely(!vq->indirect))
+                return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_NOFEAT);
+            if (vhd_unlikely(n != 1 || (flags & VRING_DESC_F_NEXT)))
+                return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
+            rc = pop_indirect(vq, addr, len, iov, max_iov, c, &total);
+        } else {
+            rc = vhd_vq__map_desc(vq, addr, len, (flags & VRING_DESC_F_WRITE) != 0, iov, max_iov, c,
+                                  &total);
+        }
+        if (vhd_unlikely(rc < 0))
+            return rc;
+
+        if (++slot == size) {
+            slot = 0;
+            wrap = !wrap;
+        }
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        if (vhd_unlikely(n == room))
+            return vhd_vq__fail(vq, n == size ? VHD_VQ_E_CHAIN_LOOP : VHD_VQ_E_PACKED_CHAIN);
+        /*
+         * The acquire on the head already orders this slot (the driver wrote
+         * it before releasing the head, 2.8.6); acquiring again costs nothing
+         * on x86 and keeps drivers that publish slot by slot correct.
+         */
+        flags = slot_flags(&ring[slot]);
+        if (vhd_unlikely(!desc_is_avail(flags, wrap)))
+            return vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
+    }
+
+    if (vhd_unlikely(id >= size))
+        return vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+    /* The caller indexes its per-request state with the id: clamp it. */
+    c->id = (uint16_t)vhd_index_nospec(id, size);
+    c->ndescs = (uint16_t)n; /* n <= room <= size <= 32768 */
+    vq->last_avail_idx = slot;
+    vq->avail_wrap = wrap;
+    vq->inflight++; /* at most one per owned slot, so <= 32768 */
+    return 1;
+}
+
+/*
+ * Write one used descriptor (2.8.3, 2.8.4, 2.8.6, 2.8.22) at used_idx:
+ * id, len = written, flags AVAIL and USED both equal to the device wrap
+ * counter (2.8.1), plus WRITE when anything was written (2.8.3: WRITE in a
+ * used descriptor says data was written; 2.8.4: len is reserved without it,
+ * so written == 0 leaves WRITE clear). Then skip c->ndescs slots: the driver
+ * skips by the slot count it recorded for the id (2.8.6).
+ *
+ * The first descriptor of an unpublished batch keeps its flags back; flush
+ * stores them last (the multi-buffer rule of 2.8.9 applied to a batch). The
+ * driver polls only the slot after the last one it consumed (2.8.2), which
+ * is that head, so it sees nothing of the batch before flush. Later
+ * descriptors of the batch store their flags now, with release after id/len;
+ * the head's release store at flush orders them all anyway.
+ *
+ * c must come from pop on this queue and be pushed once. Checks: c->id <
+ * size (BUFFER_ID); a chain is in flight and c->ndescs fits in the slots
+ * consumed but not yet used (USED_OVERFLOW), so a caller bug can never make
+ * us overwrite a descriptor the device has not read.
+ */
+int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
+{
+    uint32_t size = vq->size;
+
+    if (vhd_unlikely(c->id >= size))
+        return vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+    uint32_t outstanding =
+        pos_dist(size, vq->used_idx, vq->used_wrap, vq->last_avail_idx, vq->avail_wrap);
+    if (vhd_unlikely(vq->inflight == 0 || c->ndescs == 0 || c->ndescs > outstanding))
+        return vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+
+    struct vhd_vring_packed_desc *d = &vq->ring.packed.desc[vq->used_idx];
+    uint16_t flags = vq->used_wrap ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+    if (written)
+        flags |= VRING_DESC_F_WRITE;
+
+    vhd_store_relaxed(&d->id, vhd_le16(c->id));
+    vhd_store_relaxed(&d->len, vhd_le32(written));
+    if (vq->batch_npending == 0) {
+        vq->batch_head = vq->used_idx;
+        vq->batch_head_flags = flags;
+    } else {
+        /* Release: id/len before flags; pairs with the driver's acquire of flags. */
+        vhd_store_release(&d->flags, vhd_le16(flags));
+    }
+    vq->batch_npending++; /* <= inflight <= 32768 */
+
+    uint32_t next = (uint32_t)vq->used_idx + c->ndescs;
+    if (next >= size) {
+        next -= size;
+        vq->used_wrap = !vq->used_wrap;
+    }
+    vq->used_idx = (uint16_t)next;
+    vq->inflight--;
+    return 0;
+}
+
+/*
+ * Publish the batch: store the head's flags with release, last. It orders
+ * every id/len/flags store of the batch before it, and pairs with the
+ * driver's acquire load of that slot's flags (2.8.22): one store publishes
+ * the whole batch.
+ *
+ * Positions repeat every two laps, so need_notify cannot tell "nothing new"
+ * from "two laps" by positions alone when the caller flushes several times
+ * between two decisions. So flush keeps count: while signalled_used is
+ * valid, the slots published since it are at most a lap (exact); once a
+ * flush takes them past a lap, signalled_used is dropped and the next
+ * decision notifies unless interrupts are disabled.
+ */
+void vhd_vq__packed_flush(struct vhd_vq *vq)
+{
+    if (vq->batch_npending == 0)
+        return;
+    if (vq->signalled_used_valid) {
+        uint16_t sig = vq->signalled_used;
+        uint32_t before = pos_dist(vq->size, sig & PACKED_POS_SLOT, sig >> 15, vq->published_used,
+                                   vq->published_used_wrap);
+        /* A batch is 1..size slots (push's outstanding check); a full lap reads as size. */
+        uint32_t batch = pos_dist(vq->size, vq->published_used, vq->published_used_wrap,
+                                  vq->used_idx, vq->used_wrap);
+        if (before + batch > vq->size)
+            vq->signalled_used_valid = false;
+    }
+    vhd_store_release(&vq->ring.packed.desc[vq->batch_head].flags, vhd_le16(vq->batch_head_flags));
+    vq->published_used = vq->used_idx;
+    vq->published_used_wrap = vq->used_wrap;
+    vq->batch_npending = 0;
+}
+
+/*
+ * Used buffer notification decision (2.8.10, 2.8.14), after a flush.
+ * Nothing published since the last decision -> no (as the split layout: an
+ * interrupt with nothing new to collect is pure cost). Otherwise, by the
+ * Driver Event Suppression flags: DISABLE -> no; DESC (only meaningful with
+ * VIRTIO_F_EVENT_IDX) -> yes when the position the driver named was used
+ * since the last decision (signalled_used, encoded slot | wrap << 15, to
+ * published_used), or when there is no valid last decision (first one, or
+ * more than a lap published since: see flush); ENABLE, DESC without
+ * EVENT_IDX, or the reserved value 3 -> yes. Every call records
+ * published_used as the new signalled position.
+ */
+bool vhd_vq__packed_need_notify(struct vhd_vq *vq)
+{
+    const struct vhd_vring_packed_event *drv = vq->ring.packed.driver;
+    uint16_t new_pos = pos_encode(vq->published_used, vq->published_used_wrap);
+    uint16_t old_pos = vq->signalled_used;
+    bool old_valid = vq->signalled_used_valid;
+
+    /* No store of ours to order against the driver's state: no barrier needed. */
+    if (old_valid && new_pos == old_pos)
+        return false;
+    vq->signalled_used = new_pos;
+    vq->signalled_used_valid = true;
+
+    /*
+     * Store->load: the flags store that published the batch (flush) must be
+     * visible before we read the driver's suppression, or we may read a
+     * stale DISABLE while the driver, having just enabled, re-reads our old
+     * ring and goes to sleep. Pairs with the driver's full barrier between
+     * writing its event area and re-checking the ring (2.8.22's note).
+     */
+    vhd_smp_mb();
+    /* Acquire: the driver writes off_wrap before flags; read them as a pair. */
+    uint16_t flags = vhd_le16(vhd_load_acquire(&drv->flags)) & 3;
+    if (flags == VRING_PACKED_EVENT_FLAG_DISABLE)
+        return false;
+    if (flags != VRING_PACKED_EVENT_FLAG_DESC || !vq->event_idx || !old_valid)
+        return true;
+    uint16_t off_wrap = vhd_le16(vhd_load_relaxed(&drv->off_wrap));
+    return packed_need_event(vq->size, off_wrap, new_pos, old_pos);
+}
+
+/*
+ * Ask for available buffer notifications, then re-check the ring.
+ * Device Event Suppression (2.8.10, 2.8.14): with EVENT_IDX, DESC at our
+ * next slot to read (off_wrap stored before flags, which is stored with
+ * release so a driver that sees DESC sees the offset); otherwise ENABLE.
+ */
+bool vhd_vq__packed_enable_notify(struct vhd_vq *vq)
+{
+    struct vhd_vring_packed_event *dev = vq->ring.packed.device;
+
+    if (vq->event_idx) {
+        vhd_store_relaxed(&dev->off_wrap, vhd_le16(pos_encode(vq->last_avail_idx, vq->avail_wrap)));
+        vhd_store_release(&dev->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_DESC));
+    } else {
+        vhd_store_relaxed(&dev->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_ENABLE));
+    }
+    /*
+     * The classic race: the driver may have made a descriptor available
+     * after our last look and, reading our old DISABLE, not kicked. A full
+     * barrier (store->load) puts our enable before the re-read below; it
+     * pairs with the driver's full barrier between storing descriptor flags
+     * and reading this area (2.8.21.2). Either the driver sees the enable
+     * and kicks, or we see its descriptor here and return true.
+     */
+    vhd_smp_mb();
+    return avail_ready(vq);
+}
+
+/* No available buffer notifications wanted: we are polling. */
+void vhd_vq__packed_disable_notify(struct vhd_vq *vq)
+{
+    vhd_store_relaxed(&vq->ring.packed.device->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_DISABLE));
+}
+
+/* A chain is available at last_avail_idx. */
+bool vhd_vq__packed_has_work(struct vhd_vq *vq)
+{
+    return avail_ready(vq);
+}
