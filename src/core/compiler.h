@@ -13,7 +13,7 @@
 #define vhd_likely(x)   __builtin_expect(!!(x), 1)
 #define vhd_unlikely(x) __builtin_expect(!!(x), 0)
 
-#define VHD_CACHELINE 64
+#define VHD_CACHELINE         64
 #define vhd_cacheline_aligned __attribute__((aligned(VHD_CACHELINE)))
 
 #define VHD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

@@ -10,21 +10,21 @@
 #include <stdint.h>
 
 /* Transport-independent feature bits (virtio 1.2, 6). */
-#define VIRTIO_F_INDIRECT_DESC    28
-#define VIRTIO_F_EVENT_IDX        29
-#define VIRTIO_F_VERSION_1        32
-#define VIRTIO_F_ACCESS_PLATFORM  33 /* a.k.a. IOMMU_PLATFORM */
-#define VIRTIO_F_RING_PACKED      34
-#define VIRTIO_F_IN_ORDER         35
+#define VIRTIO_F_INDIRECT_DESC     28
+#define VIRTIO_F_EVENT_IDX         29
+#define VIRTIO_F_VERSION_1         32
+#define VIRTIO_F_ACCESS_PLATFORM   33 /* a.k.a. IOMMU_PLATFORM */
+#define VIRTIO_F_RING_PACKED       34
+#define VIRTIO_F_IN_ORDER          35
 #define VIRTIO_F_NOTIFICATION_DATA 38
 
 /* Device status (virtio 1.2, 2.1). */
-#define VIRTIO_STATUS_ACKNOWLEDGE  1
-#define VIRTIO_STATUS_DRIVER       2
-#define VIRTIO_STATUS_DRIVER_OK    4
-#define VIRTIO_STATUS_FEATURES_OK  8
-#define VIRTIO_STATUS_NEEDS_RESET  64
-#define VIRTIO_STATUS_FAILED       128
+#define VIRTIO_STATUS_ACKNOWLEDGE 1
+#define VIRTIO_STATUS_DRIVER      2
+#define VIRTIO_STATUS_DRIVER_OK   4
+#define VIRTIO_STATUS_FEATURES_OK 8
+#define VIRTIO_STATUS_NEEDS_RESET 64
+#define VIRTIO_STATUS_FAILED      128
 
 /* Largest queue size either layout allows (2.7 and 2.8: at most 32768). */
 #define VHD_VQ_MAX_SIZE 32768u
