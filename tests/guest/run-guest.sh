@@ -24,6 +24,12 @@ Disks (vda is read-write, vdb read-only):
   --ro-queues N         num-queues of the read-only device (default: --queues)
   --packed on|off       ask QEMU for a packed virtqueue (default off)
   --dev-opts STR        extra vhost-user-blk-pci properties, e.g. queue-size=256,event_idx=off
+Network (optional; the guest sees it as eth0):
+  --net-sock PATH       vhost-user-net socket: -netdev vhost-user + virtio-net-pci
+  --mac MAC             the NIC's MAC address (default 52:54:00:12:34:56)
+  --net-dev-opts STR    virtio-net-pci properties (default vectors=0: QEMU 7.2 under TCG
+                        segfaults in msix_set_vector_notifiers when vhost-user-net starts
+                        with MSI-X; INTx works)
 Expectations checked in the guest (omit to skip the check):
   --sectors N           capacity in 512-byte sectors       --ro-sectors N
   --serial S            serial (GET_ID) string, no spaces  --ro-serial S
@@ -58,6 +64,9 @@ QUEUES=1
 RO_QUEUES=""
 PACKED=off
 DEV_OPTS=""
+NET_SOCK=""
+MAC=52:54:00:12:34:56
+NET_DEV_OPTS=vectors=0
 SECTORS=""
 RO_SECTORS=""
 SERIAL=""
@@ -96,6 +105,9 @@ while [ $# -gt 0 ]; do
     --ro-queues) need "$@"; RO_QUEUES=$2; shift ;;
     --packed) need "$@"; PACKED=$2; shift ;;
     --dev-opts) need "$@"; DEV_OPTS=$2; shift ;;
+    --net-sock) need "$@"; NET_SOCK=$2; shift ;;
+    --mac) need "$@"; MAC=$2; shift ;;
+    --net-dev-opts) need "$@"; NET_DEV_OPTS=$2; shift ;;
     --sectors) need "$@"; SECTORS=$2; shift ;;
     --ro-sectors) need "$@"; RO_SECTORS=$2; shift ;;
     --serial) need "$@"; SERIAL=$2; shift ;;
@@ -166,7 +178,7 @@ KERNEL=$GUEST_DIR/vmlinuz
 [ -s "$GUEST_DIR/vmlinux" ] && KERNEL=$GUEST_DIR/vmlinux
 
 # Wait for the backend sockets.
-for s in ${SOCK:+"$SOCK"} ${RO_SOCK:+"$RO_SOCK"}; do
+for s in ${SOCK:+"$SOCK"} ${RO_SOCK:+"$RO_SOCK"} ${NET_SOCK:+"$NET_SOCK"}; do
     waited=0
     while [ ! -S "$s" ]; do
         [ "$waited" -lt $((WAIT_SOCKET * 10)) ] || die "no vhost-user socket at $s after ${WAIT_SOCKET}s"
@@ -212,6 +224,11 @@ if [ -n "$RO_SOCK" ]; then
     qemu_cmd+=(-chardev "socket,id=vub1,path=$RO_SOCK"
         -device "vhost-user-blk-pci,chardev=vub1,num-queues=$RO_QUEUES,packed=$PACKED,addr=0x5${DEV_OPTS:+,$DEV_OPTS}")
 fi
+if [ -n "$NET_SOCK" ]; then
+    qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK"
+        -netdev "type=vhost-user,id=net0,chardev=vun0,queues=1"
+        -device "virtio-net-pci,netdev=net0,mac=$MAC,addr=0x6${NET_DEV_OPTS:+,$NET_DEV_OPTS}")
+fi
 
 if [ "$INTERACTIVE" = 1 ]; then
     exec "${qemu_cmd[@]}" -serial mon:stdio
@@ -223,7 +240,7 @@ fi
 mkdir -p "$(dirname "$LOG")"
 : >"$LOG"
 
-echo "run-guest: sock=${SOCK:--} ro-sock=${RO_SOCK:--} queues=$QUEUES packed=$PACKED smp=$SMP seed=$SEED timeout=${TIMEOUT}s log=$LOG"
+echo "run-guest: sock=${SOCK:--} ro-sock=${RO_SOCK:--}${NET_SOCK:+ net-sock=$NET_SOCK} queues=$QUEUES packed=$PACKED smp=$SMP seed=$SEED timeout=${TIMEOUT}s log=$LOG"
 
 qpid=""
 tpid=""
