@@ -6,6 +6,8 @@
  * live in the driver's shared memory (zero copy). Live progress once a
  * second on stderr; a summary (or JSON) with IOPS, MB/s and latency
  * percentiles from a log-linear histogram; optional fio-style verification.
+ * "vhostd-bench net" measures a vhost-user-net back-end's packet rate through
+ * the virtio-net driver (tx, rx and echo modes; Mpps and Gbit/s).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "vhostd/blk_driver.h"
+#include "vhostd/net_driver.h"
 
 /* ======================= options ======================= */
 
@@ -59,6 +62,7 @@ static void usage(FILE *f)
 {
     fputs(
         "usage: vhostd-bench --socket=PATH [options]\n"
+        "       vhostd-bench net --socket=PATH [options]   (packet rate; net --help)\n"
         "\n"
         "  --socket=PATH          vhost-user-blk socket of the back-end (required)\n"
         "  --rw=MODE              read | write | randread (default) | randwrite | randrw | rw\n"
@@ -834,6 +838,454 @@ static void json_str(const char *s)
     }
 }
 
+/* ======================= net: packet-rate benchmark ======================= */
+
+/*
+ * vhostd-bench net: one thread per queue pair of libvhostd's virtio-net
+ * driver. tx: send frames as fast as the ring takes them, count TX
+ * completions (the back-end's dequeue rate). rx: keep receive buffers
+ * posted and count what arrives (a back-end that generates traffic). echo:
+ * send and receive, count frames that came back (a loopback back-end's
+ * round trips); at most queue-size frames in flight, so the back-end never
+ * runs out of receive buffers because of us.
+ */
+
+enum net_mode { NET_TX, NET_RX, NET_ECHO };
+
+static const char *const net_mode_names[] = {"tx", "rx", "echo"};
+
+struct net_opts {
+    const char *socket;
+    enum net_mode mode;
+    unsigned size; /* frame bytes, virtio header excluded */
+    unsigned pairs;
+    double runtime;
+    bool packed;
+    bool mrg;
+    unsigned queue_size;
+    unsigned burst;
+    bool interrupt;
+    bool json;
+};
+
+#define NET_MIN_FRAME 14u   /* an Ethernet header */
+#define NET_MAX_FRAME 9014u /* a jumbo frame; TX slots are sized to --size */
+#define NET_MAX_BURST 256u
+
+static void net_usage(FILE *f)
+{
+    fputs("usage: vhostd-bench net --socket=PATH [options]\n"
+          "\n"
+          "  --socket=PATH          vhost-user-net socket of the back-end (required)\n"
+          "  --mode=MODE            tx | rx | echo (default echo). tx: count TX completions;\n"
+          "                         rx: count received frames (needs a back-end that sends);\n"
+          "                         echo: send and count frames that come back (loopback)\n"
+          "  --size=N               frame bytes without the 12-byte virtio header (default 64)\n"
+          "  --pairs=N              queue pairs, one thread each (default 1)\n"
+          "  --runtime=SECONDS      run for this long (default 10)\n"
+          "  --ring=split|packed    ring layout (default split)\n"
+          "  --mrg=0|1              negotiate VIRTIO_NET_F_MRG_RXBUF (default 0)\n"
+          "  --queue-size=N         ring entries (default 256)\n"
+          "  --burst=N              frames per tx/rx call (default 32, at most 256)\n"
+          "  --completion=poll|interrupt  busy-poll the used rings (default) or sleep on the\n"
+          "                         call eventfds when idle\n"
+          "  --json                 print the results as one JSON object on stdout\n"
+          "  --help\n"
+          "\n"
+          "Gbit/s counts frame bytes (no virtio header, no Ethernet preamble or gap).\n",
+          f);
+}
+
+static int net_parse_opts(int argc, char **argv, struct net_opts *o)
+{
+    enum {
+        N_SOCKET = 256,
+        N_MODE,
+        N_SIZE,
+        N_PAIRS,
+        N_RUNTIME,
+        N_RING,
+        N_MRG,
+        N_QSIZE,
+        N_BURST,
+        N_COMPL,
+        N_JSON,
+        N_HELP
+    };
+    static const struct option lo[] = {
+        {"socket", required_argument, 0, N_SOCKET},
+        {"mode", required_argument, 0, N_MODE},
+        {"size", required_argument, 0, N_SIZE},
+        {"pairs", required_argument, 0, N_PAIRS},
+        {"runtime", required_argument, 0, N_RUNTIME},
+        {"ring", required_argument, 0, N_RING},
+        {"mrg", required_argument, 0, N_MRG},
+        {"queue-size", required_argument, 0, N_QSIZE},
+        {"queue_size", required_argument, 0, N_QSIZE},
+        {"burst", required_argument, 0, N_BURST},
+        {"completion", required_argument, 0, N_COMPL},
+        {"json", no_argument, 0, N_JSON},
+        {"help", no_argument, 0, N_HELP},
+        {0, 0, 0, 0},
+    };
+    uint64_t v;
+    int c;
+
+    memset(o, 0, sizeof(*o));
+    o->mode = NET_ECHO;
+    o->size = 64;
+    o->pairs = 1;
+    o->runtime = 10;
+    o->queue_size = 256;
+    o->burst = 32;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        const char *a = optarg;
+        switch (c) {
+        case N_SOCKET:
+            o->socket = a;
+            break;
+        case N_MODE: {
+            size_t i;
+            for (i = 0; i < sizeof(net_mode_names) / sizeof(net_mode_names[0]); i++)
+                if (!strcmp(a, net_mode_names[i]))
+                    break;
+            if (i == sizeof(net_mode_names) / sizeof(net_mode_names[0]))
+                goto bad;
+            o->mode = (enum net_mode)i;
+            break;
+        }
+        case N_SIZE:
+            if (parse_uint(a, NET_MIN_FRAME, NET_MAX_FRAME, &v))
+                goto bad;
+            o->size = (unsigned)v;
+            break;
+        case N_PAIRS:
+            if (parse_uint(a, 1, VHD_NETDRV_MAX_PAIRS, &v))
+                goto bad;
+            o->pairs = (unsigned)v;
+            break;
+        case N_RUNTIME: {
+            char *end;
+            errno = 0;
+            o->runtime = strtod(a, &end);
+            if (end != a && *end == 's')
+                end++;
+            if (errno || end == a || *end || !(o->runtime > 0))
+                goto bad;
+            break;
+        }
+        case N_RING:
+            if (!strcmp(a, "split"))
+                o->packed = false;
+            else if (!strcmp(a, "packed"))
+                o->packed = true;
+            else
+                goto bad;
+            break;
+        case N_MRG:
+            if (parse_uint(a, 0, 1, &v))
+                goto bad;
+            o->mrg = v;
+            break;
+        case N_QSIZE:
+            if (parse_uint(a, 1, 32768, &v))
+                goto bad;
+            o->queue_size = (unsigned)v;
+            break;
+        case N_BURST:
+            if (parse_uint(a, 1, NET_MAX_BURST, &v))
+                goto bad;
+            o->burst = (unsigned)v;
+            break;
+        case N_COMPL:
+            if (!strcmp(a, "poll"))
+                o->interrupt = false;
+            else if (!strcmp(a, "interrupt") || !strcmp(a, "irq"))
+                o->interrupt = true;
+            else
+                goto bad;
+            break;
+        case N_JSON:
+            o->json = true;
+            break;
+        case N_HELP:
+        case 'h':
+            net_usage(stdout);
+            exit(0);
+        default:
+            net_usage(stderr);
+            return -1;
+        }
+        continue;
+    bad:
+        for (const struct option *l = lo; l->name; l++) {
+            if (l->val == c) {
+                fprintf(stderr, "vhostd-bench net: invalid value for --%s: '%s'\n", l->name, a);
+                break;
+            }
+        }
+        return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "vhostd-bench net: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->socket) {
+        fprintf(stderr, "vhostd-bench net: --socket=PATH is required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* One pair's thread. The counters are read by the progress loop (relaxed atomics). */
+struct net_job {
+    pthread_t thread;
+    const struct net_opts *o;
+    struct vhd_netdrv_pair *p;
+    unsigned index;
+    uint64_t packets; /* the mode's count: TX completions (tx) or frames received (rx, echo) */
+    uint64_t sent;    /* frames queued on TX */
+    uint64_t t_start, t_end;
+    int finished;
+    int error;
+    struct vhd_netdrv_pair_stats st;
+} __attribute__((aligned(64)));
+
+static void net_count(void *arg, const struct vhd_netdrv_rxframe *f)
+{
+    (void)f;
+    (*(uint64_t *)arg)++;
+}
+
+static void *net_job_main(void *arg)
+{
+    struct net_job *j = arg;
+    const struct net_opts *o = j->o;
+    uint8_t *frame = calloc(1, o->size);
+    struct iovec iov[NET_MAX_BURST];
+
+    if (!frame) {
+        j->error = -ENOMEM;
+        __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    /* Broadcast destination, locally administered source, IPv4 ethertype; zero payload. */
+    memset(frame, 0xff, 6);
+    if (o->size >= 14) {
+        static const uint8_t src[6] = {0x02, 0x00, 0x00, 0x00, 0x00, 0x01};
+        memcpy(frame + 6, src, 6);
+        frame[11] = (uint8_t)j->index;
+        frame[12] = 0x08;
+    }
+    for (unsigned k = 0; k < o->burst; k++)
+        iov[k] = (struct iovec){frame, o->size};
+
+    uint64_t received = 0, sent = 0, window = o->queue_size;
+    uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(o->runtime * 1e9);
+    j->t_start = t0;
+    for (uint64_t it = 0;; it++) {
+        if ((it & 63) == 0 && (now_ns() >= deadline || stopping()))
+            break;
+        bool progress = false;
+        if (o->mode != NET_RX) {
+            unsigned n = o->burst;
+            if (o->mode == NET_ECHO) {
+                uint64_t room = window - (sent - received);
+                n = room < n ? (unsigned)room : n;
+            }
+            int rc = n ? vhd_netdrv_tx_burst(j->p, iov, n) : 0;
+            if (rc < 0) {
+                j->error = rc;
+                break;
+            }
+            sent += (unsigned)rc;
+            progress |= rc > 0;
+        }
+        if (o->mode == NET_TX) {
+            int rc = vhd_netdrv_tx_reap(j->p);
+            if (rc < 0) {
+                j->error = rc;
+                break;
+            }
+            progress |= rc > 0;
+            struct vhd_netdrv_pair_stats s;
+            vhd_netdrv_pair_stats(j->p, &s);
+            __atomic_store_n(&j->packets, s.tx_done, __ATOMIC_RELAXED);
+        } else {
+            int rc = vhd_netdrv_rx_burst(j->p, net_count, &received, o->burst);
+            if (rc < 0) {
+                j->error = rc;
+                break;
+            }
+            progress |= rc > 0;
+            __atomic_store_n(&j->packets, received, __ATOMIC_RELAXED);
+        }
+        __atomic_store_n(&j->sent, sent, __ATOMIC_RELAXED);
+        if (!progress && o->interrupt && vhd_netdrv_wait(j->p, 100) < 0) {
+            j->error = -EIO;
+            break;
+        }
+    }
+    j->t_end = now_ns();
+    vhd_netdrv_pair_stats(j->p, &j->st);
+    free(frame);
+    __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static int net_main(int argc, char **argv)
+{
+    struct net_opts o;
+    char err[256];
+    int status = 0;
+
+    if (net_parse_opts(argc, argv, &o) < 0)
+        return 2;
+    struct vhd_netdrv_opts d_o = {
+        .socket_path = o.socket,
+        .num_pairs = o.pairs,
+        .queue_size = o.queue_size,
+        .packed = o.packed,
+        .mrg_rxbuf = o.mrg,
+        .max_tx_frame = o.size,
+        /* Without merging, each receive buffer must hold a whole frame. */
+        .rx_buf_size =
+            o.mrg ? 2048
+                  : (o.size + VHD_NETDRV_HDR_LEN > 2048 ? o.size + VHD_NETDRV_HDR_LEN : 2048),
+    };
+    struct vhd_netdrv *d;
+    int rc = vhd_netdrv_connect(&d_o, &d, err, sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "vhostd-bench net: %s: %s\n", o.socket, err);
+        return 1;
+    }
+    const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
+    struct net_job *jobs = aligned_alloc(64, sizeof(struct net_job) * o.pairs);
+    if (!jobs) {
+        fprintf(stderr, "vhostd-bench net: out of memory\n");
+        vhd_netdrv_disconnect(d);
+        return 1;
+    }
+    memset(jobs, 0, sizeof(struct net_job) * o.pairs);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    if (!o.json)
+        printf("vhostd-bench net: %s mode=%s size=%u pairs=%u ring=%s mrg_rxbuf=%s queue-size=%u "
+               "burst=%u completion=%s event_idx=%s\n",
+               o.socket, net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
+               in->mrg_rxbuf ? "on" : "off", in->queue_size, o.burst,
+               o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off");
+    fflush(stdout);
+
+    uint64_t t0 = now_ns();
+    unsigned started = 0;
+    for (; started < o.pairs; started++) {
+        struct net_job *j = &jobs[started];
+        j->o = &o;
+        j->index = started;
+        j->p = vhd_netdrv_get_pair(d, started);
+        rc = pthread_create(&j->thread, NULL, net_job_main, j);
+        if (rc) {
+            fprintf(stderr, "vhostd-bench net: pthread_create: %s\n", strerror(rc));
+            on_signal(0);
+            status = 1;
+            break;
+        }
+    }
+
+    /* Progress once a second until every pair finished. */
+    bool tty = isatty(STDERR_FILENO);
+    uint64_t prev_pk = 0, prev_t = t0;
+    for (;;) {
+        bool all = true;
+        for (unsigned k = 0; k < 20; k++) {
+            struct timespec ts = {0, 50 * 1000000L};
+            nanosleep(&ts, NULL);
+            all = true;
+            for (unsigned i = 0; i < started; i++)
+                if (!__atomic_load_n(&jobs[i].finished, __ATOMIC_ACQUIRE))
+                    all = false;
+            if (all)
+                break;
+        }
+        if (all)
+            break;
+        uint64_t pk = 0, t = now_ns();
+        for (unsigned i = 0; i < started; i++)
+            pk += __atomic_load_n(&jobs[i].packets, __ATOMIC_RELAXED);
+        double dt = (double)(t - prev_t) / 1e9, pps = (double)(pk - prev_pk) / dt;
+        fprintf(stderr, "%s[%5.0fs] %8.3f Mpps %8.3f Gbit/s%s", tty ? "\r" : "",
+                (double)(t - t0) / 1e9, pps / 1e6, pps * o.size * 8 / 1e9, tty ? "   " : "\n");
+        prev_pk = pk;
+        prev_t = t;
+    }
+    if (tty)
+        fputc('\n', stderr);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(jobs[i].thread, NULL);
+
+    uint64_t tot_pk = 0, tot_sent = 0, t_first = UINT64_MAX, t_last = 0;
+    for (unsigned i = 0; i < started; i++) {
+        tot_pk += jobs[i].packets;
+        tot_sent += jobs[i].sent;
+        t_first = jobs[i].t_start < t_first ? jobs[i].t_start : t_first;
+        t_last = jobs[i].t_end > t_last ? jobs[i].t_end : t_last;
+    }
+    double secs = t_last > t_first ? (double)(t_last - t_first) / 1e9 : 0;
+    double mpps = secs > 0 ? (double)tot_pk / secs / 1e6 : 0;
+    double gbps = mpps * o.size * 8 / 1e3;
+    if (o.json) {
+        printf("{\"socket\": \"");
+        json_str(o.socket);
+        printf("\", \"mode\": \"%s\", \"size\": %u, \"pairs\": %u, \"ring\": \"%s\", "
+               "\"mrg_rxbuf\": %s, \"event_idx\": %s, \"queue_size\": %u, \"burst\": %u, "
+               "\"completion\": \"%s\",\n \"pairs_detail\": [",
+               net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
+               in->mrg_rxbuf ? "true" : "false", in->event_idx ? "true" : "false", in->queue_size,
+               o.burst, o.interrupt ? "interrupt" : "poll");
+        for (unsigned i = 0; i < started; i++) {
+            const struct net_job *j = &jobs[i];
+            double s = (double)(j->t_end - j->t_start) / 1e9;
+            printf("%s\n  {\"pair\": %u, \"packets\": %" PRIu64 ", \"sent\": %" PRIu64
+                   ", \"runtime_s\": %.6f, \"mpps\": %.4f, \"tx_done\": %" PRIu64
+                   ", \"rx_packets\": %" PRIu64 ", \"rx_errors\": %" PRIu64 ", \"kicks\": %" PRIu64
+                   ", \"sleeps\": %" PRIu64 ", \"error\": %d}",
+                   i ? "," : "", i, j->packets, j->sent, s,
+                   s > 0 ? (double)j->packets / s / 1e6 : 0.0, j->st.tx_done, j->st.rx_packets,
+                   j->st.rx_errors, j->st.kicks, j->st.sleeps, j->error);
+        }
+        printf("],\n \"total\": {\"packets\": %" PRIu64 ", \"sent\": %" PRIu64
+               ", \"runtime_s\": %.6f, \"mpps\": %.4f, \"gbps\": %.4f}}\n",
+               tot_pk, tot_sent, secs, mpps, gbps);
+    } else {
+        printf("%-6s %12s %12s %9s %9s %12s\n", "pair", "packets", "sent", "Mpps", "Gbit/s",
+               "kicks/frame");
+        for (unsigned i = 0; i < started; i++) {
+            const struct net_job *j = &jobs[i];
+            double s = (double)(j->t_end - j->t_start) / 1e9;
+            double m = s > 0 ? (double)j->packets / s / 1e6 : 0;
+            printf("%-6u %12" PRIu64 " %12" PRIu64 " %9.3f %9.3f %12.4f\n", i, j->packets, j->sent,
+                   m, m * o.size * 8 / 1e3,
+                   (double)j->st.kicks /
+                       (double)(j->sent + j->st.rx_packets ? j->sent + j->st.rx_packets : 1));
+        }
+        printf("total  %12" PRIu64 " %12" PRIu64 " %9.3f %9.3f   (%s, %.2f s)\n", tot_pk, tot_sent,
+               mpps, gbps, o.mode == NET_TX ? "TX completions" : "frames received", secs);
+        if (o.mode == NET_RX && tot_pk == 0)
+            printf("note: nothing arrived; a loopback back-end only returns what is sent "
+                   "(use --mode=echo)\n");
+    }
+    for (unsigned i = 0; i < started; i++) {
+        if (jobs[i].error) {
+            fprintf(stderr, "vhostd-bench net: pair %u: %s\n", i, strerror(-jobs[i].error));
+            status = 1;
+        }
+    }
+    free(jobs);
+    vhd_netdrv_disconnect(d);
+    return status;
+}
+
 /* ======================= main ======================= */
 
 static unsigned pow2_at_least(unsigned v)
@@ -850,6 +1302,8 @@ int main(int argc, char **argv)
     char err[256];
     int status = 0;
 
+    if (argc > 1 && !strcmp(argv[1], "net"))
+        return net_main(argc - 1, argv + 1);
     if (parse_opts(argc, argv, &o) < 0)
         return 2;
 

@@ -1,0 +1,827 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The userspace virtio-net driver (public API in include/vhostd/net_driver.h):
+ * shared-memory layout per queue pair (two ring areas, the receive buffer
+ * pool, the TX slots), session set-up over the vhost-user front-end
+ * (vu_frontend.c), transmit with one copy behind a zeroed header, receive
+ * with num_buffers handling (virtio 1.2, 5.1.6.3 and 5.1.6.4), and
+ * completion by polling or by the call eventfds.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/compiler.h"
+#include "core/virtio.h"
+#include "dev/virtio_net.h"
+#include "driver/guestmem.h"
+#include "driver/vring.h"
+#include "driver/vu_frontend.h"
+#include "transport/vu_msg.h"
+#include "vhostd/net_driver.h"
+
+#define BIT(n) (1ull << (n))
+
+#define DEFAULT_QUEUE_SIZE 256u
+#define DEFAULT_BUF_SIZE   2048u /* a standard frame plus header in one buffer, like Linux */
+#define MIN_RX_BUF_SIZE    64u   /* header plus a useful piece of frame */
+#define MAX_TX_FRAME       (65536u + 14u + 4u) /* the device's VHD_NET_MAX_FRAME */
+#define PAGE               4096u
+#define PAGE_ALIGN(v)      (((v) + PAGE - 1) & ~(uint64_t)(PAGE - 1))
+#define LINE_ALIGN(v)      (((v) + VHD_CACHELINE - 1) & ~(uint64_t)(VHD_CACHELINE - 1))
+/* Guest-physical address of the region: above 0, like a VM's RAM, so GPA 0 is never valid. */
+#define GPA_BASE 0x100000ull
+
+_Static_assert(VHD_NETDRV_HDR_LEN == sizeof(struct virtio_net_hdr_v1), "header length");
+
+/* One ring of a pair: the driver-side ring and its two eventfds. */
+struct netdrv_ring {
+    struct vhd_drv_vq dq;
+    int kick_fd;
+    int call_fd;
+    uint32_t index; /* vhost-user ring index (2 * pair for RX, + 1 for TX) */
+    void *area;     /* ring area in shared memory */
+    uint64_t area_gpa;
+    size_t area_len;
+};
+
+/*
+ * One queue pair. Written only by its owner thread (and by control calls
+ * while the owner is quiescent, API contract); on its own cache lines.
+ */
+struct vhd_netdrv_pair {
+    struct netdrv_ring rx, tx;
+    uint32_t index;
+    uint32_t qsize;
+    bool mrg;
+    bool broken; /* the device broke the ring protocol: every call fails with -EIO */
+
+    /* Receive buffers: qsize of rx_buf_size bytes each, rx_stride apart. */
+    uint8_t *rxbuf;
+    uint64_t rxbuf_gpa;
+    uint32_t rx_buf_size;
+    uint32_t rx_stride;
+    uint32_t *repost; /* buffer indices to give back to the device */
+    uint32_t nrepost;
+    uint32_t *pend; /* buffers of the frame being assembled (MRG_RXBUF) */
+    uint32_t *pend_len;
+    uint32_t npend;
+    uint32_t pend_want; /* its num_buffers */
+    struct iovec *iov;  /* qsize entries: the segments handed to the callback */
+
+    /* TX slots: header + max_tx_frame bytes each, tx_stride apart. */
+    uint8_t *txbuf;
+    uint64_t txbuf_gpa;
+    uint32_t tx_stride;
+    uint32_t max_tx_frame;
+    uint32_t *tx_free; /* stack of free slot indices */
+    uint32_t tx_nfree;
+
+    struct vhd_netdrv_pair_stats stats;
+} vhd_cacheline_aligned;
+
+struct vhd_netdrv {
+    struct vhd_netdrv_opts o;
+    char *path;
+    struct vhd_guestmem gm;
+    struct vhd_vuf vuf;
+    bool connected;
+    struct vhd_netdrv_info info;
+    struct vhd_netdrv_pair *p[VHD_NETDRV_MAX_PAIRS];
+    char err[256];
+};
+
+static int dfail(struct vhd_netdrv *d, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int dfail(struct vhd_netdrv *d, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, sizeof(d->err), fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* ======================= notifications ======================= */
+
+static inline void kick(struct vhd_netdrv_pair *p, struct netdrv_ring *r)
+{
+    uint64_t one = 1;
+    /* An eventfd write fails only when the counter would overflow: the device is signalled anyway.
+     */
+    ssize_t n = write(r->kick_fd, &one, sizeof(one));
+    (void)n;
+    p->stats.kicks++;
+}
+
+static inline void publish_and_kick(struct vhd_netdrv_pair *p, struct netdrv_ring *r)
+{
+    vhd_drv_vq_publish(&r->dq);
+    if (vhd_drv_vq_kick_needed(&r->dq))
+        kick(p, r);
+}
+
+static void drain_eventfd(int fd)
+{
+    uint64_t v;
+    while (read(fd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
+    }
+}
+
+/* ======================= transmit ======================= */
+
+int vhd_netdrv_tx_reap(struct vhd_netdrv_pair *p)
+{
+    int n = 0;
+
+    if (vhd_unlikely(p->broken))
+        return -EIO;
+    for (;;) {
+        void *ck;
+        uint32_t len;
+        int rc = vhd_drv_vq_get_used(&p->tx.dq, &ck, &len);
+        if (rc == 0)
+            break;
+        if (vhd_unlikely(rc < 0)) {
+            p->broken = true;
+            return -EIO;
+        }
+        /* ck is slot + 1 of a request in flight (vring returns only those). */
+        p->tx_free[p->tx_nfree++] = (uint32_t)((uintptr_t)ck - 1);
+        n++;
+    }
+    p->stats.tx_done += (uint64_t)n;
+    return n;
+}
+
+int vhd_netdrv_tx_burst(struct vhd_netdrv_pair *p, const struct iovec *frames, unsigned n)
+{
+    unsigned sent = 0;
+    int rc = 0;
+
+    if (vhd_unlikely(p->broken))
+        return -EIO;
+    if (p->tx_nfree < n && vhd_netdrv_tx_reap(p) < 0)
+        return -EIO;
+    for (; sent < n; sent++) {
+        size_t len = frames[sent].iov_len;
+        if (vhd_unlikely(len == 0 || len > p->max_tx_frame)) {
+            rc = -EINVAL;
+            break;
+        }
+        if (p->tx_nfree == 0)
+            break;
+        uint32_t slot = p->tx_free[p->tx_nfree - 1];
+        uint8_t *b = p->txbuf + (size_t)slot * p->tx_stride;
+        /*
+         * 5.1.6.2: no offload asked for: flags, gso_type NONE, and the rest
+         * zero (num_buffers is 0 on transmit). The device only reads the slot.
+         */
+        memset(b, 0, VHD_NETDRV_HDR_LEN);
+        memcpy(b + VHD_NETDRV_HDR_LEN, frames[sent].iov_base, len);
+        struct vhd_drv_buf buf = {.gpa = p->txbuf_gpa + (uint64_t)slot * p->tx_stride,
+                                  .len = (uint32_t)(VHD_NETDRV_HDR_LEN + len)};
+        if (vhd_drv_vq_add(&p->tx.dq, &buf, 1, 0, false, (void *)(uintptr_t)(slot + 1)) < 0)
+            break; /* ring full: cannot happen with one descriptor per slot, but survive it */
+        p->tx_nfree--;
+        p->stats.tx_bytes += len;
+    }
+    if (sent) {
+        p->stats.tx_packets += sent;
+        publish_and_kick(p, &p->tx);
+    }
+    return sent ? (int)sent : rc;
+}
+
+unsigned vhd_netdrv_tx_inflight(const struct vhd_netdrv_pair *p)
+{
+    return p->qsize - p->tx_nfree;
+}
+
+/* ======================= receive ======================= */
+
+static inline int rx_post(struct vhd_netdrv_pair *p, uint32_t idx)
+{
+    struct vhd_drv_buf buf = {.gpa = p->rxbuf_gpa + (uint64_t)idx * p->rx_stride,
+                              .len = p->rx_buf_size};
+    return vhd_drv_vq_add(&p->rx.dq, &buf, 0, 1, false, (void *)(uintptr_t)(idx + 1));
+}
+
+/* Give the consumed buffers back with one index update and at most one kick. */
+static void rx_repost(struct vhd_netdrv_pair *p)
+{
+    if (!p->nrepost)
+        return;
+    for (uint32_t k = 0; k < p->nrepost; k++)
+        (void)rx_post(p, p->repost[k]); /* they came out of this ring: room is certain */
+    p->nrepost = 0;
+    publish_and_kick(p, &p->rx);
+}
+
+/* Drop the frame being assembled: its buffers go back to the device. */
+static void rx_drop_pending(struct vhd_netdrv_pair *p)
+{
+    for (uint32_t k = 0; k < p->npend; k++)
+        p->repost[p->nrepost++] = p->pend[k];
+    p->npend = 0;
+    p->pend_want = 0;
+    p->stats.rx_errors++;
+}
+
+/* Take one used RX buffer into the pending frame: 1, 0 when none, -EIO. */
+static int rx_take(struct vhd_netdrv_pair *p)
+{
+    void *ck;
+    uint32_t len;
+    int rc = vhd_drv_vq_get_used(&p->rx.dq, &ck, &len);
+    if (rc <= 0) {
+        if (rc < 0)
+            p->broken = true;
+        return rc;
+    }
+    p->pend[p->npend] = (uint32_t)((uintptr_t)ck - 1);
+    p->pend_len[p->npend] = len;
+    p->npend++;
+    p->stats.rx_buffers++;
+    return 1;
+}
+
+int vhd_netdrv_rx_burst(struct vhd_netdrv_pair *p, vhd_netdrv_rx_cb cb, void *arg, unsigned max)
+{
+    unsigned got = 0;
+    int rc = 0;
+
+    if (vhd_unlikely(p->broken))
+        return -EIO;
+    while (got < max) {
+        if (p->npend == 0) {
+            rc = rx_take(p);
+            if (rc <= 0)
+                break;
+            uint32_t len = p->pend_len[0];
+            uint8_t *b = p->rxbuf + (size_t)p->pend[0] * p->rx_stride;
+            if (vhd_unlikely(len < VHD_NETDRV_HDR_LEN || len > p->rx_buf_size)) {
+                rx_drop_pending(p);
+                continue;
+            }
+            /* 5.1.6.4: num_buffers is 1 without MRG_RXBUF; it cannot exceed the ring. */
+            const struct virtio_net_hdr_v1 *h = (const void *)b;
+            uint32_t want = vhd_le16(h->num_buffers);
+            if (vhd_unlikely(want == 0 || want > p->qsize || (!p->mrg && want != 1))) {
+                rx_drop_pending(p);
+                continue;
+            }
+            p->pend_want = want;
+        }
+        while (p->npend < p->pend_want) {
+            rc = rx_take(p);
+            if (rc <= 0)
+                goto out; /* the rest of the frame comes later (or the ring broke) */
+            if (vhd_unlikely(p->pend_len[p->npend - 1] > p->rx_buf_size)) {
+                rx_drop_pending(p);
+                break;
+            }
+        }
+        if (p->npend == 0)
+            continue; /* dropped */
+
+        /* The frame: after the header in the first buffer, then whole used lengths. */
+        const struct virtio_net_hdr_v1 *h =
+            (const void *)(p->rxbuf + (size_t)p->pend[0] * p->rx_stride);
+        uint32_t total = 0;
+        unsigned niov = 0;
+        for (uint32_t k = 0; k < p->npend; k++) {
+            uint8_t *b = p->rxbuf + (size_t)p->pend[k] * p->rx_stride;
+            uint32_t off = k == 0 ? VHD_NETDRV_HDR_LEN : 0;
+            uint32_t l = p->pend_len[k] - off;
+            if (l == 0)
+                continue;
+            p->iov[niov].iov_base = b + off;
+            p->iov[niov].iov_len = l;
+            niov++;
+            total += l;
+        }
+        struct vhd_netdrv_rxframe f = {.iov = p->iov,
+                                       .iovcnt = niov,
+                                       .len = total,
+                                       .num_buffers = (uint16_t)p->npend,
+                                       .hdr_flags = h->flags,
+                                       .gso_type = h->gso_type};
+        cb(arg, &f);
+        p->stats.rx_packets++;
+        p->stats.rx_bytes += total;
+        for (uint32_t k = 0; k < p->npend; k++)
+            p->repost[p->nrepost++] = p->pend[k];
+        p->npend = 0;
+        p->pend_want = 0;
+        got++;
+    }
+out:
+    rx_repost(p);
+    if (vhd_unlikely(rc < 0))
+        return got ? (int)got : -EIO;
+    return (int)got;
+}
+
+struct rx_copy_ctx {
+    uint8_t *buf;
+    size_t len;
+    uint32_t frame_len;
+};
+
+static void rx_copy_cb(void *arg, const struct vhd_netdrv_rxframe *f)
+{
+    struct rx_copy_ctx *c = arg;
+    size_t off = 0;
+    for (unsigned k = 0; k < f->iovcnt && off < c->len; k++) {
+        size_t l = f->iov[k].iov_len;
+        if (l > c->len - off)
+            l = c->len - off;
+        memcpy(c->buf + off, f->iov[k].iov_base, l);
+        off += l;
+    }
+    c->frame_len = f->len;
+}
+
+int vhd_netdrv_rx_copy(struct vhd_netdrv_pair *p, void *buf, size_t len)
+{
+    struct rx_copy_ctx c = {.buf = buf, .len = len, .frame_len = 0};
+    int rc = vhd_netdrv_rx_burst(p, rx_copy_cb, &c, 1);
+    if (rc <= 0)
+        return rc;
+    return (int)c.frame_len;
+}
+
+/* ======================= waiting ======================= */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * The classic race: the device may use a buffer between our last look and
+ * our request for a notification, and skip the notification because we
+ * had asked for none. enable_cb's barrier plus its re-check closes it:
+ * either the device sees the request and signals the call eventfd, or
+ * enable_cb sees the used element. TX notifications are asked for only
+ * while TX buffers are in flight.
+ */
+int vhd_netdrv_wait(struct vhd_netdrv_pair *p, int timeout_ms)
+{
+    if (vhd_unlikely(p->broken))
+        return -EIO;
+    bool want_tx = vhd_drv_vq_inflight(&p->tx.dq) != 0;
+    bool ready = vhd_drv_vq_enable_cb(&p->rx.dq);
+    if (want_tx && !ready)
+        ready = vhd_drv_vq_enable_cb(&p->tx.dq);
+    int rc = 1;
+    if (!ready) {
+        struct pollfd pf[2] = {{.fd = p->rx.call_fd, .events = POLLIN},
+                               {.fd = p->tx.call_fd, .events = POLLIN}};
+        int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+        p->stats.sleeps++;
+        for (;;) {
+            int left = -1;
+            if (timeout_ms >= 0) {
+                int64_t l = deadline - now_ms();
+                left = l > 0 ? (int)l : 0;
+            }
+            int n = poll(pf, want_tx ? 2 : 1, left);
+            if (n < 0 && errno == EINTR)
+                continue;
+            rc = n < 0 ? -errno : n > 0 ? 1 : 0;
+            break;
+        }
+        drain_eventfd(p->rx.call_fd);
+        drain_eventfd(p->tx.call_fd);
+    }
+    vhd_drv_vq_disable_cb(&p->rx.dq);
+    vhd_drv_vq_disable_cb(&p->tx.dq);
+    return rc;
+}
+
+void vhd_netdrv_pair_stats(const struct vhd_netdrv_pair *p, struct vhd_netdrv_pair_stats *s)
+{
+    *s = p->stats;
+}
+
+uint32_t vhd_netdrv_pair_index(const struct vhd_netdrv_pair *p)
+{
+    return p->index;
+}
+
+/* ======================= session ======================= */
+
+static size_t ring_area_bytes(const struct vhd_netdrv_opts *o)
+{
+    return (size_t)PAGE_ALIGN(vhd_drv_vq_area_size(o->queue_size, o->packed, 0));
+}
+
+static uint32_t rx_stride(const struct vhd_netdrv_opts *o)
+{
+    return (uint32_t)LINE_ALIGN(o->rx_buf_size);
+}
+
+static uint32_t tx_stride(const struct vhd_netdrv_opts *o)
+{
+    return (uint32_t)LINE_ALIGN(VHD_NETDRV_HDR_LEN + o->max_tx_frame);
+}
+
+/* Shared bytes of one pair: two ring areas, the receive pool, the TX slots. */
+static uint64_t pair_bytes(const struct vhd_netdrv_opts *o)
+{
+    return 2 * (uint64_t)ring_area_bytes(o) + PAGE_ALIGN((uint64_t)o->queue_size * rx_stride(o)) +
+           PAGE_ALIGN((uint64_t)o->queue_size * tx_stride(o));
+}
+
+static int ring_start(struct vhd_netdrv *d, struct netdrv_ring *r)
+{
+    const struct vhd_netdrv_info *in = &d->info;
+    struct vhd_drv_vq_params prm = {.size = in->queue_size,
+                                    .packed = in->packed,
+                                    .event_idx = in->event_idx,
+                                    .max_indirect = 0,
+                                    .area = r->area,
+                                    .area_gpa = r->area_gpa,
+                                    .area_len = r->area_len};
+    int rc = vhd_drv_vq_init(&r->dq, &prm);
+    if (rc < 0)
+        return dfail(d, rc, "ring %u: set-up: %s", r->index, strerror(-rc));
+    /* No notifications until someone waits (vhd_netdrv_wait). */
+    vhd_drv_vq_disable_cb(&r->dq);
+    drain_eventfd(r->call_fd);
+    return 0;
+}
+
+static int ring_announce(struct vhd_netdrv *d, struct netdrv_ring *r)
+{
+    struct vhd_vuf_ring vr = {
+        .index = r->index,
+        .num = d->info.queue_size,
+        .desc = vhd_guestmem_uva(&d->gm, r->dq.desc_gpa),
+        .avail = vhd_guestmem_uva(&d->gm, r->dq.avail_gpa),
+        .used = vhd_guestmem_uva(&d->gm, r->dq.used_gpa),
+        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
+        .base = d->info.packed ? 0x80008000u : 0,
+        .kick_fd = r->kick_fd,
+        .call_fd = r->call_fd,
+    };
+    int rc = vhd_vuf_ring_start(&d->vuf, &vr);
+    if (rc < 0)
+        return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
+    return 0;
+}
+
+/* Reset a pair's driver state and post every receive buffer (not yet published to the device). */
+static int pair_start(struct vhd_netdrv *d, struct vhd_netdrv_pair *p)
+{
+    int rc = ring_start(d, &p->rx);
+    if (rc == 0)
+        rc = ring_start(d, &p->tx);
+    if (rc < 0)
+        return rc;
+    p->mrg = d->info.mrg_rxbuf;
+    p->broken = false;
+    p->npend = p->pend_want = p->nrepost = 0;
+    p->tx_nfree = p->qsize;
+    for (uint32_t k = 0; k < p->qsize; k++)
+        p->tx_free[k] = p->qsize - 1 - k; /* slot 0 on top */
+    for (uint32_t k = 0; k < p->qsize; k++) {
+        rc = rx_post(p, k);
+        if (rc < 0)
+            return dfail(d, rc, "pair %u: posting receive buffers: %s", p->index, strerror(-rc));
+    }
+    vhd_drv_vq_publish(&p->rx.dq);
+    return 0;
+}
+
+/* Features we implement (virtio 1.2, 5.1.3 and 6). */
+static uint64_t wanted_features(const struct vhd_netdrv_opts *o)
+{
+    uint64_t f = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_NET_F_MAC) | BIT(VIRTIO_NET_F_STATUS);
+    if (o->num_pairs > 1)
+        f |= BIT(VIRTIO_NET_F_MQ);
+    if (o->mrg_rxbuf)
+        f |= BIT(VIRTIO_NET_F_MRG_RXBUF);
+    if (!o->no_event_idx)
+        f |= BIT(VIRTIO_F_EVENT_IDX);
+    if (o->packed)
+        f |= BIT(VIRTIO_F_RING_PACKED);
+    return f;
+}
+
+static int session_open(struct vhd_netdrv *d)
+{
+    struct vhd_vuf *f = &d->vuf;
+    const struct vhd_netdrv_opts *o = &d->o;
+    struct vhd_netdrv_info *in = &d->info;
+
+    vhd_vuf_init(f, o->timeout_ms);
+    int rc = vhd_vuf_connect(f, d->path);
+    if (rc == 0)
+        rc = vhd_vuf_handshake(f, BIT(VHOST_USER_PROTOCOL_F_MQ) |
+                                      BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                                      BIT(VHOST_USER_PROTOCOL_F_CONFIG));
+    if (rc < 0)
+        goto fail_vuf;
+
+    uint64_t offered = f->offered;
+    if (!(offered & BIT(VIRTIO_F_VERSION_1))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_F_VERSION_1 (legacy only)");
+        goto fail;
+    }
+    if (o->packed && !(offered & BIT(VIRTIO_F_RING_PACKED))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer packed rings (VIRTIO_F_RING_PACKED)");
+        goto fail;
+    }
+    if (o->mrg_rxbuf && !(offered & BIT(VIRTIO_NET_F_MRG_RXBUF))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_NET_F_MRG_RXBUF");
+        goto fail;
+    }
+    uint64_t feat = offered & wanted_features(o);
+    if (o->num_pairs > 1 && !(feat & BIT(VIRTIO_NET_F_MQ))) {
+        rc = dfail(d, -ENOTSUP, "%u pairs asked for, but the device has one (no VIRTIO_NET_F_MQ)",
+                   o->num_pairs);
+        goto fail;
+    }
+    /* QEMU's reading of GET_QUEUE_NUM for net devices: queue pairs. */
+    in->device_pairs = (feat & BIT(VIRTIO_NET_F_MQ)) ? f->queue_num : 1;
+    memset(in->mac, 0, sizeof(in->mac));
+    in->status = VIRTIO_NET_S_LINK_UP;
+    if (vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_CONFIG)) {
+        struct virtio_net_config cfg;
+        /* mac, status, max_virtqueue_pairs: the first 10 bytes exist in every version. */
+        if (vhd_vuf_get_config(f, 0, &cfg, offsetof(struct virtio_net_config, mtu)) == 0) {
+            if (feat & BIT(VIRTIO_NET_F_MAC))
+                memcpy(in->mac, cfg.mac, sizeof(in->mac));
+            if (feat & BIT(VIRTIO_NET_F_STATUS))
+                in->status = vhd_le16(cfg.status);
+            if ((feat & BIT(VIRTIO_NET_F_MQ)) && vhd_le16(cfg.max_virtqueue_pairs))
+                in->device_pairs = vhd_le16(cfg.max_virtqueue_pairs);
+        } else if (!vhd_vuf_alive(f)) {
+            rc = -ECONNRESET;
+            goto fail_vuf;
+        }
+    }
+    if (o->num_pairs > in->device_pairs) {
+        rc = dfail(d, -ENOTSUP, "%u pairs asked for, the device has %u", o->num_pairs,
+                   in->device_pairs);
+        goto fail;
+    }
+    in->features = feat;
+    in->num_pairs = o->num_pairs;
+    in->queue_size = o->queue_size;
+    in->rx_buf_size = o->rx_buf_size;
+    in->max_tx_frame = o->max_tx_frame;
+    in->packed = (feat & BIT(VIRTIO_F_RING_PACKED)) != 0;
+    in->event_idx = (feat & BIT(VIRTIO_F_EVENT_IDX)) != 0;
+    in->mrg_rxbuf = (feat & BIT(VIRTIO_NET_F_MRG_RXBUF)) != 0;
+    in->reply_ack = vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+
+    rc = vhd_vuf_set_features(f, feat);
+    if (rc == 0)
+        rc = vhd_vuf_set_mem_table(f, &d->gm);
+    if (rc < 0)
+        goto fail_vuf;
+    for (uint32_t i = 0; i < o->num_pairs; i++) {
+        struct vhd_netdrv_pair *p = d->p[i];
+        rc = pair_start(d, p);
+        if (rc == 0)
+            rc = ring_announce(d, &p->rx);
+        if (rc == 0)
+            rc = ring_announce(d, &p->tx);
+        if (rc < 0)
+            goto fail;
+    }
+    rc = vhd_vuf_sync(f);
+    if (rc < 0)
+        goto fail_vuf;
+    /* The receive buffers were posted before the rings started: tell the device once. */
+    for (uint32_t i = 0; i < o->num_pairs; i++)
+        kick(d->p[i], &d->p[i]->rx);
+    d->connected = true;
+    d->err[0] = 0;
+    return 0;
+
+fail_vuf:
+    dfail(d, rc, "%s", vhd_vuf_strerror(f));
+fail:
+    vhd_vuf_close(f);
+    return rc;
+}
+
+/* Stop every ring (the back-end stops touching our memory before it answers), close. */
+static void session_end(struct vhd_netdrv *d)
+{
+    if (vhd_vuf_alive(&d->vuf)) {
+        for (uint32_t i = 0; i < 2 * d->o.num_pairs; i++)
+            if (vhd_vuf_ring_stop(&d->vuf, i, NULL) < 0)
+                break; /* the session is gone or refusing: nothing more to stop */
+    }
+    vhd_vuf_close(&d->vuf);
+    d->connected = false;
+}
+
+/* ======================= connect / disconnect ======================= */
+
+static void pair_free(struct vhd_netdrv_pair *p)
+{
+    if (!p)
+        return;
+    struct netdrv_ring *rings[2] = {&p->rx, &p->tx};
+    for (int k = 0; k < 2; k++) {
+        vhd_drv_vq_fini(&rings[k]->dq);
+        if (rings[k]->kick_fd >= 0)
+            close(rings[k]->kick_fd);
+        if (rings[k]->call_fd >= 0)
+            close(rings[k]->call_fd);
+    }
+    free(p->repost);
+    free(p->pend);
+    free(p->pend_len);
+    free(p->iov);
+    free(p->tx_free);
+    free(p);
+}
+
+static void drv_free(struct vhd_netdrv *d)
+{
+    for (uint32_t i = 0; i < VHD_NETDRV_MAX_PAIRS; i++)
+        pair_free(d->p[i]);
+    vhd_vuf_close(&d->vuf);
+    vhd_guestmem_fini(&d->gm);
+    free(d->path);
+    free(d);
+}
+
+/* Carve pair i's part of the region at *off: RX ring, TX ring, receive pool, TX slots. */
+static int pair_new(struct vhd_netdrv *d, uint32_t i, uint64_t *off)
+{
+    const struct vhd_netdrv_opts *o = &d->o;
+    struct vhd_netdrv_pair *p;
+    size_t pbytes = LINE_ALIGN(sizeof(*p));
+
+    if (posix_memalign((void **)&p, VHD_CACHELINE, pbytes))
+        return -ENOMEM;
+    memset(p, 0, pbytes);
+    d->p[i] = p;
+    p->rx.kick_fd = p->rx.call_fd = p->tx.kick_fd = p->tx.call_fd = -1;
+    p->index = i;
+    p->qsize = o->queue_size;
+    p->rx.index = 2 * i;
+    p->tx.index = 2 * i + 1;
+    p->rx_buf_size = o->rx_buf_size;
+    p->rx_stride = rx_stride(o);
+    p->max_tx_frame = o->max_tx_frame;
+    p->tx_stride = tx_stride(o);
+
+    struct vhd_guestmem_region *r = &d->gm.r[0];
+    struct netdrv_ring *rings[2] = {&p->rx, &p->tx};
+    for (int k = 0; k < 2; k++) {
+        rings[k]->area = r->hva + *off;
+        rings[k]->area_gpa = r->gpa + *off;
+        rings[k]->area_len = ring_area_bytes(o);
+        *off += rings[k]->area_len;
+    }
+    p->rxbuf = r->hva + *off;
+    p->rxbuf_gpa = r->gpa + *off;
+    *off += PAGE_ALIGN((uint64_t)p->qsize * p->rx_stride);
+    p->txbuf = r->hva + *off;
+    p->txbuf_gpa = r->gpa + *off;
+    *off += PAGE_ALIGN((uint64_t)p->qsize * p->tx_stride);
+    if (*off > r->size)
+        return -ENOMEM; /* the plan in connect says this cannot happen */
+
+    p->repost = calloc(p->qsize, sizeof(*p->repost));
+    p->pend = calloc(p->qsize, sizeof(*p->pend));
+    p->pend_len = calloc(p->qsize, sizeof(*p->pend_len));
+    p->iov = calloc(p->qsize, sizeof(*p->iov));
+    p->tx_free = calloc(p->qsize, sizeof(*p->tx_free));
+    if (!p->repost || !p->pend || !p->pend_len || !p->iov || !p->tx_free)
+        return -ENOMEM;
+    for (int k = 0; k < 2; k++) {
+        rings[k]->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        rings[k]->call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (rings[k]->kick_fd < 0 || rings[k]->call_fd < 0)
+            return -errno;
+    }
+    return 0;
+}
+
+int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **out, char *err,
+                       size_t errlen)
+{
+    struct vhd_netdrv *d = calloc(1, sizeof(*d));
+    int rc;
+
+    if (err && errlen)
+        err[0] = 0;
+    if (!d) {
+        if (err && errlen)
+            snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    vhd_vuf_init(&d->vuf, opts->timeout_ms);
+    d->o = *opts;
+    struct vhd_netdrv_opts *o = &d->o;
+    if (!o->num_pairs)
+        o->num_pairs = 1;
+    if (!o->queue_size)
+        o->queue_size = DEFAULT_QUEUE_SIZE;
+    if (!o->rx_buf_size)
+        o->rx_buf_size = DEFAULT_BUF_SIZE;
+    if (!o->max_tx_frame)
+        o->max_tx_frame = DEFAULT_BUF_SIZE - VHD_NETDRV_HDR_LEN;
+    if (o->timeout_ms <= 0)
+        o->timeout_ms = VHD_VUF_DEFAULT_TIMEOUT_MS;
+
+    if (!o->socket_path || !*o->socket_path) {
+        rc = dfail(d, -EINVAL, "no socket path");
+        goto fail;
+    }
+    if (o->num_pairs > VHD_NETDRV_MAX_PAIRS) {
+        rc = dfail(d, -EINVAL, "num_pairs %u: at most %u", o->num_pairs, VHD_NETDRV_MAX_PAIRS);
+        goto fail;
+    }
+    if (o->queue_size > VHD_VQ_MAX_SIZE || (!o->packed && (o->queue_size & (o->queue_size - 1)))) {
+        rc = dfail(d, -EINVAL, "queue_size %u: 1..32768%s", o->queue_size,
+                   o->packed ? "" : ", a power of two for split rings");
+        goto fail;
+    }
+    if (o->rx_buf_size < MIN_RX_BUF_SIZE || o->rx_buf_size > MAX_TX_FRAME + VHD_NETDRV_HDR_LEN) {
+        rc = dfail(d, -EINVAL, "rx_buf_size %u: %u..%u", o->rx_buf_size, MIN_RX_BUF_SIZE,
+                   MAX_TX_FRAME + VHD_NETDRV_HDR_LEN);
+        goto fail;
+    }
+    if (o->max_tx_frame > MAX_TX_FRAME) {
+        rc = dfail(d, -EINVAL, "max_tx_frame %u: at most %u", o->max_tx_frame, MAX_TX_FRAME);
+        goto fail;
+    }
+    d->path = strdup(o->socket_path);
+    if (!d->path) {
+        rc = dfail(d, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    o->socket_path = d->path;
+
+    uint64_t region_size = PAGE_ALIGN(o->num_pairs * pair_bytes(o));
+    rc = vhd_guestmem_init(&d->gm, 1, region_size, GPA_BASE, 0);
+    if (rc < 0) {
+        dfail(d, rc, "shared memory (%llu bytes): %s", (unsigned long long)region_size,
+              strerror(-rc));
+        goto fail;
+    }
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < o->num_pairs; i++) {
+        rc = pair_new(d, i, &off);
+        if (rc < 0) {
+            dfail(d, rc, "pair %u: %s", i, strerror(-rc));
+            goto fail;
+        }
+    }
+    rc = session_open(d);
+    if (rc < 0)
+        goto fail;
+    *out = d;
+    return 0;
+
+fail:
+    if (err && errlen)
+        snprintf(err, errlen, "%s", d->err[0] ? d->err : strerror(-rc));
+    drv_free(d);
+    return rc;
+}
+
+void vhd_netdrv_disconnect(struct vhd_netdrv *d)
+{
+    if (!d)
+        return;
+    if (d->connected)
+        session_end(d);
+    drv_free(d);
+}
+
+const struct vhd_netdrv_info *vhd_netdrv_get_info(const struct vhd_netdrv *d)
+{
+    return &d->info;
+}
+
+const char *vhd_netdrv_errmsg(const struct vhd_netdrv *d)
+{
+    return d->err;
+}
+
+struct vhd_netdrv_pair *vhd_netdrv_get_pair(struct vhd_netdrv *d, uint32_t i)
+{
+    return i < d->o.num_pairs ? d->p[i] : NULL;
+}

@@ -1,0 +1,544 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The userspace virtio-net driver against the real daemon: each test starts
+ * build/vhostd (VHD_VHOSTD, or next to this binary, or build/vhostd from the
+ * repo root; skipped when absent) with a loopback net device in a child
+ * process, sends frames through the driver and checks that each comes back
+ * byte-identical on the same queue pair: split and packed rings, with and
+ * without MRG_RXBUF, one and two pairs, frames spanning several receive
+ * buffers, polled and interrupt-driven completion. Daemons die with the test
+ * (PR_SET_PDEATHSIG, atexit); every wait is bounded.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "vhostd/net_driver.h"
+
+#define START_MS    10000 /* a daemon has this long to create its socket */
+#define STOP_MS     10000 /* ... and to exit after SIGTERM */
+#define WAIT_MS     5000  /* a frame has this long to come back */
+#define MAX_DAEMONS 1
+
+/* ======================= daemons ======================= */
+
+struct daemon {
+    pid_t pid;
+    char dir[160]; /* socket paths are short (sun_path): keep TMPDIR short too */
+    char sock[192];
+    char log[192];
+};
+
+static struct daemon *g_daemons[MAX_DAEMONS];
+static bool g_test_ok; /* set at the end of a test: no log dump at exit */
+
+static void dump_log(const struct daemon *dm)
+{
+    FILE *f = fopen(dm->log, "r");
+    char line[512];
+    if (!f)
+        return;
+    fprintf(stderr, "  --- daemon log (%s) ---\n", dm->log);
+    while (fgets(line, sizeof(line), f))
+        fprintf(stderr, "  | %s", line);
+    fclose(f);
+}
+
+static void daemon_cleanup_files(struct daemon *dm)
+{
+    unlink(dm->sock);
+    unlink(dm->log);
+    rmdir(dm->dir);
+}
+
+/* Stop every daemon (SIGKILL) and remove its files; the log goes to stderr when the test failed. */
+static void kill_daemons(void)
+{
+    for (int i = 0; i < MAX_DAEMONS; i++) {
+        struct daemon *dm = g_daemons[i];
+        if (!dm)
+            continue;
+        if (dm->pid > 0) {
+            int status = 0;
+            /* Did it die on its own? That is often the reason the test failed. */
+            if (waitpid(dm->pid, &status, WNOHANG) == dm->pid) {
+                if (!g_test_ok && WIFSIGNALED(status))
+                    fprintf(stderr, "  daemon %d was killed by signal %d (%s)\n", (int)dm->pid,
+                            WTERMSIG(status), strsignal(WTERMSIG(status)));
+                else if (!g_test_ok && WIFEXITED(status))
+                    fprintf(stderr, "  daemon %d exited with status %d\n", (int)dm->pid,
+                            WEXITSTATUS(status));
+            } else {
+                kill(dm->pid, SIGKILL);
+                waitpid(dm->pid, NULL, 0);
+            }
+            dm->pid = 0;
+        }
+        if (!g_test_ok)
+            dump_log(dm);
+        daemon_cleanup_files(dm);
+        g_daemons[i] = NULL;
+    }
+}
+
+/* A passing test ends here: the harness leaves a test with _exit(), past atexit handlers. */
+static void test_done(void)
+{
+    g_test_ok = true;
+    kill_daemons();
+}
+
+/*
+ * The harness's timeout (SIGALRM) would kill us past atexit: the daemons
+ * would die anyway (PDEATHSIG) but leave their files. Clean up with
+ * async-signal-safe calls only, then die of the same signal.
+ */
+static void on_alarm(int sig)
+{
+    static const char msg[] = "  timeout: daemons killed, log follows\n";
+    ssize_t w = write(2, msg, sizeof(msg) - 1);
+    for (int i = 0; i < MAX_DAEMONS; i++) {
+        struct daemon *dm = g_daemons[i];
+        if (!dm)
+            continue;
+        if (dm->pid > 0)
+            kill(dm->pid, SIGKILL);
+        int fd = open(dm->log, O_RDONLY | O_CLOEXEC);
+        char buf[4096];
+        ssize_t n;
+        while (fd >= 0 && (n = read(fd, buf, sizeof(buf))) > 0)
+            w = write(2, buf, (size_t)n);
+        if (fd >= 0)
+            close(fd);
+        unlink(dm->sock);
+        unlink(dm->log);
+        rmdir(dm->dir);
+    }
+    (void)w;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Failing checks exit() through atexit; timeouts come through on_alarm. */
+static void track(struct daemon *dm)
+{
+    static bool registered;
+    if (!registered) {
+        atexit(kill_daemons);
+        signal(SIGALRM, on_alarm);
+        registered = true;
+    }
+    for (int i = 0; i < MAX_DAEMONS; i++) {
+        if (!g_daemons[i]) {
+            g_daemons[i] = dm;
+            return;
+        }
+    }
+    VHD_CHECK(!"too many daemons");
+}
+
+static bool executable(const char *p)
+{
+    return access(p, X_OK) == 0;
+}
+
+/* The daemon binary: $VHD_VHOSTD, next to this test program, or build/vhostd. */
+static const char *vhostd_path(void)
+{
+    static char path[PATH_MAX];
+    const char *env = getenv("VHD_VHOSTD");
+    if (env && *env)
+        return executable(env) ? env : NULL;
+    ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 16);
+    if (n > 0) {
+        path[n] = 0;
+        char *slash = strrchr(path, '/');
+        if (slash) {
+            strcpy(slash + 1, "vhostd");
+            if (executable(path))
+                return path;
+        }
+    }
+    if (executable("build/vhostd"))
+        return "build/vhostd";
+    return NULL;
+}
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(unsigned ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Temp dir for a daemon. */
+static void daemon_prepare(struct daemon *dm)
+{
+    const char *t = getenv("TMPDIR");
+    memset(dm, 0, sizeof(*dm));
+    snprintf(dm->dir, sizeof(dm->dir), "%s/vhd-test-nd-XXXXXX", t && *t ? t : "/tmp");
+    VHD_CHECK(mkdtemp(dm->dir) != NULL);
+    snprintf(dm->sock, sizeof(dm->sock), "%s/net.sock", dm->dir);
+    snprintf(dm->log, sizeof(dm->log), "%s/daemon.log", dm->dir);
+    track(dm);
+}
+
+/* Fork and exec argv with its output in dm->log; it dies with us (PDEATHSIG). */
+static void daemon_spawn(struct daemon *dm, char *const argv[])
+{
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127); /* the test died before prctl */
+        int fd = open(dm->log, O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    dm->pid = pid;
+    /* Wait for the socket (bounded); a daemon that exits early fails the test. */
+    uint64_t t0 = ms_now();
+    struct stat st;
+    while (stat(dm->sock, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            dm->pid = 0;
+            fprintf(stderr, "  daemon exited early (status 0x%x)\n", status);
+            VHD_CHECK(!"daemon start");
+        }
+        VHD_CHECK(ms_now() - t0 < START_MS);
+        sleep_ms(5);
+    }
+}
+
+/* Start vhostd with "--net socket=...,backend=loopback,queues=<pairs><keys>". */
+static void vhostd_start(struct daemon *dm, unsigned pairs, const char *keys)
+{
+    const char *bin = vhostd_path();
+    char spec[PATH_MAX];
+    if (!bin)
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    snprintf(spec, sizeof(spec), "socket=%s,backend=loopback,queues=%u%s", dm->sock, pairs, keys);
+    char *argv[] = {(char *)bin, "--log-level", "warn", "--net", spec, NULL};
+    daemon_spawn(dm, argv);
+}
+
+/* SIGTERM and wait (bounded); returns the exit status, or -1 when it had to be killed. */
+static int daemon_stop(struct daemon *dm)
+{
+    int status = 0;
+    if (dm->pid <= 0)
+        return -1;
+    kill(dm->pid, SIGTERM);
+    uint64_t t0 = ms_now();
+    for (;;) {
+        pid_t r = waitpid(dm->pid, &status, WNOHANG);
+        if (r == dm->pid)
+            break;
+        if (ms_now() - t0 > STOP_MS) {
+            kill(dm->pid, SIGKILL);
+            waitpid(dm->pid, NULL, 0);
+            dm->pid = 0;
+            fprintf(stderr, "  daemon ignored SIGTERM for %d ms\n", STOP_MS);
+            return -1;
+        }
+        sleep_ms(5);
+    }
+    dm->pid = 0;
+    if (!WIFEXITED(status)) {
+        fprintf(stderr, "  daemon ended by signal %d\n",
+                WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        return -1;
+    }
+    return WEXITSTATUS(status);
+}
+
+/* ======================= loopback checks ======================= */
+
+/* Frame k of a run: a recognisable Ethernet-ish frame of len bytes (pair in byte 12). */
+static void make_frame(uint8_t *f, uint32_t len, uint32_t pair, uint32_t k)
+{
+    static const uint8_t dst[6] = {0x52, 0x54, 0x00, 0x12, 0x34, 0x56};
+    static const uint8_t src[6] = {0x52, 0x54, 0x00, 0xab, 0xcd, 0xef};
+    memcpy(f, dst, 6);
+    memcpy(f + 6, src, 6);
+    f[12] = (uint8_t)pair;
+    f[13] = (uint8_t)k;
+    uint32_t x = (k + 1) * 2654435761u ^ (pair << 24);
+    for (uint32_t i = 14; i < len; i++) {
+        x = x * 1103515245u + 12345u;
+        f[i] = (uint8_t)(x >> 16);
+    }
+}
+
+/*
+ * Send count frames of the given lengths (cycled) on every pair in turn,
+ * at most `window` in flight, and check each comes back whole, in order,
+ * on its own pair. interrupt: wait on the call eventfds instead of polling.
+ * Returns 2 when some frame took several receive buffers (MRG_RXBUF), else 0.
+ */
+static uint32_t loop_frames(struct vhd_netdrv *d, const uint32_t *lens, unsigned nlens,
+                            unsigned count, unsigned window, bool interrupt)
+{
+    const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
+    uint32_t maxlen = 0;
+    for (unsigned i = 0; i < nlens; i++)
+        maxlen = lens[i] > maxlen ? lens[i] : maxlen;
+    uint8_t *want = malloc(maxlen), *got = malloc(maxlen + 1);
+    VHD_CHECK(want && got);
+    uint32_t max_bufs = 0;
+
+    for (uint32_t pi = 0; pi < in->num_pairs; pi++) {
+        struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, pi);
+        VHD_CHECK(p != NULL);
+        unsigned sent = 0, recv = 0;
+        struct vhd_netdrv_pair_stats st0, st;
+        vhd_netdrv_pair_stats(p, &st0);
+        while (recv < count) {
+            while (sent < count && sent - recv < window) {
+                uint32_t len = lens[sent % nlens];
+                make_frame(want, len, pi, sent);
+                struct iovec f = {want, len};
+                int rc = vhd_netdrv_tx_burst(p, &f, 1);
+                VHD_CHECK(rc >= 0);
+                if (rc == 0)
+                    break;
+                sent++;
+            }
+            uint64_t t0 = ms_now();
+            int n;
+            for (;;) {
+                n = vhd_netdrv_rx_copy(p, got, maxlen + 1);
+                VHD_CHECK(n >= 0);
+                if (n > 0)
+                    break;
+                VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+                if (ms_now() - t0 > WAIT_MS) {
+                    fprintf(stderr, "  pair %u: frame %u did not come back\n", pi, recv);
+                    VHD_CHECK(!"frame lost");
+                }
+                if (interrupt)
+                    VHD_CHECK(vhd_netdrv_wait(p, 100) >= 0);
+            }
+            uint32_t len = lens[recv % nlens];
+            make_frame(want, len, pi, recv);
+            if ((uint32_t)n != len || memcmp(want, got, len) != 0) {
+                fprintf(stderr, "  pair %u frame %u: %d bytes back, %u sent%s\n", pi, recv, n, len,
+                        (uint32_t)n == len ? " (contents differ)" : "");
+                VHD_CHECK(!"frame differs");
+            }
+            recv++;
+        }
+        /* Nothing extra on this pair, nothing on the others. */
+        VHD_CHECK_EQ(vhd_netdrv_rx_copy(p, got, maxlen), 0);
+        vhd_netdrv_pair_stats(p, &st);
+        VHD_CHECK_EQ(st.rx_packets - st0.rx_packets, count);
+        VHD_CHECK_EQ(st.tx_packets - st0.tx_packets, count);
+        VHD_CHECK_EQ(st.rx_errors, 0);
+        /* More buffers than frames: some frame was merged from several (MRG_RXBUF). */
+        if (st.rx_buffers - st0.rx_buffers > st.rx_packets - st0.rx_packets && max_bufs < 2)
+            max_bufs = 2;
+        for (uint32_t pj = 0; pj < in->num_pairs; pj++)
+            if (pj != pi)
+                VHD_CHECK_EQ(vhd_netdrv_rx_copy(vhd_netdrv_get_pair(d, pj), got, maxlen), 0);
+    }
+    free(want);
+    free(got);
+    return max_bufs;
+}
+
+struct variant {
+    bool packed;
+    bool mrg;
+    unsigned pairs;
+};
+
+static const uint32_t small_lens[] = {60, 64, 128, 1514, 61, 200};
+
+static void run_variant(const struct variant *v, bool interrupt)
+{
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, v->pairs, "");
+    struct vhd_netdrv_opts o = {.socket_path = dm.sock,
+                                .num_pairs = v->pairs,
+                                .queue_size = 64,
+                                .packed = v->packed,
+                                .mrg_rxbuf = v->mrg};
+    struct vhd_netdrv *d;
+    char err[256];
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
+    VHD_CHECK_EQ(in->num_pairs, v->pairs);
+    VHD_CHECK_EQ(in->packed, v->packed);
+    VHD_CHECK_EQ(in->mrg_rxbuf, v->mrg);
+    /* window 1 checks ordering frame by frame; 48 keeps the rings busy. */
+    loop_frames(d, small_lens, 6, 200, 1, interrupt);
+    loop_frames(d, small_lens, 6, 2000, 48, interrupt);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+VHD_TEST(loop_split_1pair)
+{
+    run_variant(&(struct variant){.packed = false, .mrg = false, .pairs = 1}, false);
+}
+
+VHD_TEST(loop_packed_1pair)
+{
+    run_variant(&(struct variant){.packed = true, .mrg = false, .pairs = 1}, false);
+}
+
+VHD_TEST(loop_split_mrg_2pairs)
+{
+    run_variant(&(struct variant){.packed = false, .mrg = true, .pairs = 2}, false);
+}
+
+VHD_TEST(loop_packed_mrg_2pairs)
+{
+    run_variant(&(struct variant){.packed = true, .mrg = true, .pairs = 2}, false);
+}
+
+VHD_TEST(loop_split_2pairs_interrupt)
+{
+    run_variant(&(struct variant){.packed = false, .mrg = false, .pairs = 2}, true);
+}
+
+VHD_TEST(loop_packed_mrg_1pair_interrupt)
+{
+    run_variant(&(struct variant){.packed = true, .mrg = true, .pairs = 1}, true);
+}
+
+/* Frames larger than one receive buffer: MRG_RXBUF merges them (num_buffers > 1). */
+static void run_merge(bool packed)
+{
+    static const uint32_t lens[] = {1514, 9000, 60, 500, 4000, 9014};
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 1, "");
+    struct vhd_netdrv_opts o = {.socket_path = dm.sock,
+                                .queue_size = 256,
+                                .packed = packed,
+                                .mrg_rxbuf = true,
+                                .rx_buf_size = 512,
+                                .max_tx_frame = 9014};
+    struct vhd_netdrv *d;
+    char err[256];
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, 0);
+    VHD_CHECK(loop_frames(d, lens, 6, 300, 1, false) >= 2);
+    /* Several in flight too: up to 256 / 18 buffers of the largest frame fit the ring. */
+    loop_frames(d, lens, 6, 600, 8, false);
+    struct vhd_netdrv_pair_stats st;
+    vhd_netdrv_pair_stats(p, &st);
+    VHD_CHECK(st.rx_buffers > st.rx_packets);
+    /* Without MRG_RXBUF such frames do not fit: they are dropped, nothing comes back. */
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+VHD_TEST(merge_split)
+{
+    run_merge(false);
+}
+
+VHD_TEST(merge_packed)
+{
+    run_merge(true);
+}
+
+/* Without MRG_RXBUF a frame larger than one buffer is dropped by the device, and the next fits. */
+VHD_TEST(no_merge_oversize_dropped)
+{
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 1, "");
+    struct vhd_netdrv_opts o = {
+        .socket_path = dm.sock, .queue_size = 64, .rx_buf_size = 512, .max_tx_frame = 2000};
+    struct vhd_netdrv *d;
+    char err[256];
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), 0);
+    struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, 0);
+    uint8_t big[2000], small[100], got[2048];
+    make_frame(big, sizeof(big), 0, 1);
+    make_frame(small, sizeof(small), 0, 2);
+    struct iovec f[2] = {{big, sizeof(big)}, {small, sizeof(small)}};
+    VHD_CHECK_EQ(vhd_netdrv_tx_burst(p, f, 2), 2);
+    uint64_t t0 = ms_now();
+    int n;
+    while ((n = vhd_netdrv_rx_copy(p, got, sizeof(got))) == 0 && ms_now() - t0 < WAIT_MS)
+        sleep_ms(1);
+    VHD_CHECK_EQ(n, sizeof(small));
+    VHD_CHECK(memcmp(got, small, sizeof(small)) == 0);
+    /* Both TX buffers were used (the device drops, as a NIC does, and completes the TX). */
+    t0 = ms_now();
+    while (vhd_netdrv_tx_inflight(p) && ms_now() - t0 < WAIT_MS) {
+        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        sleep_ms(1);
+    }
+    VHD_CHECK_EQ(vhd_netdrv_tx_inflight(p), 0);
+    /* A frame too long for the TX slots is refused before it reaches the ring. */
+    struct iovec toolong = {got, sizeof(got)};
+    VHD_CHECK_EQ(vhd_netdrv_tx_burst(p, &toolong, 1), -EINVAL);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* Options the driver refuses before touching the socket, and a device that lacks pairs. */
+VHD_TEST(bad_options)
+{
+    struct vhd_netdrv *d;
+    char err[256];
+    struct vhd_netdrv_opts o = {.socket_path = "/nonexistent/x.sock", .queue_size = 100};
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+    o.queue_size = 0;
+    o.num_pairs = VHD_NETDRV_MAX_PAIRS + 1;
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+    o.num_pairs = 1;
+    o.rx_buf_size = 16;
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 2, "");
+    struct vhd_netdrv_opts o2 = {.socket_path = dm.sock, .num_pairs = 3};
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o2, &d, err, sizeof(err)), -ENOTSUP);
+    VHD_CHECK(strstr(err, "pairs") != NULL);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
