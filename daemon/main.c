@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * vhostd: serve virtio-blk devices to vhost-user front-ends. Parses the
- * options, creates the devices, the workers and one listening socket per
- * device, runs the control loop, and on SIGINT/SIGTERM drains in-flight I/O,
- * flushes, removes the sockets and exits 0.
+ * vhostd: serve virtio-blk and virtio-net devices to vhost-user front-ends.
+ * Parses the options, creates the devices, the workers and one listening
+ * socket per device, runs the control loop, and on SIGINT/SIGTERM drains
+ * in-flight I/O, flushes, removes the sockets and exits 0. SIGUSR1 logs the
+ * net devices' counters.
  */
 #include <errno.h>
 #include <signal.h>
@@ -15,9 +16,11 @@
 #include <unistd.h>
 
 #include "dev/blk.h"
+#include "dev/net.h"
 #include "options.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
+#include "sandbox.h"
 #include "transport/ctl.h"
 #include "transport/vu_server.h"
 
@@ -43,6 +46,10 @@ static void on_signal(void *opaque, uint32_t events)
             vhd_log(VHD_LOG_INFO, "signal %s: shutting down",
                     si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
             vhd_ctl_stop(d->ctl);
+        } else if (si.ssi_signo == SIGUSR1) { /* net: per-queue counters */
+            for (int i = 0; i < d->ndev; i++)
+                if (vhd_dev_is_net(d->dev[i]))
+                    vhd_net_log_stats(d->dev[i], "SIGUSR1");
         }
     }
 }
@@ -95,7 +102,10 @@ static void shutdown_all(struct daemon *d)
     }
     /* Closing the backend flushes what the cache holds. */
     for (int i = 0; i < d->ndev; i++) {
-        vhd_blk_free(d->dev[i]);
+        if (vhd_dev_is_net(d->dev[i]))
+            vhd_net_free(d->dev[i]);
+        else
+            vhd_blk_free(d->dev[i]);
         d->dev[i] = NULL;
     }
     vhd_rt_free(d->rt);
@@ -132,12 +142,15 @@ int main(int argc, char **argv)
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     unsigned total_queues = 0;
     for (int i = 0; i < d.opts.nblk; i++)
         total_queues += d.opts.blk[i].queues;
+    for (int i = 0; i < d.opts.nnet; i++)
+        total_queues += d.opts.net[i].queues; /* pairs: both rings of a pair share a worker */
     unsigned nworkers = d.opts.workers_set ? d.opts.workers : total_queues;
     if (!d.opts.workers_set && nworkers > online_cpus())
         nworkers = online_cpus();
@@ -148,6 +161,14 @@ int main(int argc, char **argv)
             if ((unsigned)d.opts.blk[i].workers[j] >= nworkers) {
                 fprintf(stderr, "vhostd: device %s: worker %d does not exist (%u workers)\n",
                         d.opts.blk[i].name, d.opts.blk[i].workers[j], nworkers);
+                vhd_options_free(&d.opts);
+                return 2;
+            }
+    for (int i = 0; i < d.opts.nnet; i++)
+        for (int j = 0; j < d.opts.net[i].nworkers; j++)
+            if ((unsigned)d.opts.net[i].workers[j] >= nworkers) {
+                fprintf(stderr, "vhostd: device %s: worker %d does not exist (%u workers)\n",
+                        d.opts.net[i].name, d.opts.net[i].workers[j], nworkers);
                 vhd_options_free(&d.opts);
                 return 2;
             }
@@ -208,6 +229,49 @@ int main(int argc, char **argv)
                      d.dev[i]->queue_worker[q]);
         vhd_log(VHD_LOG_INFO, "%s: %u queue(s) on worker(s) %s", b->name, b->queues, wl);
     }
+    /* ---- net devices: after the blk ones, in d.dev[] too ---- */
+    for (int i = 0; i < d.opts.nnet; i++) {
+        const struct vhd_opt_net *n = &d.opts.net[i];
+        uint8_t mac[6];
+        int k = d.ndev;
+        if (n->mac_set)
+            memcpy(mac, n->mac, sizeof(mac));
+        else
+            vhd_net_default_mac(n->socket, mac); /* stable across restarts, distinct per socket */
+        struct vhd_net_opts no = {
+            .name = n->name,
+            .backend = n->backend,
+            .switch_name = n->switch_name,
+            .tap_name = n->tap_name,
+            .pairs = n->queues,
+            .mac = mac,
+            .mtu = n->mtu,
+            .allow_packed = n->allow_packed,
+            .no_split = !n->allow_split,
+        };
+        rc = vhd_net_new(&no, &d.dev[k], err, sizeof(err));
+        if (rc < 0) {
+            fprintf(stderr, "vhostd: %s: %s\n", n->name, err);
+            goto fail;
+        }
+        d.ndev = k + 1;
+        d.dev[k]->rt = d.rt;
+        if (vhd_net_assign_workers(d.dev[k], n->workers, (unsigned)n->nworkers, nworkers,
+                                   &next_rr) < 0) {
+            fprintf(stderr, "vhostd: %s: out of memory\n", n->name);
+            goto fail;
+        }
+        d.srv[k] = vhd_vu_server_new(d.ctl, d.dev[k], n->socket, err, sizeof(err));
+        if (!d.srv[k]) {
+            fprintf(stderr, "vhostd: %s: %s\n", n->name, err);
+            goto fail;
+        }
+        char wl[256] = "";
+        for (uint32_t p = 0; p < n->queues && strlen(wl) < sizeof(wl) - 8; p++)
+            snprintf(wl + strlen(wl), sizeof(wl) - strlen(wl), "%s%d", p ? "," : "",
+                     d.dev[k]->queue_worker[2 * p]);
+        vhd_log(VHD_LOG_INFO, "%s: %u queue pair(s) on worker(s) %s", n->name, n->queues, wl);
+    }
 
     d.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     if (d.sigfd < 0 || vhd_ctl_add(d.ctl, d.sigfd, EPOLLIN, on_signal, &d, NULL) < 0 ||
@@ -221,6 +285,28 @@ int main(int argc, char **argv)
     else
         vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), polling %s", VHOSTD_VERSION,
                 d.ndev, nworkers, ro.poll_mode == VHD_POLL_ALWAYS ? "always" : "never");
+
+    /*
+     * Sandbox (sandbox.h): the last step of setup, once every socket, image,
+     * eventfd and thread exists. Drops to --user, then the seccomp filter.
+     */
+    {
+        const char *socks[sizeof(d.srv) / sizeof(d.srv[0])];
+        for (int i = 0; i < d.ndev; i++)
+            socks[i] = vhd_vu_server_path(d.srv[i]);
+        struct vhd_sandbox_opts so = {
+            .mode = d.opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
+                    : d.opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
+                                                            : VHD_SANDBOX_ON,
+            .user = d.opts.user,
+            .chown_paths = socks,
+            .nchown = (unsigned)d.ndev,
+        };
+        if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
+            fprintf(stderr, "vhostd: sandbox: %s\n", err);
+            goto fail;
+        }
+    }
 
     rc = vhd_ctl_run(d.ctl);
     if (rc < 0)

@@ -14,14 +14,21 @@
 
 const char vhd_usage[] =
     "usage: vhostd [OPTIONS] --blk socket=PATH,KEY=VALUE,... [--blk ...]\n"
+    "       vhostd [OPTIONS] --net socket=PATH,KEY=VALUE,... [--net ...]\n"
     "\n"
-    "Serves virtio-blk devices to vhost-user front-ends (QEMU, cloud-hypervisor, ...).\n"
+    "Serves virtio-blk and virtio-net devices to vhost-user front-ends (QEMU,\n"
+    "cloud-hypervisor, DPDK virtio-user, ...). --blk and --net may be mixed.\n"
     "\n"
     "Global options:\n"
     "  --workers N          worker threads (default: min(total queues, CPUs))\n"
     "  --poll MODE          adaptive (default) | always | never\n"
     "  --poll-us N          adaptive polling window after the last work, in us (default 50)\n"
     "  --log-level LEVEL    error | warn | info (default) | debug\n"
+    "  --sandbox MODE       on (default): after setup, a seccomp filter confines vhostd to\n"
+    "                       the syscalls it needs; another kills it (SIGSYS) | log: allow\n"
+    "                       and log them (dmesg) | off\n"
+    "  --user NAME          after setup, drop to user NAME (or UID[:GID]); the sockets are\n"
+    "                       chowned to it first\n"
     "  --config FILE        read options from FILE, one per line without the dashes\n"
     "                       (e.g. 'workers 2', 'blk socket=/run/vm1.sock,image=vm1.img'); '#' "
     "comments\n"
@@ -42,7 +49,28 @@ const char vhd_usage[] =
     "  rings=split|packed|both   ring layouts offered (default both)\n"
     "  workers=LIST         workers for this device's queues, e.g. 0,1 or 0-3 (default: all,\n"
     "                       round robin)\n"
+    "  name=STR             name used in logs (default: the socket's file name)\n"
+    /* ---- net ---- */
+    "\n"
+    "--net keys (virtio-net; SIGUSR1 logs every net device's per-queue counters):\n"
+    "  socket=PATH          vhost-user socket to listen on (required)\n"
+    "  backend=loopback|switch|tap\n"
+    "                       loopback (default): every frame sent on a queue pair comes\n"
+    "                       back on the receive queue of the same pair; switch: an L2\n"
+    "                       learning switch between the --net devices naming the same\n"
+    "                       switch=; tap: a Linux TAP interface (tap=)\n"
+    "  switch=NAME          backend=switch: the in-process switch to join\n"
+    "  tap=IFNAME           backend=tap: the TAP interface to attach to (created if it does\n"
+    "                       not exist; needs CAP_NET_ADMIN; one TAP queue per queue pair)\n"
+    "  queues=N             number of queue pairs (1..64, default 1)\n"
+    "  mac=XX:XX:XX:XX:XX:XX  the device's MAC address (default: 52:54:00 and three bytes\n"
+    "                       derived from the socket path)\n"
+    "  mtu=N                MTU reported to the driver, 68..65535 (default 1500)\n"
+    "  rings=split|packed|both   ring layouts offered (default both)\n"
+    "  workers=LIST         workers for this device's queue pairs, e.g. 0,1 or 0-3; both\n"
+    "                       rings of a pair always share a worker (default: all, round robin)\n"
     "  name=STR             name used in logs (default: the socket's file name)\n";
+/* ---- end net ---- */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -153,10 +181,10 @@ static int parse_bool(const char *s, bool *out)
     return -1;
 }
 
-/* "0,2,5-7" -> workers[]. */
-static int parse_worker_list(char *s, struct vhd_opt_blk *b)
+/* "0,2,5-7" -> workers[0..*nworkers) (the list of a --blk or --net device). */
+static int parse_worker_list(char *s, int *nworkers, int *workers)
 {
-    b->nworkers = 0;
+    *nworkers = 0;
     for (char *save = NULL, *tok = strtok_r(s, ":;", &save); tok;
          tok = strtok_r(NULL, ":;", &save)) {
         uint64_t lo, hi;
@@ -172,12 +200,12 @@ static int parse_worker_list(char *s, struct vhd_opt_blk *b)
             hi = lo;
         }
         for (uint64_t w = lo; w <= hi; w++) {
-            if (b->nworkers >= VHD_OPT_MAX_WORKERS)
+            if (*nworkers >= VHD_OPT_MAX_WORKERS)
                 return -1;
-            b->workers[b->nworkers++] = (int)w;
+            workers[(*nworkers)++] = (int)w;
         }
     }
-    return b->nworkers ? 0 : -1;
+    return *nworkers ? 0 : -1;
 }
 
 /*
@@ -262,7 +290,7 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
             return fail(err, errlen, "--blk: unknown key '%s'", k);
         }
     }
-    if (wl[0] && parse_worker_list(wl, b))
+    if (wl[0] && parse_worker_list(wl, &b->nworkers, b->workers))
         return fail(err, errlen, "--blk: workers=%s: expected a list like 0,1 or 0-3", wl);
     if (!b->socket)
         return fail(err, errlen, "--blk: socket=PATH is required");
@@ -282,6 +310,117 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
     }
     return 0;
 }
+
+/* ---- net ---- */
+
+int vhd_parse_mac(const char *s, uint8_t mac[6])
+{
+    for (int i = 0; i < 6; i++) {
+        if (!isxdigit((unsigned char)s[0]) || !isxdigit((unsigned char)s[1]))
+            return -1;
+        char hex[3] = {s[0], s[1], '\0'};
+        mac[i] = (uint8_t)strtoul(hex, NULL, 16);
+        s += 2;
+        if (i < 5 && *s++ != ':')
+            return -1;
+    }
+    if (*s != '\0' || (mac[0] & 1) || !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]))
+        return -1;
+    return 0;
+}
+
+/* Like --blk: "k=v,..." with commas inside a workers= list. */
+int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_opt_net *n, char *err,
+                          size_t errlen)
+{
+    char *s = own(o, spec);
+    char wl[256] = "";
+    bool in_workers = false;
+
+    if (!s)
+        return fail(err, errlen, "out of memory");
+    memset(n, 0, sizeof(*n));
+    n->backend = "loopback";
+    n->queues = 1;
+    n->mtu = 1500;
+    n->allow_split = n->allow_packed = true;
+
+    for (char *save = NULL, *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        if (!eq) {
+            if (in_workers && strlen(wl) + strlen(tok) + 2 < sizeof(wl)) {
+                strcat(wl, ":");
+                strcat(wl, tok);
+                continue;
+            }
+            return fail(err, errlen, "--net: '%s' is not KEY=VALUE", tok);
+        }
+        *eq = '\0';
+        const char *k = tok, *v = eq + 1;
+        in_workers = false;
+        uint64_t u;
+        if (!*v)
+            return fail(err, errlen, "--net: %s= needs a value", k);
+        if (!strcmp(k, "socket")) {
+            n->socket = v;
+        } else if (!strcmp(k, "name")) {
+            n->name = v;
+        } else if (!strcmp(k, "backend")) {
+            if (strcmp(v, "loopback") && strcmp(v, "switch") && strcmp(v, "tap"))
+                return fail(err, errlen, "--net: backend=%s: expected loopback, switch or tap", v);
+            n->backend = v;
+        } else if (!strcmp(k, "switch")) {
+            if (strlen(v) >= 32)
+                return fail(err, errlen, "--net: switch=%s: name longer than 31 bytes", v);
+            n->switch_name = v;
+        } else if (!strcmp(k, "tap")) {
+            if (strlen(v) >= 16)
+                return fail(err, errlen, "--net: tap=%s: interface name longer than 15 bytes", v);
+            n->tap_name = v;
+        } else if (!strcmp(k, "queues")) {
+            if (parse_uint(v, VHD_OPT_MAX_QUEUES, &u) || u == 0)
+                return fail(err, errlen, "--net: queues=%s: expected 1..%d queue pairs", v,
+                            VHD_OPT_MAX_QUEUES);
+            n->queues = (uint32_t)u;
+        } else if (!strcmp(k, "mac")) {
+            if (vhd_parse_mac(v, n->mac))
+                return fail(err, errlen,
+                            "--net: mac=%s: expected a unicast address like 52:54:00:12:34:56", v);
+            n->mac_set = true;
+        } else if (!strcmp(k, "mtu")) {
+            if (parse_uint(v, 65535, &u) || u < 68)
+                return fail(err, errlen, "--net: mtu=%s: expected 68..65535", v);
+            n->mtu = (uint32_t)u;
+        } else if (!strcmp(k, "rings")) {
+            n->allow_split = !strcmp(v, "split") || !strcmp(v, "both");
+            n->allow_packed = !strcmp(v, "packed") || !strcmp(v, "both");
+            if (!n->allow_split && !n->allow_packed)
+                return fail(err, errlen, "--net: rings=%s: expected split, packed or both", v);
+        } else if (!strcmp(k, "workers")) {
+            if (strlen(v) >= sizeof(wl))
+                return fail(err, errlen, "--net: workers=: list too long");
+            strcpy(wl, v);
+            in_workers = true;
+        } else {
+            return fail(err, errlen, "--net: unknown key '%s'", k);
+        }
+    }
+    if (wl[0] && parse_worker_list(wl, &n->nworkers, n->workers))
+        return fail(err, errlen, "--net: workers=%s: expected a list like 0,1 or 0-3", wl);
+    if (!n->socket)
+        return fail(err, errlen, "--net: socket=PATH is required");
+    if (!strcmp(n->backend, "switch") != (n->switch_name != NULL))
+        return fail(err, errlen, "--net: switch=NAME goes with backend=switch, and only with it");
+    if (!strcmp(n->backend, "tap") != (n->tap_name != NULL))
+        return fail(err, errlen, "--net: tap=IFNAME goes with backend=tap, and only with it");
+    if (!n->name) {
+        const char *slash = strrchr(n->socket, '/');
+        n->name = slash ? slash + 1 : n->socket;
+    }
+    return 0;
+}
+
+/* ---- end net ---- */
 
 static int parse_global(struct vhd_options *o, const char *k, const char *v, char *err,
                         size_t errlen, int depth);
@@ -338,11 +477,17 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
     } else if (!strcmp(k, "version")) {
         o->version = true;
     } else if (!strcmp(k, "blk")) {
-        if (o->nblk >= VHD_OPT_MAX_DEVICES)
+        if (o->nblk + o->nnet >= VHD_OPT_MAX_DEVICES)
             return fail(err, errlen, "too many devices (at most %d)", VHD_OPT_MAX_DEVICES);
         if (vhd_options_parse_blk(o, v, &o->blk[o->nblk], err, errlen))
             return -1;
         o->nblk++;
+    } else if (!strcmp(k, "net")) {
+        if (o->nblk + o->nnet >= VHD_OPT_MAX_DEVICES)
+            return fail(err, errlen, "too many devices (at most %d)", VHD_OPT_MAX_DEVICES);
+        if (vhd_options_parse_net(o, v, &o->net[o->nnet], err, errlen))
+            return -1;
+        o->nnet++;
     } else if (!strcmp(k, "workers")) {
         if (parse_uint(v, VHD_OPT_MAX_WORKERS, &n) || n == 0)
             return fail(err, errlen, "--workers %s: expected 1..%d", v, VHD_OPT_MAX_WORKERS);
@@ -370,6 +515,20 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
         if (lvl < 0)
             return fail(err, errlen, "--log-level %s: expected error, warn, info or debug", v);
         o->log_level = lvl;
+    } else if (!strcmp(k, "sandbox")) { /* sandboxing: --sandbox and --user */
+        if (!strcmp(v, "on"))
+            o->sandbox = VHD_OPT_SANDBOX_ON;
+        else if (!strcmp(v, "off"))
+            o->sandbox = VHD_OPT_SANDBOX_OFF;
+        else if (!strcmp(v, "log"))
+            o->sandbox = VHD_OPT_SANDBOX_LOG;
+        else
+            return fail(err, errlen, "--sandbox %s: expected on, off or log", v);
+    } else if (!strcmp(k, "user")) {
+        if (!*v)
+            return fail(err, errlen, "--user needs a user name");
+        if (!(o->user = own(o, v)))
+            return fail(err, errlen, "out of memory");
     } else if (!strcmp(k, "config")) {
         return parse_config(o, v, err, errlen, depth);
     } else {
@@ -384,6 +543,7 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
     o->poll_mode = VHD_OPT_POLL_ADAPTIVE;
     o->poll_us = 50;
     o->log_level = 2;
+    o->sandbox = VHD_OPT_SANDBOX_ON;
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -412,8 +572,10 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
     }
     if (o->help || o->version)
         return 0;
-    if (o->nblk == 0)
-        return fail(err, errlen, "no device given: use --blk socket=PATH,... (see --help)");
+    if (o->nblk + o->nnet == 0)
+        return fail(err, errlen,
+                    "no device given: use --blk socket=PATH,... or --net socket=PATH,... "
+                    "(see --help)");
     for (int i = 0; i < o->nblk; i++)
         for (int j = 0; j < i; j++)
             if (!strcmp(o->blk[i].socket, o->blk[j].socket))
@@ -423,5 +585,18 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
             if (o->workers_set && (unsigned)o->blk[i].workers[j] >= o->workers)
                 return fail(err, errlen, "device %s: worker %d does not exist (--workers %u)",
                             o->blk[i].name, o->blk[i].workers[j], o->workers);
+    /* ---- net: sockets unique across --blk and --net; worker lists within --workers ---- */
+    for (int i = 0; i < o->nnet; i++) {
+        for (int j = 0; j < i; j++)
+            if (!strcmp(o->net[i].socket, o->net[j].socket))
+                return fail(err, errlen, "socket %s given twice", o->net[i].socket);
+        for (int j = 0; j < o->nblk; j++)
+            if (!strcmp(o->net[i].socket, o->blk[j].socket))
+                return fail(err, errlen, "socket %s given twice", o->net[i].socket);
+        for (int j = 0; j < o->net[i].nworkers; j++)
+            if (o->workers_set && (unsigned)o->net[i].workers[j] >= o->workers)
+                return fail(err, errlen, "device %s: worker %d does not exist (--workers %u)",
+                            o->net[i].name, o->net[i].workers[j], o->workers);
+    }
     return 0;
 }

@@ -33,7 +33,29 @@ struct vhd_opt_blk {
     int workers[VHD_OPT_MAX_WORKERS]; /* queue i runs on workers[i % nworkers] */
 };
 
+/* ---- net ---- */
+/* One --net device (virtio-net). Strings point into storage owned by struct vhd_options. */
+struct vhd_opt_net {
+    const char *socket;      /* required */
+    const char *name;        /* for logs; default: the socket's file name */
+    const char *backend;     /* "loopback" (default), "switch", "tap" */
+    const char *switch_name; /* backend=switch: switch=NAME */
+    const char *tap_name;    /* backend=tap: tap=IFNAME */
+    uint32_t queues;         /* queue pairs, 1..VHD_OPT_MAX_QUEUES, default 1 */
+    uint8_t mac[6];          /* when mac_set; else the daemon derives one from the socket path */
+    bool mac_set;
+    uint32_t mtu;     /* 68..65535, default 1500 */
+    bool allow_split; /* rings=split|packed|both (default both) */
+    bool allow_packed;
+    int nworkers;                     /* 0: pairs round robin over every worker */
+    int workers[VHD_OPT_MAX_WORKERS]; /* pair i (both rings) runs on workers[i % nworkers] */
+};
+/* ---- end net ---- */
+
 enum vhd_opt_poll { VHD_OPT_POLL_ADAPTIVE, VHD_OPT_POLL_ALWAYS, VHD_OPT_POLL_NEVER };
+
+/* --sandbox (daemon/sandbox.h). */
+enum vhd_opt_sandbox { VHD_OPT_SANDBOX_ON, VHD_OPT_SANDBOX_OFF, VHD_OPT_SANDBOX_LOG };
 
 struct vhd_options {
     unsigned workers; /* default: min(total queues, online CPUs) */
@@ -42,8 +64,14 @@ struct vhd_options {
     unsigned poll_us; /* default 50 */
     int log_level;    /* 0 error, 1 warn, 2 info (default), 3 debug */
     bool help, version;
+    /* ---- sandboxing (daemon/sandbox.h) ---- */
+    enum vhd_opt_sandbox sandbox; /* default on */
+    const char *user;             /* --user: drop to this user after setup; NULL: stay */
+    /* ---- end sandboxing ---- */
     int nblk;
     struct vhd_opt_blk blk[VHD_OPT_MAX_DEVICES];
+    int nnet; /* --net devices; nblk + nnet <= VHD_OPT_MAX_DEVICES */
+    struct vhd_opt_net net[VHD_OPT_MAX_DEVICES];
     char **strings; /* owned copies the fields above point into */
     int nstrings;
 };
@@ -60,6 +88,16 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
  */
 int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_opt_blk *b, char *err,
                           size_t errlen);
+
+/*
+ * vhd_options_parse_net - parse one --net spec "socket=PATH,backend=loopback,
+ * queues=N,..." into n. 0, or -1 with a message in err.
+ */
+int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_opt_net *n, char *err,
+                          size_t errlen);
+
+/* Parse a MAC address "52:54:00:12:34:56" (a unicast, non-zero one). 0 or -1. */
+int vhd_parse_mac(const char *s, uint8_t mac[6]);
 
 /* Parse "512", "4K", "10M", "8G", "1T" (binary units). 0 or -1. */
 int vhd_parse_size(const char *s, uint64_t *out);

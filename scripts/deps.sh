@@ -6,7 +6,8 @@ set -euo pipefail
 
 what=${1:-test}
 build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev)
-test_pkgs=(clang libclang-rt-14-dev valgrind)
+# dpdk-dev: dpdk-testpmd; its virtio-user PMD and mempool driver are plugins (interop tests)
+test_pkgs=(clang libclang-rt-14-dev valgrind dpdk-dev librte-net-virtio23 librte-mempool-ring23)
 guest_pkgs=(qemu-system-x86 qemu-utils qemu-system-common busybox-static cpio xz-utils kmod)
 
 pkgs=("${build_pkgs[@]}")

@@ -63,7 +63,8 @@ build() {
     ninja -C "$dir"
 }
 
-unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu)
+unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_frontend test_sandbox
+    test_net test_net_switch)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
@@ -83,7 +84,7 @@ done
 note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
-for t in test_runtime test_blk test_vu; do
+for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch; do
     if [ -x "build-tsan/$t" ]; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
     else
@@ -107,12 +108,20 @@ if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
     done
 fi
 
-note "real Linux guests (QEMU TCG) on vhostd disks, and the harness against qemu-storage-daemon"
+note "real Linux guests (QEMU TCG) on vhostd disks and NICs, and the harness against qemu-storage-daemon"
 if [ -x build/vhostd ]; then
     run guest-vhostd-matrix bash tests/guest/vhostd-matrix.sh
     run guest-qsd-smoke bash tests/guest/qsd-smoke.sh
+    run guest-net bash tests/guest/net-guests.sh
 else
     failed=$((failed + 1)); echo "   build/vhostd not built: guest tests not run"
+fi
+
+note "DPDK interop: dpdk-testpmd (virtio-user) against vhostd's virtio-net loopback"
+if [ -x build/vhostd ]; then
+    run interop-testpmd bash tests/interop/testpmd-loopback.sh
+else
+    failed=$((failed + 1)); echo "   build/vhostd not built: interop tests not run"
 fi
 
 note "style (clang-format)"

@@ -3,8 +3,9 @@
  * The packet backend interface: what the virtio-net device (src/dev/net.c)
  * hands a frame to when the guest transmits, and the device's delivery verb
  * a backend calls to put a frame into a guest receive queue. Backends:
- * "loopback" (net_loopback.c: every frame comes back on the same pair);
- * later an in-process L2 switch and TAP.
+ * "loopback" (net_loopback.c: every frame comes back on the same pair),
+ * "switch" (net_switch.c: an in-process L2 learning switch between
+ * devices) and "tap" (net_tap.c: a Linux TAP interface).
  */
 #ifndef VHD_NET_BACKEND_H
 #define VHD_NET_BACKEND_H
@@ -36,8 +37,10 @@ struct vhd_net_frame {
 
 /* What open() is given. */
 struct vhd_net_backend_opts {
-    const char *name; /* the device's name, for logs */
-    uint32_t pairs;   /* queue pairs of the device */
+    const char *name;        /* the device's name, for logs */
+    uint32_t pairs;          /* queue pairs of the device */
+    const char *switch_name; /* switch: the switch to join (switch=NAME) */
+    const char *tap_name;    /* tap: the interface to attach to or create (tap=IFNAME) */
 };
 
 struct vhd_net_backend_ops {
@@ -73,6 +76,15 @@ struct vhd_net_backend_ops {
      */
     int (*rx_poll)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
                    unsigned budget);
+
+    /*
+     * rx_wake_fd - optional: an fd whose readiness means rx_poll of `pair`
+     * has work (switch: a doorbell eventfd; tap: the pair's TAP fd). The
+     * device passes it to the runtime (vhd_dev_ops.queue_wake_fd), which
+     * watches it edge-triggered on the receive queue's worker and then
+     * processes that queue. Must stay open until close(). -1: none.
+     */
+    int (*rx_wake_fd)(struct vhd_net_backend *be, uint16_t pair);
 };
 
 /*
@@ -91,6 +103,11 @@ struct vhd_net_backend {
 };
 
 extern const struct vhd_net_backend_ops vhd_net_backend_loopback;
+extern const struct vhd_net_backend_ops vhd_net_backend_switch;
+extern const struct vhd_net_backend_ops vhd_net_backend_tap;
+
+/* The backend instance of a net device (set at creation, read-only). Any thread. */
+const struct vhd_net_backend *vhd_net_backend_of(const struct vhd_dev *dev);
 
 /* The backend called name ("loopback"), or NULL. Implemented in net.c. */
 const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name);

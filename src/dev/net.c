@@ -304,7 +304,8 @@ static void vq_rewind(struct vhd_vq *vq, const struct net_vq_mark *m)
 
 const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name)
 {
-    static const struct vhd_net_backend_ops *const all[] = {&vhd_net_backend_loopback};
+    static const struct vhd_net_backend_ops *const all[] = {
+        &vhd_net_backend_loopback, &vhd_net_backend_switch, &vhd_net_backend_tap};
     for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];
@@ -775,6 +776,22 @@ static int net_queue_process(struct vhd_queue *q, unsigned budget)
     }
 }
 
+/* A receive queue's wake fd: the backend's (switch doorbell, TAP fd), for the runtime to watch. */
+static int net_queue_wake_fd(struct vhd_queue *q)
+{
+    struct vhd_net *net = to_net(q->dev);
+    struct net_queue *nq = q->priv;
+
+    if (!nq || nq->role != NET_Q_RX || !net->be->ops->rx_wake_fd)
+        return -1;
+    return net->be->ops->rx_wake_fd(net->be, nq->pair);
+}
+
+const struct vhd_net_backend *vhd_net_backend_of(const struct vhd_dev *dev)
+{
+    return to_cnet(dev)->be;
+}
+
 static uint64_t net_features(struct vhd_dev *dev)
 {
     return to_net(dev)->offered;
@@ -984,6 +1001,7 @@ const struct vhd_dev_ops vhd_net_ops = {
     .set_mtu = net_set_mtu,
     .send_rarp = net_send_rarp,
     .run_disabled = true,
+    .queue_wake_fd = net_queue_wake_fd,
 };
 
 bool vhd_dev_is_net(const struct vhd_dev *dev)
@@ -1067,7 +1085,8 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     }
     bops = vhd_net_backend_find(o->backend ? o->backend : "loopback");
     if (!bops)
-        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected loopback)", o->backend);
+        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected loopback, switch or tap)",
+                    o->backend);
     if (o->no_split && !o->allow_packed)
         return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
 
@@ -1107,7 +1126,10 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     for (uint32_t i = 0; i < nq; i++)
         net->dev.queue_worker[i] = (int)(i / 2);
 
-    struct vhd_net_backend_opts bo = {.name = net->dev.name, .pairs = pairs};
+    struct vhd_net_backend_opts bo = {.name = net->dev.name,
+                                      .pairs = pairs,
+                                      .switch_name = o->switch_name,
+                                      .tap_name = o->tap_name};
     rc = bops->open(&bo, &net->dev, &net->be, err, errlen);
     if (rc < 0)
         goto err_free;

@@ -50,13 +50,15 @@
 
 /* Options of vhd_net_new(). Zero-initialise, then set what you need. */
 struct vhd_net_opts {
-    const char *name;    /* for logs (dev->name); default "net" */
-    const char *backend; /* "loopback" (default) */
-    uint32_t pairs;      /* queue pairs, 1..VHD_NET_MAX_PAIRS; 0: 1 */
-    const uint8_t *mac;  /* 6 bytes, unicast; NULL: 52:54:00 + 3 bytes hashed from name */
-    uint32_t mtu;        /* VHD_NET_MIN_MTU..65535; 0: VHD_NET_DEFAULT_MTU */
-    bool allow_packed;   /* offer VIRTIO_F_RING_PACKED */
-    bool no_split;       /* refuse split rings (set_features requires RING_PACKED) */
+    const char *name;        /* for logs (dev->name); default "net" */
+    const char *backend;     /* "loopback" (default), "switch", "tap" */
+    const char *switch_name; /* backend switch: the switch to join */
+    const char *tap_name;    /* backend tap: the TAP interface */
+    uint32_t pairs;          /* queue pairs, 1..VHD_NET_MAX_PAIRS; 0: 1 */
+    const uint8_t *mac;      /* 6 bytes, unicast; NULL: 52:54:00 + 3 bytes hashed from name */
+    uint32_t mtu;            /* VHD_NET_MIN_MTU..65535; 0: VHD_NET_DEFAULT_MTU */
+    bool allow_packed;       /* offer VIRTIO_F_RING_PACKED */
+    bool no_split;           /* refuse split rings (set_features requires RING_PACKED) */
 };
 
 /*

@@ -70,6 +70,42 @@ struct vhd_dev_ops {
 
     /* Device reset (RESET_OWNER / RESET_DEVICE / disconnect), queues detached. */
     void (*reset)(struct vhd_dev *dev);
+
+    /* ---- network devices (src/dev/net.c); NULL / false for others ---- */
+
+    /*
+     * VHOST_USER_NET_SET_MTU: the MTU the front-end gives the guest. The
+     * transport offers VHOST_USER_PROTOCOL_F_MTU when set. 0 or -EINVAL.
+     */
+    int (*set_mtu)(struct vhd_dev *dev, uint32_t mtu);
+
+    /*
+     * VHOST_USER_SEND_RARP: broadcast a RARP for mac (after a migration, for
+     * guests without GUEST_ANNOUNCE). The transport offers
+     * VHOST_USER_PROTOCOL_F_RARP when set. 0 or -errno.
+     */
+    int (*send_rarp)(struct vhd_dev *dev, const uint8_t mac[6]);
+
+    /*
+     * Run started-but-disabled rings too (spec "Ring states": the back-end
+     * processes them without side effects; net discards transmitted
+     * frames and delivers nothing on receive). The transport then keeps a
+     * started ring attached whatever its enabled state, and changes
+     * q->enabled only while q is detached, so queue_process may read it.
+     */
+    bool run_disabled;
+
+    /*
+     * queue_wake_fd - optional (NULL: none): an extra fd the worker watches
+     * for q while q is attached, besides its kick fd. The runtime registers
+     * it edge-triggered (EPOLLIN | EPOLLET) at attach and removes it when q
+     * stops; a readiness edge marks q pending, so queue_process runs at the
+     * next turn. The runtime never reads the fd: the device does (a TAP fd)
+     * or need not (an eventfd used as a doorbell: each write is a new edge).
+     * The fd must stay open while q is attached. Called on the control
+     * thread before attach, after queue_init. -1: nothing to watch.
+     */
+    int (*queue_wake_fd)(struct vhd_queue *q);
 };
 
 /* One virtqueue of a device. Cache-line aligned; never written by two threads at once. */
@@ -106,7 +142,7 @@ struct vhd_queue {
     uint32_t base; /* SET_VRING_BASE value (vhost-user encoding) */
     bool have_addr;
     bool started;   /* vhost-user ring state: started (kick fd received) */
-    bool enabled;   /* vhost-user ring state: enabled */
+    bool enabled;   /* vhost-user ring state: enabled (worker-readable, see run_disabled) */
     bool attached;  /* runtime: a worker is running it */
     int worker_idx; /* which worker runs it */
 } vhd_cacheline_aligned;

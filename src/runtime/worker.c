@@ -97,6 +97,8 @@ struct rt_entry {
     bool pending;       /* process at the next turn: kicked, budget exhausted, or work slipped in */
     bool kickless;      /* no kick fd: polled every turn */
     bool kick_in_epoll; /* q->kick_fd is registered in the worker's epoll */
+    bool wake_in_epoll; /* wake_fd is registered (tagged e | 1, edge-triggered) */
+    int wake_fd;        /* the device's extra fd (dev ops queue_wake_fd), or -1 */
     bool broken;        /* queue_process failed: never popped again */
     bool detaching;     /* a detach was taken: not popped, waiting for inflight_io == 0 */
     uint64_t detach_id; /* request to complete when drained; 0: none (its poster gave up) */
@@ -268,6 +270,10 @@ static void worker_submit(struct vhd_worker *w)
 
 static void worker_kick_del(struct vhd_worker *w, struct rt_entry *e)
 {
+    if (e->wake_in_epoll) {
+        epoll_ctl(w->epfd, EPOLL_CTL_DEL, e->wake_fd, NULL);
+        e->wake_in_epoll = false;
+    }
     if (!e->kick_in_epoll)
         return;
     /* Errors are ignored: the fd may already be gone; either way it no longer wakes us. */
@@ -503,6 +509,26 @@ static int worker_do_attach(struct vhd_worker *w, struct vhd_queue *q)
         e->kickless = true;
         w->nkickless++;
     }
+    /*
+     * The device's extra fd (a TAP fd, a switch doorbell), tagged with the
+     * entry's address + 1 (entries are malloc'ed, so bit 0 is free) to tell
+     * it from the kick fd. Edge-triggered: nobody here reads it.
+     */
+    e->wake_fd = q->dev->ops->queue_wake_fd ? q->dev->ops->queue_wake_fd(q) : -1;
+    if (e->wake_fd >= 0) {
+        struct epoll_event ev = {.events = EPOLLIN | EPOLLET,
+                                 .data.ptr = (void *)((uintptr_t)e | 1u)};
+        if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, e->wake_fd, &ev) < 0) {
+            int rc = -errno;
+            if (e->kick_in_epoll)
+                epoll_ctl(w->epfd, EPOLL_CTL_DEL, q->kick_fd, NULL);
+            if (e->kickless)
+                w->nkickless--;
+            free(e);
+            return rc;
+        }
+        e->wake_in_epoll = true;
+    }
     q->worker = w;
     q->on_dirty_list = false;
     q->dirty_next = NULL;
@@ -665,6 +691,11 @@ static bool worker_dispatch(const struct epoll_event *ev)
         return true;
     } else if (tag == &rt_tag_uring) {
         /* Nothing to do here: the CQ is reaped every turn. */
+    } else if ((uintptr_t)tag & 1u) {
+        /* The device's wake fd (see worker_do_attach): just mark the queue. */
+        struct rt_entry *e = (struct rt_entry *)((uintptr_t)tag & ~(uintptr_t)1u);
+        if (e->wake_in_epoll)
+            e->pending = true;
     } else {
         struct rt_entry *e = tag;
         uint64_t v;

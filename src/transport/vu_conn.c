@@ -115,6 +115,8 @@ static int h_add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_rem_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_set_status(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_get_status(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_send_rarp(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_net_set_mtu(struct vhd_vu_conn *c, struct vu_req *r);
 
 /* Payload sizes and gates, for the table below. */
 #define U64             ((uint16_t)sizeof(uint64_t))
@@ -152,8 +154,9 @@ static const struct vu_req_info vu_reqs[VHOST_USER_REQUEST_MAX] = {
     /* "should be sent only when MQ is set in queried protocol features": offered suffices. */
     REQ(GET_QUEUE_NUM, h_get_queue_num, .gate = PF(MQ), .gate_offered = true, .reply = true),
     REQ(SET_VRING_ENABLE, h_set_vring_enable, .size = STATE, .index_rule = IDX_STATE),
-    REQ(SEND_RARP, NULL),
-    REQ(NET_SET_MTU, NULL),
+    /* Net devices (ops->send_rarp / set_mtu): "present in GET_PROTOCOL_FEATURES", so offered. */
+    REQ(SEND_RARP, h_send_rarp, .size = U64, .gate = PF(RARP), .gate_offered = true),
+    REQ(NET_SET_MTU, h_net_set_mtu, .size = U64, .gate = PF(MTU), .gate_offered = true),
     REQ(SET_BACKEND_REQ_FD, h_set_backend_req_fd, .fd_rule = FD_ONE, .gate = PF(BACKEND_REQ)),
     REQ(IOTLB_MSG, NULL, .reply = true),
     REQ(SET_VRING_ENDIAN, NULL),
@@ -228,6 +231,10 @@ uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
 
     if (dev->ops->get_config && dev->ops->config_size > 0)
         f |= BIT(VHOST_USER_PROTOCOL_F_CONFIG);
+    if (dev->ops->set_mtu) /* net devices */
+        f |= BIT(VHOST_USER_PROTOCOL_F_MTU);
+    if (dev->ops->send_rarp)
+        f |= BIT(VHOST_USER_PROTOCOL_F_RARP);
     return f;
 }
 
@@ -287,11 +294,12 @@ static void close_fd(int *fd)
 
 /*
  * Spec "Ring states": a ring is processed only while started; we also require
- * it enabled (see h_set_vring_enable).
+ * it enabled (see h_set_vring_enable), unless the device processes disabled
+ * rings itself (ops->run_disabled: net discards their transmitted frames).
  */
 static bool queue_should_run(const struct vhd_queue *q)
 {
-    return q->started && q->enabled;
+    return q->started && (q->enabled || q->dev->ops->run_disabled);
 }
 
 /*
@@ -334,6 +342,22 @@ static int queue_sync(struct vhd_vu_conn *c, struct vhd_queue *q)
     if (queue_should_run(q))
         return queue_attach(c, q);
     return queue_detach(c, q);
+}
+
+/*
+ * Change q's enabled state, then sync. A worker may read q->enabled while it
+ * runs q (ops->run_disabled, dev.h), so the state changes only while q is
+ * detached.
+ */
+static int queue_set_enabled(struct vhd_vu_conn *c, struct vhd_queue *q, bool enabled)
+{
+    if (q->attached && q->enabled != enabled) {
+        int rc = queue_detach(c, q);
+        if (rc < 0)
+            return rc;
+    }
+    q->enabled = enabled;
+    return queue_sync(c, q);
 }
 
 /*
@@ -975,8 +999,7 @@ static int h_reset_owner(struct vhd_vu_conn *c, struct vu_req *r)
 
     for (uint32_t i = 0; i < c->dev->num_queues; i++) {
         struct vhd_queue *q = &c->dev->queues[i];
-        q->enabled = false;
-        int qrc = queue_sync(c, q);
+        int qrc = queue_set_enabled(c, q, false);
         if (qrc < 0 && rc == 0)
             rc = qrc;
     }
@@ -1348,10 +1371,42 @@ static int h_set_vring_enable(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "enable value is neither 0 nor 1";
         return -EINVAL;
     }
-    q->enabled = num == 1;
-    int rc = queue_sync(c, q);
+    int rc = queue_set_enabled(c, q, num == 1);
     if (rc < 0)
-        r->why = q->enabled ? "the ring could not start" : "the ring did not stop";
+        r->why = num == 1 ? "the ring could not start" : "the ring did not stop";
+    return rc;
+}
+
+/* ---- handlers: network devices (ops->set_mtu, ops->send_rarp) ---- */
+
+/* NET_SET_MTU: u64 MTU; with REPLY_ACK the ack says whether the device took it. */
+static int h_net_set_mtu(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    uint64_t mtu = r->p->u64;
+
+    if (!c->dev->ops->set_mtu) {
+        r->why = "not a network device";
+        return -EOPNOTSUPP;
+    }
+    int rc = mtu > UINT32_MAX ? -EINVAL : c->dev->ops->set_mtu(c->dev, (uint32_t)mtu);
+    if (rc < 0)
+        r->why = "MTU refused by the device";
+    return rc;
+}
+
+/* SEND_RARP: the first 6 bytes of the u64 payload are the guest's MAC address. */
+static int h_send_rarp(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    uint8_t mac[6];
+
+    if (!c->dev->ops->send_rarp) {
+        r->why = "not a network device";
+        return -EOPNOTSUPP;
+    }
+    memcpy(mac, &r->p->u64, sizeof(mac));
+    int rc = c->dev->ops->send_rarp(c->dev, mac);
+    if (rc < 0)
+        r->why = "RARP refused by the device";
     return rc;
 }
 

@@ -1159,5 +1159,7 @@ VHD_TEST(new_errors)
     vhd_net_default_mac("/run/b.sock", b);
     VHD_CHECK(memcmp(a, b, 6) != 0);
     VHD_CHECK(vhd_net_backend_find("loopback") == &vhd_net_backend_loopback);
-    VHD_CHECK(vhd_net_backend_find("switch") == NULL);
+    VHD_CHECK(vhd_net_backend_find("switch") == &vhd_net_backend_switch);
+    VHD_CHECK(vhd_net_backend_find("tap") == &vhd_net_backend_tap);
+    VHD_CHECK(vhd_net_backend_find("pcap") == NULL);
 }

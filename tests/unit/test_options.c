@@ -162,3 +162,168 @@ VHD_TEST(config_file)
     VHD_CHECK(strstr(err, "No such file"));
     vhd_options_free(&o);
 }
+
+/* ---- net: --net keys, defaults, rejects, config-file lines ---- */
+
+VHD_TEST(net_switch_and_tap_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    int rc = parse(&o, err, "--net=socket=/run/a.sock,backend=switch,switch=sw0",
+                   "--net=socket=/run/b.sock,backend=tap,tap=vhd0,queues=2", NULL, NULL);
+    if (rc)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(o.nnet, 2);
+    VHD_CHECK(!strcmp(o.net[0].backend, "switch"));
+    VHD_CHECK(!strcmp(o.net[0].switch_name, "sw0"));
+    VHD_CHECK(o.net[0].tap_name == NULL);
+    VHD_CHECK(!strcmp(o.net[1].backend, "tap"));
+    VHD_CHECK(!strcmp(o.net[1].tap_name, "vhd0"));
+    VHD_CHECK(o.net[1].switch_name == NULL);
+    VHD_CHECK_EQ(o.net[1].queues, 2);
+    vhd_options_free(&o);
+}
+
+VHD_TEST(net_defaults_and_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    int rc = parse(&o, err, "--net=socket=/run/n1.sock",
+                   "--net=socket=/run/n2.sock,backend=loopback,queues=16,mac=52:54:00:ab:cd:ef,"
+                   "mtu=9000,rings=packed,workers=0,2-3,name=net2",
+                   "--blk=socket=/run/d.sock,backend=null,size=1G", NULL);
+    if (rc)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(o.nnet, 2);
+    VHD_CHECK_EQ(o.nblk, 1);
+    VHD_CHECK(!strcmp(o.net[0].socket, "/run/n1.sock"));
+    VHD_CHECK(!strcmp(o.net[0].name, "n1.sock"));
+    VHD_CHECK(!strcmp(o.net[0].backend, "loopback"));
+    VHD_CHECK_EQ(o.net[0].queues, 1);
+    VHD_CHECK_EQ(o.net[0].mtu, 1500);
+    VHD_CHECK(!o.net[0].mac_set);
+    VHD_CHECK(o.net[0].allow_split && o.net[0].allow_packed);
+    VHD_CHECK_EQ(o.net[0].nworkers, 0);
+    VHD_CHECK(!strcmp(o.net[1].name, "net2"));
+    VHD_CHECK_EQ(o.net[1].queues, 16);
+    VHD_CHECK_EQ(o.net[1].mtu, 9000);
+    VHD_CHECK(o.net[1].mac_set);
+    static const uint8_t mac[6] = {0x52, 0x54, 0x00, 0xab, 0xcd, 0xef};
+    VHD_CHECK(memcmp(o.net[1].mac, mac, 6) == 0);
+    VHD_CHECK(!o.net[1].allow_split && o.net[1].allow_packed);
+    VHD_CHECK_EQ(o.net[1].nworkers, 3);
+    VHD_CHECK(o.net[1].workers[0] == 0 && o.net[1].workers[1] == 2 && o.net[1].workers[2] == 3);
+    vhd_options_free(&o);
+
+    uint8_t m[6];
+    VHD_CHECK_EQ(vhd_parse_mac("02:00:00:00:00:01", m), 0);
+    VHD_CHECK_EQ(m[0], 2);
+    VHD_CHECK_EQ(m[5], 1);
+    VHD_CHECK(vhd_parse_mac("02:00:00:00:00", m) < 0);
+    VHD_CHECK(vhd_parse_mac("02:00:00:00:00:01:02", m) < 0);
+    VHD_CHECK(vhd_parse_mac("02-00-00-00-00-01", m) < 0);
+    VHD_CHECK(vhd_parse_mac("0g:00:00:00:00:01", m) < 0);
+    VHD_CHECK(vhd_parse_mac("01:00:5e:00:00:01", m) < 0); /* multicast */
+    VHD_CHECK(vhd_parse_mac("00:00:00:00:00:00", m) < 0);
+}
+
+VHD_TEST(net_rejects)
+{
+    static const struct {
+        const char *spec, *msg;
+    } cases[] = {
+        {"queues=2", "socket=PATH is required"},
+        {"socket=s,backend=tap", "tap=IFNAME goes with backend=tap"},
+        {"socket=s,backend=switch", "switch=NAME goes with backend=switch"},
+        {"socket=s,switch=sw0", "switch=NAME goes with backend=switch"},
+        {"socket=s,backend=loopback,tap=t0", "tap=IFNAME goes with backend=tap"},
+        {"socket=s,backend=switch,switch=0123456789abcdef0123456789abcdef", "longer than 31"},
+        {"socket=s,backend=tap,tap=0123456789abcdef", "longer than 15"},
+        {"socket=s,backend=bogus", "expected loopback, switch or tap"},
+        {"socket=s,backend=pcap", "expected loopback"},
+        {"socket=s,queues=0", "queues=0"},
+        {"socket=s,queues=65", "queues=65"},
+        {"socket=s,mtu=67", "expected 68..65535"},
+        {"socket=s,mtu=65536", "expected 68..65535"},
+        {"socket=s,mac=01:00:5e:00:00:01", "unicast address"},
+        {"socket=s,mac=52:54:00", "mac=52:54:00"},
+        {"socket=s,rings=ring", "expected split, packed or both"},
+        {"socket=s,workers=x", "workers=x"},
+        {"socket=s,image=x", "unknown key 'image'"},
+        {"socket=s,mtu", "not KEY=VALUE"},
+        {"socket=s,mtu=", "needs a value"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct vhd_options o;
+        char err[256] = "";
+        char arg[256];
+        snprintf(arg, sizeof(arg), "--net=%s", cases[i].spec);
+        int rc = parse(&o, err, arg, NULL, NULL, NULL);
+        if (rc == 0 || !strstr(err, cases[i].msg) || !strstr(err, "--net")) {
+            fprintf(stderr, "  case %s: rc %d, message '%s'\n", cases[i].spec, rc, err);
+            VHD_CHECK(0);
+        }
+        vhd_options_free(&o);
+    }
+    struct vhd_options o;
+    char err[256];
+    /* one socket for two devices, across --blk and --net too */
+    VHD_CHECK(parse(&o, err, "--net=socket=s", "--net=socket=s", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "given twice"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--blk=socket=s,image=a", "--net=socket=s", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "given twice"));
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--workers", "2", "--net=socket=s,workers=2", NULL) < 0);
+    VHD_CHECK(strstr(err, "worker 2 does not exist"));
+    vhd_options_free(&o);
+    /* the device limit counts --blk and --net together */
+    char *argv[VHD_OPT_MAX_DEVICES + 3];
+    static char specs[VHD_OPT_MAX_DEVICES + 1][64];
+    argv[0] = "vhostd";
+    for (int i = 0; i <= VHD_OPT_MAX_DEVICES; i++) {
+        snprintf(specs[i], sizeof(specs[i]), "--%s=socket=/tmp/s%d%s", i % 2 ? "net" : "blk", i,
+                 i % 2 ? "" : ",backend=null,size=1M");
+        argv[i + 1] = specs[i];
+    }
+    VHD_CHECK(vhd_options_parse(&o, VHD_OPT_MAX_DEVICES + 2, argv, err, sizeof(err)) < 0);
+    VHD_CHECK(strstr(err, "too many devices"));
+    vhd_options_free(&o);
+    VHD_CHECK(vhd_options_parse(&o, VHD_OPT_MAX_DEVICES + 1, argv, err, sizeof(err)) == 0);
+    VHD_CHECK_EQ(o.nblk + o.nnet, VHD_OPT_MAX_DEVICES);
+    vhd_options_free(&o);
+    /* --help mentions --net */
+    VHD_CHECK(strstr(vhd_usage, "--net keys"));
+    VHD_CHECK(strstr(vhd_usage, "backend=loopback"));
+}
+
+VHD_TEST(net_config_file)
+{
+    char path[] = "/tmp/vhostd-conf-XXXXXX";
+    int fd = mkstemp(path);
+    VHD_CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "workers 2\n"
+               "net socket=/tmp/n.sock,queues=2,mac=02:00:00:00:00:07   # loopback NIC\n");
+    fclose(f);
+    struct vhd_options o;
+    char err[256] = "";
+    int rc = parse(&o, err, "--config", path, NULL, NULL);
+    if (rc)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(o.nnet, 1);
+    VHD_CHECK_EQ(o.nblk, 0);
+    VHD_CHECK_EQ(o.net[0].queues, 2);
+    VHD_CHECK_EQ(o.net[0].mac[5], 7);
+    vhd_options_free(&o);
+    f = fopen(path, "w");
+    fprintf(f, "net socket=/tmp/n.sock,mtu=10\n");
+    fclose(f);
+    VHD_CHECK(parse(&o, err, "--config", path, NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, ":1: --net: mtu=10"));
+    vhd_options_free(&o);
+    unlink(path);
+}

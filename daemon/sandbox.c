@@ -1,0 +1,418 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhostd's sandbox (sandbox.h): the table of syscalls vhostd's threads may
+ * make once setup is done, each with the reason it is needed, the seccomp
+ * filter built from it with libseccomp, and the drop to an unprivileged user.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/fs.h>
+#include <linux/futex.h>
+#include <pwd.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/log.h"
+#include "sandbox.h"
+
+/*
+ * The allow table. Everything vhostd does after setup, found by reading the
+ * code and confirmed by running the guest test matrix and the demo under
+ * strace -f and under --sandbox=log (see docs/USER-GUIDE.md, "Sandboxing").
+ * Not here, on purpose: open/openat/creat (every file is open before the
+ * filter), socket/connect/bind/listen (listening sockets exist; nothing
+ * connects out), clone/clone3/fork/vfork/execve (workers exist; nothing is
+ * spawned), io_uring_setup/io_uring_register (rings exist), ptrace, kill,
+ * prctl, setuid and friends, mount and namespaces, bpf, perf_event_open.
+ *
+ * A syscall may appear on several rows: rows are alternatives (the call is
+ * allowed when any of its rows matches). A new feature that needs a syscall
+ * at run time adds a row here, with its reason.
+ */
+#define ANY(sys, reason)                                            \
+    {                                                               \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason \
+    }
+#define ARG_EQ(sys, argi, val, reason)                                                            \
+    {                                                                                             \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_EQ, .value = (val), \
+        .why = reason                                                                             \
+    }
+#define ARG_MASKED(sys, argi, msk, val, reason)                                          \
+    {                                                                                    \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
+        .mask = (msk), .value = (val), .why = reason                                     \
+    }
+#define ARG_SELF_PID(sys, argi, reason)                                                 \
+    {                                                                                   \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_SELF_PID, \
+        .why = reason                                                                   \
+    }
+
+/* Built with a sanitizer? Its runtime makes a few calls of its own (see the end of the table). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define VHD_SANDBOX_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define VHD_SANDBOX_SANITIZER 1
+#endif
+#endif
+#ifndef VHD_SANDBOX_SANITIZER
+#define VHD_SANDBOX_SANITIZER 0
+#endif
+
+/*
+ * futex: the operation without its modifier flags (FUTEX_PRIVATE_FLAG,
+ * FUTEX_CLOCK_REALTIME). The argument is an int: compare its 32 bits only.
+ */
+#define FUTEX_OP_BITS (0xffffffffUL & ~(unsigned long)(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME))
+
+static const struct vhd_sandbox_rule sandbox_rules[] = {
+    /* ---- event loops (control thread and workers) ---- */
+    ANY(epoll_wait, "control loop and worker loops wait for events"),
+    ANY(epoll_pwait, "the same, as some libcs implement epoll_wait"),
+    ANY(epoll_ctl, "add/remove kick fds, sessions and listening sockets"),
+    ANY(read, "eventfds (kicks, mailboxes, stop, runtime events), the signalfd, TAP frames"),
+    ANY(write, "eventfds (calls, errors, wake-ups), log lines to stderr"),
+    ANY(io_uring_enter, "workers submit block I/O and reap completions"),
+    /* ---- vhost-user sessions (control thread) ---- */
+    ANY(accept4, "a front-end connects to a listening socket"),
+    ANY(recvmsg, "vhost-user messages, with fds (SCM_RIGHTS)"),
+    ANY(sendmsg, "vhost-user replies and back-end requests, with fds"),
+    ANY(poll, "a reply waits (bounded) for room in the socket buffer"),
+    ANY(close, "fds of ended sessions, replaced ring fds, region fds after mmap"),
+    ARG_EQ(fcntl, 1, F_GETFL, "read the flags of a session, kick or back-end fd"),
+    ARG_EQ(fcntl, 1, F_SETFL, "O_NONBLOCK on session, kick and back-end-channel fds"),
+    ARG_EQ(fcntl, 1, F_SETFD, "FD_CLOEXEC on an accepted session"),
+    ANY(fstat, "mem.c checks a region fd's size before mmap"),
+    ANY(newfstatat, "fstat() and stat() as glibc implements them"),
+    ANY(fstatfs, "mem.c checks whether a region fd is on hugetlbfs (page alignment)"),
+    /* ---- guest memory and the heap ---- */
+    ARG_MASKED(mmap, 2, PROT_EXEC, 0,
+               "SET_MEM_TABLE/ADD_MEM_REG map guest memory; malloc; never executable"),
+    ANY(munmap, "memory tables released; free(); io_uring rings at exit"),
+    ANY(mremap, "realloc() of large blocks"),
+    ARG_MASKED(mprotect, 2, PROT_EXEC, 0, "glibc grows per-thread malloc arenas; never executable"),
+    ANY(brk, "malloc() in the main arena"),
+    ANY(madvise, "MADV_DONTDUMP on guest memory; glibc trims arenas and thread stacks"),
+    ANY(sysinfo, "glibc's qsort() sizes its buffer by RAM on its first big sort (61+ regions)"),
+    /* ---- threads and time (futex: the plain operations only; no PI, no requeue) ---- */
+    ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAIT, "mailbox mutex/condvar waits, pthread_join"),
+    ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAKE, "mailbox mutex/condvar wake-ups"),
+    ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAIT_BITSET, "condvar waits with a deadline"),
+    ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAKE_BITSET, "wake-ups of bitset waiters"),
+    ANY(clock_gettime, "timestamps: polling windows, bounded waits, log lines (vDSO fallback)"),
+    ANY(clock_nanosleep, "a worker backs off after an epoll error (usleep)"),
+    ANY(nanosleep, "the same, on older libcs"),
+    /*
+     * A worker created just before the filter may not have run yet: its own
+     * start-up (glibc start_thread) then happens under the filter.
+     */
+    ANY(rseq, "glibc registers a new thread's restartable sequence area"),
+    ANY(set_robust_list, "glibc registers a new thread's robust futex list"),
+    ANY(restart_syscall, "the kernel resumes an interrupted sleep"),
+    ANY(rt_sigreturn, "return from a signal handler"),
+    ANY(rt_sigprocmask, "glibc blocks signals in a thread that exits; abort()"),
+    ANY(exit, "a worker thread ends at shutdown"),
+    ANY(exit_group, "the process exits"),
+    ANY(writev, "frames to a TAP fd (net tap backend); glibc's fatal-error message before abort()"),
+    ANY(getpid, "abort() looks up its own process"),
+    ANY(gettid, "abort() looks up its own thread"),
+    ARG_SELF_PID(tgkill, 0, "abort() sends SIGABRT to its own thread (a core, not a SIGSYS)"),
+    /* ---- the block backend ---- */
+    ARG_EQ(ioctl, 1, BLKDISCARD, "discard fallback on a block device that cannot punch holes"),
+    ANY(fdatasync, "the uring backend flushes the image when a device closes"),
+    /* ---- exit ---- */
+    ANY(unlink, "remove our listening socket at exit"),
+#if VHD_SANDBOX_SANITIZER
+    /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
+    ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),
+    ANY(sched_getaffinity, "the sanitizer runtime's start-up of a new thread"),
+    ANY(gettimeofday, "ThreadSanitizer reads the time with a real syscall, not the vDSO"),
+#endif
+};
+
+#undef ANY
+#undef ARG_EQ
+#undef ARG_MASKED
+#undef ARG_SELF_PID
+
+const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n)
+{
+    *n = sizeof(sandbox_rules) / sizeof(sandbox_rules[0]);
+    return sandbox_rules;
+}
+
+static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Write a one-line reason to err (when given) and return rc. */
+static int set_err(char *err, size_t errlen, int rc, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (err && errlen) {
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+/*
+ * Run glibc's lazy initialisations that need syscalls the filter forbids,
+ * while they are still allowed: the first gmtime_r() (every log line's
+ * timestamp) reads the time zone, opening /etc/localtime. With --log-level
+ * warn, the first log line may well come after the filter.
+ */
+static void prime_libc(void)
+{
+    tzset();
+}
+
+int vhd_sandbox_apply(enum vhd_sandbox_mode mode)
+{
+    uint32_t deny;
+    size_t n;
+    int rc;
+
+    if (mode == VHD_SANDBOX_OFF)
+        return 0;
+    if (mode != VHD_SANDBOX_ON && mode != VHD_SANDBOX_LOG)
+        return -EINVAL;
+    deny = mode == VHD_SANDBOX_ON ? SCMP_ACT_KILL_PROCESS : SCMP_ACT_LOG;
+    prime_libc();
+
+    scmp_filter_ctx ctx = seccomp_init(deny);
+    if (!ctx)
+        return -ENOMEM;
+    /* Every thread, not just the caller's: the workers already run. */
+    rc = seccomp_attr_set(ctx, SCMP_FLTATR_CTL_TSYNC, 1);
+    /* A syscall of another ABI (int 0x80, x32) is denied like any other. */
+    if (rc == 0)
+        rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, deny);
+    if (rc < 0)
+        goto release;
+#if SCMP_VER_MAJOR > 2 || (SCMP_VER_MAJOR == 2 && SCMP_VER_MINOR >= 5)
+    /* Kernel errnos from seccomp_load rather than libseccomp's -ECANCELED. */
+    (void)seccomp_attr_set(ctx, SCMP_FLTATR_API_SYSRAWRC, 1);
+#endif
+
+    const struct vhd_sandbox_rule *rules = vhd_sandbox_rules(&n);
+    pid_t self = getpid();
+    for (size_t i = 0; i < n; i++) {
+        const struct vhd_sandbox_rule *r = &rules[i];
+        struct scmp_arg_cmp cmp = {0};
+        unsigned ncmp = 0;
+
+        if (r->nr < 0)
+            continue; /* not a syscall on this architecture (libseccomp's pseudo number) */
+        if (r->arg >= 0) {
+            cmp.arg = (unsigned)r->arg;
+            switch (r->op) {
+            case VHD_SANDBOX_ARG_EQ:
+                cmp.op = SCMP_CMP_EQ;
+                cmp.datum_a = r->value;
+                break;
+            case VHD_SANDBOX_ARG_MASKED_EQ:
+                cmp.op = SCMP_CMP_MASKED_EQ;
+                cmp.datum_a = r->mask;
+                cmp.datum_b = r->value;
+                break;
+            case VHD_SANDBOX_ARG_SELF_PID:
+                cmp.op = SCMP_CMP_EQ;
+                cmp.datum_a = (scmp_datum_t)self;
+                break;
+            default:
+                rc = -EINVAL;
+                goto release;
+            }
+            ncmp = 1;
+        }
+        rc = seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, r->nr, ncmp, ncmp ? &cmp : NULL);
+        if (rc < 0) {
+            vhd_log(VHD_LOG_ERROR, "sandbox: rule for %s: %s", r->name, strerror(-rc));
+            goto release;
+        }
+    }
+    rc = seccomp_load(ctx);
+    if (rc > 0)
+        rc = -ESRCH; /* TSYNC: the id of a thread that could not be synchronised */
+release:
+    seccomp_release(ctx);
+    return rc;
+}
+
+/* Resolve "NAME" or "UID[:GID]" to ids. 0 or -errno. */
+static int resolve_user(const char *user, uid_t *uid, gid_t *gid)
+{
+    char buf[16384];
+    struct passwd pw, *res = NULL;
+    char *end;
+
+    int e = getpwnam_r(user, &pw, buf, sizeof(buf), &res);
+    if (e == 0 && res) {
+        *uid = res->pw_uid;
+        *gid = res->pw_gid;
+        return 0;
+    }
+    /* Not a known name: numeric ids (containers often have no passwd entry). */
+    errno = 0;
+    unsigned long u = strtoul(user, &end, 10);
+    if (end == user || errno || u > (uid_t)-2 || (*end && *end != ':'))
+        return e ? -e : -ENOENT;
+    *uid = (uid_t)u;
+    if (*end == ':') {
+        const char *g = end + 1;
+        errno = 0;
+        unsigned long gv = strtoul(g, &end, 10);
+        if (end == g || *end || errno || gv > (gid_t)-2)
+            return -EINVAL;
+        *gid = (gid_t)gv;
+    } else if (getpwuid_r(*uid, &pw, buf, sizeof(buf), &res) == 0 && res) {
+        *gid = res->pw_gid;
+    } else {
+        *gid = (gid_t)u;
+    }
+    return 0;
+}
+
+/*
+ * Removing a socket at exit needs write access to its directory, which the
+ * new user may lack: say so now rather than leave a stale socket silently
+ * (the next vhostd removes a stale socket before binding anyway).
+ */
+static void warn_if_dir_not_writable(const char *path)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+
+    if (!slash) {
+        strcpy(dir, ".");
+    } else if (slash == path) {
+        strcpy(dir, "/");
+    } else {
+        size_t len = (size_t)(slash - path);
+        if (len >= sizeof(dir))
+            return;
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    }
+    if (access(dir, W_OK | X_OK) < 0)
+        vhd_log(VHD_LOG_WARN,
+                "sandbox: %s: directory not writable by the new user (%s): the "
+                "socket will stay behind at exit",
+                path, strerror(errno));
+}
+
+int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned npaths, char *err,
+                          size_t errlen)
+{
+    uid_t uid;
+    gid_t gid;
+    int rc;
+
+    if (!user || !*user)
+        return set_err(err, errlen, -EINVAL, "--user: empty user name");
+    rc = resolve_user(user, &uid, &gid);
+    if (rc < 0)
+        return set_err(err, errlen, rc, "--user %s: no such user", user);
+
+    /* Sockets first, while we may still chown: the front-end may run as that user. */
+    for (unsigned i = 0; i < npaths; i++)
+        if (paths[i] && fchownat(AT_FDCWD, paths[i], uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+            return set_err(err, errlen, -errno, "--user %s: chown %s: %s", user, paths[i],
+                           strerror(errno));
+
+    if (getuid() == uid && geteuid() == uid && getgid() == gid && getegid() == gid &&
+        geteuid() != 0)
+        return 0; /* already that user, and not root: nothing to drop */
+    /* Groups before the uid: once the uid is gone, so is the right to change them. */
+    if (setgroups(1, &gid) < 0)
+        return set_err(err, errlen, -errno, "--user %s: setgroups: %s", user, strerror(errno));
+    if (setresgid(gid, gid, gid) < 0)
+        return set_err(err, errlen, -errno, "--user %s: setresgid(%u): %s", user, (unsigned)gid,
+                       strerror(errno));
+    if (setresuid(uid, uid, uid) < 0)
+        return set_err(err, errlen, -errno, "--user %s: setresuid(%u): %s", user, (unsigned)uid,
+                       strerror(errno));
+
+    /* Paranoia (as OpenSSH does): the ids stuck and root cannot be taken back. */
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0 || ru != uid || eu != uid ||
+        su != uid || rg != gid || eg != gid || sg != gid)
+        return set_err(err, errlen, -EPERM, "--user %s: the new ids did not stick", user);
+    if (uid != 0 && (setuid(0) == 0 || seteuid(0) == 0))
+        return set_err(err, errlen, -EPERM, "--user %s: root could be regained", user);
+    vhd_log(VHD_LOG_INFO, "sandbox: running as uid %u gid %u", (unsigned)uid, (unsigned)gid);
+    for (unsigned i = 0; i < npaths; i++)
+        if (paths[i])
+            warn_if_dir_not_writable(paths[i]);
+    return 0;
+}
+
+#if VHD_SANDBOX_SANITIZER
+/* Weak: present when the sanitizer runtime includes LeakSanitizer (ASan does). */
+void __lsan_do_leak_check(void) __attribute__((weak));
+
+/*
+ * LeakSanitizer's check at exit stops the world with clone, ptrace, open of
+ * /proc and more: it cannot run under the filter, and would die of SIGSYS
+ * there. So check now, which also disables the check at exit. Leaks made
+ * after this point are only found with --sandbox=off.
+ */
+static void sanitizer_before_filter(void)
+{
+    if (__lsan_do_leak_check) {
+        vhd_log(VHD_LOG_INFO, "sandbox: sanitizer build: LeakSanitizer checks now, not at exit "
+                              "(--sandbox=off for a check at exit)");
+        __lsan_do_leak_check();
+    }
+}
+#else
+static void sanitizer_before_filter(void)
+{
+}
+#endif
+
+int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
+{
+    int rc;
+
+    if (o->user) {
+        rc = vhd_sandbox_drop_user(o->user, o->chown_paths, o->nchown, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    if (o->mode != VHD_SANDBOX_OFF)
+        sanitizer_before_filter();
+    rc = vhd_sandbox_apply(o->mode);
+    if (rc < 0)
+        return set_err(err, errlen, rc, "seccomp filter: %s%s", strerror(-rc),
+                       rc == -EINVAL || rc == -ENOSYS
+                           ? " (no seccomp filter support in this kernel? --sandbox=off)"
+                           : "");
+    size_t n;
+    vhd_sandbox_rules(&n);
+    if (o->mode == VHD_SANDBOX_ON)
+        vhd_log(VHD_LOG_INFO, "sandbox: seccomp filter on (%zu rules): other syscalls kill vhostd",
+                n);
+    else if (o->mode == VHD_SANDBOX_LOG)
+        vhd_log(VHD_LOG_INFO,
+                "sandbox: seccomp filter in log mode (%zu rules): other syscalls are allowed and "
+                "logged by the kernel (dmesg, audit type=1326)",
+                n);
+    else
+        vhd_log(VHD_LOG_INFO, "sandbox: off");
+    return 0;
+}

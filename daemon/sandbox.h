@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * vhostd's sandbox: once setup is done (sockets bound, images open, workers
+ * running), optionally drop to an unprivileged user, then confine every
+ * thread of the process to the syscalls the control thread and the workers
+ * need, with a seccomp filter (libseccomp). The allowed syscalls and the
+ * reason for each are one table in sandbox.c.
+ */
+#ifndef VHD_SANDBOX_H
+#define VHD_SANDBOX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+enum vhd_sandbox_mode {
+    VHD_SANDBOX_OFF, /* no filter */
+    VHD_SANDBOX_ON,  /* a syscall outside the table kills the process (SIGSYS) */
+    VHD_SANDBOX_LOG, /* a syscall outside the table is allowed and logged by the kernel */
+};
+
+struct vhd_sandbox_opts {
+    enum vhd_sandbox_mode mode;
+    /* Drop to this user after setup: a name, or UID[:GID]. NULL: stay who we are. */
+    const char *user;
+    /* Files handed to that user first (our listening sockets, so its front-end can connect). */
+    const char *const *chown_paths;
+    unsigned nchown;
+};
+
+/*
+ * vhd_sandbox_enter - the last step of setup: drop to o->user (when set),
+ * then install the filter for o->mode on every thread (SECCOMP_FILTER_FLAG_TSYNC).
+ * Call it from any one thread once every thread that will ever exist has
+ * been created: the filter forbids creating threads. Irreversible.
+ * Returns 0, or -errno with a one-line reason in err.
+ */
+int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen);
+
+/*
+ * vhd_sandbox_drop_user - resolve user (a name, or UID[:GID]), chown each of
+ * paths to it (the links themselves, never their targets), then set the
+ * supplementary groups to just its group, the gid and the uid (real,
+ * effective and saved), and check that the old ids cannot be taken back.
+ * Returns 0, or -errno with a one-line reason in err.
+ */
+int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned npaths, char *err,
+                          size_t errlen);
+
+/*
+ * vhd_sandbox_apply - install vhostd's filter on every thread of the process.
+ * VHD_SANDBOX_OFF does nothing. Returns 0, or -errno (-ENOSYS: no seccomp
+ * in this kernel; -ESRCH: a thread could not be synchronised).
+ */
+int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
+
+/* One row of the allow table: syscall, optional argument condition, and why. */
+struct vhd_sandbox_rule {
+    const char *name;    /* syscall name */
+    int nr;              /* its number on this architecture */
+    int arg;             /* -1: any arguments; else the argument checked */
+    int op;              /* how: one of VHD_SANDBOX_ARG_* */
+    unsigned long mask;  /* VHD_SANDBOX_ARG_MASKED_EQ: the bits compared */
+    unsigned long value; /* what the argument (or its masked bits) must equal */
+    const char *why;     /* one line */
+};
+
+#define VHD_SANDBOX_ARG_EQ        0 /* argument == value */
+#define VHD_SANDBOX_ARG_MASKED_EQ 1 /* (argument & mask) == value */
+#define VHD_SANDBOX_ARG_SELF_PID  2 /* argument == our pid (value unused) */
+
+/* The table (for tests and documentation); *n gets its length. */
+const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n);
+
+#endif /* VHD_SANDBOX_H */

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * A preload library for test_sandbox: interposes accept4() in vhostd so that
+ * the control thread, at its first accept (a front-end connecting, long after
+ * the sandbox is on), first tries what VHD_SANDBOX_POKE names ("open": open
+ * /etc/passwd; "socket": an AF_INET socket) and reports it on stderr. Test-only.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/*
+ * Declared here rather than from <sys/socket.h>, whose _GNU_SOURCE prototype
+ * takes a transparent union (hence socket() through syscall() below).
+ */
+int accept4(int fd, void *addr, unsigned *addrlen, int flags);
+
+static int (*real_accept4)(int, void *, unsigned *, int);
+static const char *poke;
+
+/* Resolved at load time, before any sandbox: dlsym itself may need forbidden syscalls. */
+__attribute__((constructor)) static void poke_init(void)
+{
+    real_accept4 = (int (*)(int, void *, unsigned *, int))dlsym(RTLD_NEXT, "accept4");
+    poke = getenv("VHD_SANDBOX_POKE");
+}
+
+static void say(const char *what, int rc)
+{
+    char line[128];
+    int n = snprintf(line, sizeof(line), "sandbox-poke: %s: %s\n", what,
+                     rc >= 0 ? "allowed" : strerror(errno));
+    if (n > 0 && write(STDERR_FILENO, line, (size_t)n) < 0) {
+        /* nothing to do */
+    }
+}
+
+int accept4(int fd, void *addr, unsigned *addrlen, int flags)
+{
+    static int done;
+
+    if (poke && !done) {
+        done = 1;
+        int rc = -1;
+        if (!strcmp(poke, "open")) {
+            rc = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
+            say("open /etc/passwd", rc);
+        } else if (!strcmp(poke, "socket")) {
+            rc = (int)syscall(SYS_socket, 2 /* AF_INET */, 1 /* SOCK_STREAM */, 0);
+            say("socket(AF_INET)", rc);
+        }
+        if (rc >= 0)
+            close(rc);
+    }
+    if (!real_accept4) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return real_accept4(fd, addr, addrlen, flags);
+}

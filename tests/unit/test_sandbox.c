@@ -1,0 +1,1374 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Tests of vhostd's sandbox (daemon/sandbox.c): the filter the daemon installs
+ * is applied in a child process (the harness's test process must survive to
+ * report) and must let through what vhostd does after setup, kill the process
+ * with SIGSYS for anything else, on every thread, and only log in log mode;
+ * --sandbox/--user parsing; the drop to another user; and the real daemon
+ * (build/vhostd) serving I/O under the filter and dying on a forbidden call.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <linux/futex.h>
+#include <linux/io_uring.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../daemon/options.h"
+#include "../daemon/sandbox.h"
+#include "core/virtio.h"
+#include "dev/virtio_blk.h"
+#include "driver/guestmem.h"
+#include "driver/vring.h"
+#include "harness.h"
+#include "runtime/log.h"
+#include "runtime/rt.h"
+#include "transport/vu_msg.h"
+
+#define BIT(n) (1ull << (n))
+
+extern char **environ;
+
+/* =====================================================================
+ * A sandboxed child: checks report through write(2), never stdio or exit().
+ * ===================================================================== */
+
+static void child_fail(const char *file, int line, const char *what) __attribute__((noreturn));
+
+static void child_fail(const char *file, int line, const char *what)
+{
+    char buf[256];
+    int e = errno;
+    int n = snprintf(buf, sizeof(buf), "  %s:%d: check failed in the sandboxed child: %s (%s)\n",
+                     file, line, what, strerror(e));
+    if (n > 0 && write(STDERR_FILENO, buf, (size_t)n) < 0) {
+        /* nothing more to do */
+    }
+    _exit(1);
+}
+
+/* VHD_CHECK for the child: no stdio (its buffers), no exit() (atexit handlers, sanitizers). */
+#define CHILD_CHECK(cond)                          \
+    do {                                           \
+        if (!(cond))                               \
+            child_fail(__FILE__, __LINE__, #cond); \
+    } while (0)
+
+/*
+ * Run fn(arg) in a new child process; returns its wait status. The child
+ * ends with _exit(0) when fn returns. It dumps no core: the SIGSYS kills
+ * provoked here would otherwise leave core files behind.
+ */
+static int run_child(void (*fn)(void *), void *arg)
+{
+    int st = 0;
+
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {0, 0};
+        setrlimit(RLIMIT_CORE, &rl);
+        prctl(PR_SET_DUMPABLE, 0);
+        alarm(30); /* a hang fails this child, not the whole test binary */
+        fn(arg);
+        _exit(0);
+    }
+    while (waitpid(pid, &st, 0) < 0)
+        VHD_CHECK_EQ(errno, EINTR);
+    return st;
+}
+
+static const char *describe(int st, char *buf, size_t len)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, len, "exit %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, len, "signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, len, "status 0x%x", st);
+    return buf;
+}
+
+static bool killed_by_sigsys(int st)
+{
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGSYS;
+}
+
+static bool exited_ok(int st)
+{
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* =====================================================================
+ * The table
+ * ===================================================================== */
+
+static const struct vhd_sandbox_rule *find_rule(const char *name)
+{
+    size_t n;
+    const struct vhd_sandbox_rule *r = vhd_sandbox_rules(&n);
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(r[i].name, name))
+            return &r[i];
+    return NULL;
+}
+
+VHD_TEST(table_rows_have_reasons)
+{
+    size_t n;
+    const struct vhd_sandbox_rule *r = vhd_sandbox_rules(&n);
+
+    VHD_CHECK(n > 10);
+    for (size_t i = 0; i < n; i++) {
+        VHD_CHECK(r[i].name && *r[i].name);
+        VHD_CHECK(r[i].nr >= 0); /* every row is a real syscall on x86_64 */
+        VHD_CHECK(r[i].why && strlen(r[i].why) >= 10);
+        VHD_CHECK(strlen(r[i].why) <= 100); /* one line */
+        VHD_CHECK(r[i].arg >= -1 && r[i].arg <= 5);
+        for (size_t j = 0; j < i; j++)
+            VHD_CHECK(!(r[j].nr == r[i].nr && r[j].arg == r[i].arg && r[j].op == r[i].op &&
+                        r[j].mask == r[i].mask && r[j].value == r[i].value));
+    }
+}
+
+VHD_TEST(table_leaves_out_dangerous_syscalls)
+{
+    char never[] = "execve execveat fork vfork clone clone3 open openat openat2 creat socket "
+                   "connect bind listen ptrace kill prctl setuid setgid setresuid setgroups "
+                   "capset mount umount2 unshare setns bpf perf_event_open memfd_create "
+                   "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
+                   "chown rename symlink link truncate init_module kexec_load keyctl "
+                   "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom";
+    int bad = 0;
+
+    for (char *save = NULL, *name = strtok_r(never, " ", &save); name;
+         name = strtok_r(NULL, " ", &save)) {
+        if (find_rule(name)) {
+            fprintf(stderr, "  %s is in the allow table\n", name);
+            bad++;
+        }
+    }
+    VHD_CHECK_EQ(bad, 0);
+}
+
+/* =====================================================================
+ * What vhostd does after setup still works under the filter.
+ * ===================================================================== */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x, y;
+    memcpy(&x, a, sizeof(x));
+    memcpy(&y, b, sizeof(y));
+    return x < y ? -1 : x > y;
+}
+
+static void allowed_ops_child(void *arg)
+{
+    (void)arg;
+    char tmpl[] = "/tmp/vhd-sandbox-XXXXXX";
+
+    /* Everything is created before the filter, as in the daemon. */
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    int kick = eventfd(0, EFD_CLOEXEC); /* blocking, like a front-end's kick fd */
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int mfd = memfd_create("vhd-sandbox", MFD_CLOEXEC);
+    int sp[2];
+    CHILD_CHECK(efd >= 0 && kick >= 0 && ep >= 0 && mfd >= 0);
+    CHILD_CHECK(ftruncate(mfd, 1 << 20) == 0);
+    CHILD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+    int tfd = mkstemp(tmpl);
+    CHILD_CHECK(tfd >= 0);
+
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+
+    /* epoll + eventfd: a kick wakes a loop. */
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = efd}, out[4];
+    CHILD_CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, efd, &ev) == 0);
+    CHILD_CHECK(eventfd_write(efd, 3) == 0);
+    CHILD_CHECK(epoll_wait(ep, out, 4, 1000) == 1 && out[0].data.fd == efd);
+    uint64_t v = 0;
+    CHILD_CHECK(read(efd, &v, sizeof(v)) == 8 && v == 3);
+    CHILD_CHECK(epoll_wait(ep, out, 4, 0) == 0);
+    CHILD_CHECK(epoll_ctl(ep, EPOLL_CTL_DEL, efd, NULL) == 0);
+
+    /* fcntl: O_NONBLOCK on a kick fd (vhd_rt_attach), FD_CLOEXEC. */
+    int fl = fcntl(kick, F_GETFL);
+    CHILD_CHECK(fl >= 0);
+    CHILD_CHECK(fcntl(kick, F_SETFL, fl | O_NONBLOCK) == 0);
+    CHILD_CHECK(fcntl(kick, F_SETFD, FD_CLOEXEC) == 0);
+    CHILD_CHECK(read(kick, &v, sizeof(v)) < 0 && errno == EAGAIN);
+
+    /* recvmsg with SCM_RIGHTS: a memory-region fd arrives, is checked and mapped. */
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    char byte = 'm';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+    CHILD_CHECK(sendmsg(sp[0], &mh, MSG_NOSIGNAL | MSG_DONTWAIT) == 1);
+    memset(&ctl, 0, sizeof(ctl));
+    mh.msg_controllen = sizeof(ctl.buf);
+    byte = 0;
+    CHILD_CHECK(recvmsg(sp[1], &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT) == 1 && byte == 'm');
+    cm = CMSG_FIRSTHDR(&mh);
+    CHILD_CHECK(cm && cm->cmsg_type == SCM_RIGHTS);
+    int rfd;
+    memcpy(&rfd, CMSG_DATA(cm), sizeof(int));
+    struct stat st;
+    CHILD_CHECK(fstat(rfd, &st) == 0 && st.st_size == 1 << 20);
+    uint8_t *a = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, rfd, 0);
+    uint8_t *b = mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    CHILD_CHECK(a != MAP_FAILED && b != MAP_FAILED);
+    CHILD_CHECK(madvise(a, 1 << 20, MADV_DONTDUMP) == 0);
+    a[4096] = 0x5a;
+    CHILD_CHECK(b[4096] == 0x5a);
+    CHILD_CHECK(munmap(a, 1 << 20) == 0 && munmap(b, 1 << 20) == 0);
+    CHILD_CHECK(close(rfd) == 0);
+
+    /* poll: a reply waiting for room in the socket buffer. */
+    struct pollfd pfd = {.fd = sp[0], .events = POLLOUT};
+    CHILD_CHECK(poll(&pfd, 1, 1000) == 1);
+
+    /* The heap: small, large (mmap), grown (mremap), aligned (bounce buffers). */
+    void *p = malloc(64), *q = malloc(8 << 20), *al = NULL;
+    CHILD_CHECK(p && q);
+    q = realloc(q, 32 << 20);
+    CHILD_CHECK(q);
+    CHILD_CHECK(posix_memalign(&al, 4096, 1 << 20) == 0);
+    memset(q, 1, 32 << 20);
+    free(al);
+    free(q);
+    free(p);
+
+    /*
+     * Time, a short sleep, a log line. This process never formatted a time
+     * before the filter: its first gmtime_r() would read /etc/localtime
+     * (openat) had the sandbox not primed the time zone (--log-level warn).
+     */
+    struct timespec ts;
+    CHILD_CHECK(clock_gettime(CLOCK_MONOTONIC, &ts) == 0);
+    CHILD_CHECK(clock_gettime(CLOCK_REALTIME, &ts) == 0);
+    CHILD_CHECK(usleep(100) == 0);
+    struct tm tm;
+    CHILD_CHECK(gmtime_r(&ts.tv_sec, &tm) != NULL);
+    vhd_log(VHD_LOG_INFO, "a log line from the sandbox");
+
+    /*
+     * A big qsort, as mem.c does for a table of 61+ regions: glibc sizes
+     * its buffer by the machine's RAM (sysinfo) the first time.
+     */
+    struct {
+        uint64_t key, pad[5];
+    } *big = calloc(200, sizeof(*big));
+    CHILD_CHECK(big);
+    for (int i = 0; i < 200; i++)
+        big[i].key = (uint64_t)(200 - i);
+    qsort(big, 200, sizeof(*big), cmp_u64);
+    CHILD_CHECK(big[0].key == 1 && big[199].key == 200);
+    free(big);
+
+    /* The backend at close: fdatasync; discard fallback ioctl (a file: ENOTTY, not SIGSYS). */
+    CHILD_CHECK(write(tfd, "x", 1) == 1);
+    CHILD_CHECK(fdatasync(tfd) == 0);
+    uint64_t range[2] = {0, 4096};
+    CHILD_CHECK(ioctl(tfd, BLKDISCARD, range) < 0 && errno == ENOTTY);
+
+    /* Exit: stat and unlink of our socket file. */
+    CHILD_CHECK(stat(tmpl, &st) == 0);
+    CHILD_CHECK(unlink(tmpl) == 0);
+    CHILD_CHECK(close(tfd) == 0 && close(sp[0]) == 0 && close(sp[1]) == 0);
+    CHILD_CHECK(close(mfd) == 0 && close(ep) == 0 && close(kick) == 0 && close(efd) == 0);
+}
+
+VHD_TEST(allowed_operations_work)
+{
+    char d[64];
+    int st = run_child(allowed_ops_child, NULL);
+    if (!exited_ok(st))
+        fprintf(stderr, "  sandboxed child: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+}
+
+/* The workers (epoll, io_uring, mailbox) start before the filter and stop under it. */
+static void runtime_child(void *arg)
+{
+    (void)arg;
+    struct vhd_rt_opts o;
+    struct vhd_rt *rt = NULL;
+
+    vhd_rt_opts_default(&o);
+    o.nworkers = 3;
+    CHILD_CHECK(vhd_rt_new(&o, &rt) == 0);
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+    CHILD_CHECK(usleep(20000) == 0);
+    CHILD_CHECK(eventfd_write(vhd_rt_event_fd(rt), 1) == 0);
+    vhd_rt_free(rt); /* mailbox stop, pthread_join, io_uring_queue_exit, close */
+}
+
+VHD_TEST(runtime_stops_under_filter)
+{
+    char d[64];
+    int st = run_child(runtime_child, NULL);
+    if (!exited_ok(st))
+        fprintf(stderr, "  sandboxed child: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+}
+
+/* An internal assertion under the filter still ends in SIGABRT (and a core), not SIGSYS. */
+static void abort_child(void *arg)
+{
+    (void)arg;
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+    abort();
+}
+
+VHD_TEST(abort_is_still_sigabrt)
+{
+    char d[64];
+    int st = run_child(abort_child, NULL);
+    if (!(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT))
+        fprintf(stderr, "  sandboxed child: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+}
+
+/* =====================================================================
+ * Forbidden syscalls: SIGSYS under the filter, harmless without it.
+ * ===================================================================== */
+
+static void *noop_thread(void *arg)
+{
+    return arg;
+}
+
+static void probe_execve(void)
+{
+    char *argv[] = {(char *)"true", NULL};
+    execve("/bin/true", argv, environ);
+}
+
+static void probe_fork(void)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(0);
+    if (pid > 0)
+        waitpid(pid, NULL, 0);
+}
+
+static void probe_thread(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, noop_thread, NULL) == 0)
+        pthread_join(t, NULL);
+}
+
+static void probe_open_new_file(void)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/vhd-sandbox-probe-%d", (int)getpid());
+    int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        close(fd);
+        unlink(path);
+    }
+}
+
+static void probe_open_existing_file(void)
+{
+    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_socket_inet(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_socket_unix(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_mmap_exec(void)
+{
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED)
+        munmap(p, 4096);
+}
+
+static void probe_mprotect_exec(void)
+{
+    void *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return;
+    mprotect(p, 4096, PROT_READ | PROT_EXEC);
+    munmap(p, 4096);
+}
+
+static void probe_fcntl_dupfd(void)
+{
+    int fd = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 10);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_ioctl_other(void)
+{
+    int n;
+    ioctl(STDIN_FILENO, FIONREAD, &n);
+}
+
+static void probe_kill(void)
+{
+    kill(getppid(), 0);
+}
+
+static void probe_tgkill_other_process(void)
+{
+    syscall(SYS_tgkill, (long)getppid(), (long)getppid(), 0L);
+}
+
+static void probe_futex_requeue(void)
+{
+    static uint32_t f1, f2;
+    syscall(SYS_futex, &f1, FUTEX_CMP_REQUEUE_PRIVATE, 1, 1, &f2, 0);
+}
+
+static void probe_io_uring_setup(void)
+{
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    long fd = syscall(SYS_io_uring_setup, 4L, &p);
+    if (fd >= 0)
+        close((int)fd);
+}
+
+static void probe_memfd(void)
+{
+    int fd = memfd_create("probe", MFD_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_eventfd(void)
+{
+    int fd = eventfd(0, EFD_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_setuid(void)
+{
+    syscall(SYS_setuid, (long)getuid());
+}
+
+static void probe_prctl(void)
+{
+    prctl(PR_GET_SECCOMP);
+}
+
+static void probe_unshare(void)
+{
+    syscall(SYS_unshare, 0L);
+}
+
+static const struct probe {
+    const char *name;
+    void (*fn)(void);
+} probes[] = {
+    {"execve", probe_execve},
+    {"fork", probe_fork},
+    {"pthread_create", probe_thread},
+    {"open a new file", probe_open_new_file},
+    {"open /etc/passwd", probe_open_existing_file},
+    {"socket(AF_INET)", probe_socket_inet},
+    {"socket(AF_UNIX)", probe_socket_unix},
+    {"mmap(PROT_EXEC)", probe_mmap_exec},
+    {"mprotect(PROT_EXEC)", probe_mprotect_exec},
+    {"fcntl(F_DUPFD_CLOEXEC)", probe_fcntl_dupfd},
+    {"ioctl(FIONREAD)", probe_ioctl_other},
+    {"kill", probe_kill},
+    {"tgkill of another process", probe_tgkill_other_process},
+    {"futex(FUTEX_CMP_REQUEUE)", probe_futex_requeue},
+    {"io_uring_setup", probe_io_uring_setup},
+    {"memfd_create", probe_memfd},
+    {"eventfd", probe_eventfd},
+    {"setuid", probe_setuid},
+    {"prctl", probe_prctl},
+    {"unshare", probe_unshare},
+};
+#define NPROBES (sizeof(probes) / sizeof(probes[0]))
+
+struct probe_run {
+    enum vhd_sandbox_mode mode;
+    const struct probe *p;
+};
+
+static void probe_child(void *arg)
+{
+    const struct probe_run *r = arg;
+    CHILD_CHECK(vhd_sandbox_apply(r->mode) == 0);
+    r->p->fn();
+}
+
+/* Run every probe under mode; count those whose outcome is not the expected one. */
+static int run_probes(enum vhd_sandbox_mode mode, bool expect_sigsys)
+{
+    int bad = 0;
+    char d[64];
+
+    for (size_t i = 0; i < NPROBES; i++) {
+        struct probe_run r = {.mode = mode, .p = &probes[i]};
+        int st = run_child(probe_child, &r);
+        bool ok = expect_sigsys ? killed_by_sigsys(st) : exited_ok(st);
+        if (!ok) {
+            fprintf(stderr, "  %s: %s, expected %s\n", probes[i].name, describe(st, d, sizeof(d)),
+                    expect_sigsys ? "SIGSYS" : "exit 0");
+            bad++;
+        }
+    }
+    return bad;
+}
+
+VHD_TEST(forbidden_syscalls_kill_with_sigsys)
+{
+    VHD_CHECK_EQ(run_probes(VHD_SANDBOX_ON, true), 0);
+}
+
+VHD_TEST(forbidden_syscalls_are_harmless_without_filter)
+{
+    /* The control: the same calls do not kill a process without the filter. */
+    VHD_CHECK_EQ(run_probes(VHD_SANDBOX_OFF, false), 0);
+}
+
+VHD_TEST(log_mode_does_not_kill)
+{
+    VHD_CHECK_EQ(run_probes(VHD_SANDBOX_LOG, false), 0);
+}
+
+/* Not just "not killed": in log mode the forbidden call really happens (the kernel logs it). */
+static void log_mode_child(void *arg)
+{
+    (void)arg;
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_LOG) == 0);
+    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
+    CHILD_CHECK(fd >= 0);
+    char c;
+    CHILD_CHECK(read(fd, &c, 1) == 1);
+    close(fd);
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    CHILD_CHECK(fd >= 0);
+    close(fd);
+}
+
+VHD_TEST(log_mode_lets_the_call_succeed)
+{
+    char d[64];
+    int st = run_child(log_mode_child, NULL);
+    if (!exited_ok(st))
+        fprintf(stderr, "  child: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+}
+
+/* =====================================================================
+ * Every thread: the filter reaches threads that existed before it (TSYNC).
+ * ===================================================================== */
+
+struct tsync {
+    int go; /* blocking eventfd: the thread waits on it until the filter is on */
+    bool forbidden;
+};
+
+static void *tsync_thread(void *arg)
+{
+    struct tsync *t = arg;
+    uint64_t v;
+    CHILD_CHECK(read(t->go, &v, sizeof(v)) == 8);
+    if (t->forbidden) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0); /* the whole process dies here */
+        child_fail(__FILE__, __LINE__, "socket(AF_INET) in a thread survived the filter");
+        (void)fd;
+    }
+    void *p = malloc(1 << 20); /* a thread arena, then the thread exits under the filter */
+    CHILD_CHECK(p);
+    free(p);
+    return NULL;
+}
+
+static void tsync_child(void *arg)
+{
+    struct tsync t = {.go = eventfd(0, EFD_CLOEXEC), .forbidden = *(bool *)arg};
+    pthread_t th;
+    CHILD_CHECK(t.go >= 0);
+    CHILD_CHECK(pthread_create(&th, NULL, tsync_thread, &t) == 0);
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+    CHILD_CHECK(eventfd_write(t.go, 1) == 0);
+    CHILD_CHECK(pthread_join(th, NULL) == 0);
+}
+
+VHD_TEST(filter_covers_existing_threads)
+{
+    char d[64];
+    bool forbidden = true;
+    int st = run_child(tsync_child, &forbidden);
+    if (!killed_by_sigsys(st))
+        fprintf(stderr, "  child: %s, expected SIGSYS\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(killed_by_sigsys(st));
+
+    /* And a thread that only does allowed things runs and exits normally. */
+    forbidden = false;
+    st = run_child(tsync_child, &forbidden);
+    if (!exited_ok(st))
+        fprintf(stderr, "  child: %s, expected exit 0\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+}
+
+/* A thread created just before the filter starts up under it (the race seen in the daemon). */
+static void late_start_child(void *arg)
+{
+    (void)arg;
+    pthread_t th[8];
+    for (int i = 0; i < 8; i++)
+        CHILD_CHECK(pthread_create(&th[i], NULL, noop_thread, NULL) == 0);
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+    for (int i = 0; i < 8; i++)
+        CHILD_CHECK(pthread_join(th[i], NULL) == 0);
+}
+
+VHD_TEST(threads_starting_under_filter)
+{
+    char d[64];
+    for (int i = 0; i < 20; i++) {
+        int st = run_child(late_start_child, NULL);
+        if (!exited_ok(st))
+            fprintf(stderr, "  round %d: child: %s\n", i, describe(st, d, sizeof(d)));
+        VHD_CHECK(exited_ok(st));
+    }
+}
+
+/* =====================================================================
+ * Options
+ * ===================================================================== */
+
+static int parse(struct vhd_options *o, const char *const *args, int n, char *err, size_t len)
+{
+    char *argv[16];
+    argv[0] = (char *)"vhostd";
+    for (int i = 0; i < n; i++)
+        argv[i + 1] = (char *)args[i];
+    return vhd_options_parse(o, n + 1, argv, err, len);
+}
+
+VHD_TEST(options_sandbox_and_user)
+{
+    struct vhd_options o;
+    char err[256];
+
+    const char *dflt[] = {"--blk", "socket=/tmp/x.sock,backend=null,size=1M"};
+    VHD_CHECK_EQ(parse(&o, dflt, 2, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(o.sandbox, VHD_OPT_SANDBOX_ON); /* on unless asked otherwise */
+    VHD_CHECK(o.user == NULL);
+    vhd_options_free(&o);
+
+    const char *off[] = {"--sandbox=off", "--blk", "socket=/tmp/x.sock,backend=null,size=1M"};
+    VHD_CHECK_EQ(parse(&o, off, 3, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(o.sandbox, VHD_OPT_SANDBOX_OFF);
+    vhd_options_free(&o);
+
+    const char *log[] = {"--sandbox", "log",   "--user",
+                         "nobody",    "--blk", "socket=/tmp/x.sock,backend=null,size=1M"};
+    VHD_CHECK_EQ(parse(&o, log, 6, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(o.sandbox, VHD_OPT_SANDBOX_LOG);
+    VHD_CHECK(o.user && !strcmp(o.user, "nobody"));
+    vhd_options_free(&o);
+
+    const char *bad[] = {"--sandbox=yes", "--blk", "socket=/tmp/x.sock,backend=null,size=1M"};
+    VHD_CHECK_EQ(parse(&o, bad, 3, err, sizeof(err)), -1);
+    VHD_CHECK(strstr(err, "--sandbox yes: expected on, off or log"));
+    vhd_options_free(&o);
+
+    const char *nouser[] = {"--user=", "--blk", "socket=/tmp/x.sock,backend=null,size=1M"};
+    VHD_CHECK_EQ(parse(&o, nouser, 3, err, sizeof(err)), -1);
+    vhd_options_free(&o);
+
+    /* The config file takes them too. */
+    char path[] = "/tmp/vhd-sandbox-conf-XXXXXX";
+    int fd = mkstemp(path);
+    VHD_CHECK(fd >= 0);
+    const char conf[] =
+        "sandbox log\nuser 1000:1000\nblk socket=/tmp/x.sock,backend=null,size=1M\n";
+    VHD_CHECK_EQ(write(fd, conf, strlen(conf)), (ssize_t)strlen(conf));
+    close(fd);
+    const char *cf[] = {"--config", path};
+    int rc = parse(&o, cf, 2, err, sizeof(err));
+    unlink(path);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(o.sandbox, VHD_OPT_SANDBOX_LOG);
+    VHD_CHECK(o.user && !strcmp(o.user, "1000:1000"));
+    vhd_options_free(&o);
+}
+
+/* =====================================================================
+ * --user
+ * ===================================================================== */
+
+struct drop_args {
+    const char *user;
+    const char *sock; /* a socket file to hand over */
+    uid_t uid;
+    gid_t gid;
+};
+
+static void drop_child(void *arg)
+{
+    const struct drop_args *a = arg;
+    char err[256] = "";
+    const char *paths[] = {a->sock};
+
+    int rc = vhd_sandbox_drop_user(a->user, paths, 1, err, sizeof(err));
+    if (rc < 0)
+        child_fail(__FILE__, __LINE__, err);
+    uid_t r, e, s;
+    gid_t rg, eg, sg;
+    CHILD_CHECK(getresuid(&r, &e, &s) == 0 && r == a->uid && e == a->uid && s == a->uid);
+    CHILD_CHECK(getresgid(&rg, &eg, &sg) == 0 && rg == a->gid && eg == a->gid && sg == a->gid);
+    gid_t groups[4];
+    int ng = getgroups(4, groups);
+    CHILD_CHECK(ng == 1 && groups[0] == a->gid);
+    CHILD_CHECK(setuid(0) < 0 && errno == EPERM);
+    /* Then the filter goes on as that user, as in the daemon. */
+    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+}
+
+VHD_TEST(drop_to_user)
+{
+    if (geteuid() != 0)
+        vhd_test_skip("needs root to change users");
+    char dir[] = "/tmp/vhd-sandbox-user-XXXXXX";
+    VHD_CHECK(mkdtemp(dir));
+    struct drop_args a = {.user = "65534:65533", .uid = 65534, .gid = 65533};
+    char sock[64];
+    snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+    a.sock = sock;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", sock);
+    VHD_CHECK_EQ(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+
+    char d[64];
+    int st = run_child(drop_child, &a);
+    if (!exited_ok(st))
+        fprintf(stderr, "  child: %s\n", describe(st, d, sizeof(d)));
+    struct stat sb;
+    VHD_CHECK_EQ(lstat(sock, &sb), 0); /* in the parent: the child cannot enter our 0700 dir */
+    close(fd);
+    unlink(sock);
+    rmdir(dir);
+    VHD_CHECK(exited_ok(st));
+    VHD_CHECK(sb.st_uid == a.uid && sb.st_gid == a.gid); /* handed over to the user */
+}
+
+static void unknown_user_child(void *arg)
+{
+    (void)arg;
+    char err[256] = "";
+    CHILD_CHECK(vhd_sandbox_drop_user("vhd-no-such-user", NULL, 0, err, sizeof(err)) == -ENOENT);
+    CHILD_CHECK(strstr(err, "no such user") != NULL);
+    CHILD_CHECK(vhd_sandbox_drop_user("12:x", NULL, 0, err, sizeof(err)) < 0);
+    CHILD_CHECK(vhd_sandbox_drop_user("", NULL, 0, err, sizeof(err)) == -EINVAL);
+}
+
+VHD_TEST(drop_to_unknown_user_fails)
+{
+    VHD_CHECK(exited_ok(run_child(unknown_user_child, NULL)));
+}
+
+/* =====================================================================
+ * The real daemon: build/vhostd (next to this test binary) under the filter.
+ * ===================================================================== */
+
+#define TIMEOUT_MS 10000
+#define QSIZE      16
+#define NQ         2
+#define IMG_SIZE   (16u << 20)
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* dir/name for a file next to this test program; false when it does not exist. */
+static bool beside_me(const char *name, char *out, size_t len)
+{
+    char self[512];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return false;
+    self[n] = '\0';
+    char *slash = strrchr(self, '/');
+    if (!slash)
+        return false;
+    *slash = '\0';
+    snprintf(out, len, "%s/%s", self, name);
+    return access(out, F_OK) == 0;
+}
+
+struct daemon_run {
+    char dir[64];   /* scratch directory */
+    char sock[128]; /* its socket */
+    char img[128];  /* its image */
+    char log[128];  /* its stdout + stderr */
+    pid_t pid;
+};
+
+/*
+ * Start vhostd with `sandbox` serving a 16 MiB image with NQ queues on 2
+ * workers; poke: VHD_SANDBOX_POKE for the preload library (NULL: none).
+ * Waits until the daemon reports its sandbox state. Skips when build/vhostd
+ * is missing.
+ */
+static void daemon_start(struct daemon_run *d, const char *sandbox, const char *poke)
+{
+    char vhostd[600], pokelib[600];
+    if (!beside_me("vhostd", vhostd, sizeof(vhostd)))
+        vhd_test_skip("vhostd is not built next to this test");
+    if (poke && !beside_me("sandbox-poke.so", pokelib, sizeof(pokelib)))
+        vhd_test_skip("sandbox-poke.so is not built next to this test");
+
+    snprintf(d->dir, sizeof(d->dir), "/tmp/vhd-sandbox-daemon-XXXXXX");
+    VHD_CHECK(mkdtemp(d->dir));
+    snprintf(d->sock, sizeof(d->sock), "%s/vhostd.sock", d->dir);
+    snprintf(d->img, sizeof(d->img), "%s/disk.img", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/vhostd.log", d->dir);
+    int fd = open(d->img, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(ftruncate(fd, IMG_SIZE), 0);
+    close(fd);
+
+    char sb[64], blk[400];
+    snprintf(sb, sizeof(sb), "--sandbox=%s", sandbox);
+    snprintf(blk, sizeof(blk), "socket=%s,image=%s,queues=%d,serial=sandbox", d->sock, d->img, NQ);
+    fflush(NULL);
+    d->pid = fork();
+    VHD_CHECK(d->pid >= 0);
+    if (d->pid == 0) {
+        int lfd = open(d->log, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0600);
+        if (lfd < 0 || dup2(lfd, STDOUT_FILENO) < 0 || dup2(lfd, STDERR_FILENO) < 0)
+            _exit(126);
+        /* A SIGSYS kill dumps core: not into the source tree. */
+        struct rlimit rl = {0, 0};
+        setrlimit(RLIMIT_CORE, &rl);
+        if (chdir(d->dir) < 0)
+            _exit(126);
+        if (poke) {
+            setenv("LD_PRELOAD", pokelib, 1);
+            setenv("VHD_SANDBOX_POKE", poke, 1);
+            /* ASan insists on being first in the library list; the poke goes first. */
+            const char *ao = getenv("ASAN_OPTIONS");
+            char buf[512];
+            snprintf(buf, sizeof(buf), "%s%sverify_asan_link_order=0", ao ? ao : "", ao ? ":" : "");
+            setenv("ASAN_OPTIONS", buf, 1);
+        }
+        char *argv[] = {vhostd, sb, (char *)"--workers", (char *)"2", (char *)"--blk", blk, NULL};
+        execv(vhostd, argv);
+        _exit(127);
+    }
+    /* The sandbox line is logged once setup is complete and the filter is on. */
+    const char *want = !strcmp(sandbox, "on")    ? "sandbox: seccomp filter on"
+                       : !strcmp(sandbox, "log") ? "sandbox: seccomp filter in log mode"
+                                                 : "sandbox: off";
+    uint64_t t0 = now_ms();
+    for (;;) {
+        char buf[8192] = "";
+        int lfd = open(d->log, O_RDONLY | O_CLOEXEC);
+        if (lfd >= 0) {
+            ssize_t n = read(lfd, buf, sizeof(buf) - 1);
+            buf[n > 0 ? n : 0] = '\0';
+            close(lfd);
+        }
+        if (strstr(buf, want))
+            break;
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            fprintf(stderr, "  vhostd exited during setup:\n%s\n", buf);
+            VHD_CHECK(!"vhostd did not start");
+        }
+        VHD_CHECK(now_ms() - t0 < TIMEOUT_MS);
+        usleep(10000);
+    }
+}
+
+/* Print the daemon's log (on failure). */
+static void daemon_dump_log(const struct daemon_run *d)
+{
+    char buf[8192];
+    int fd = open(d->log, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    fprintf(stderr, "  --- vhostd log ---\n%s  ---\n", buf);
+}
+
+static bool log_has(const struct daemon_run *d, const char *needle)
+{
+    char buf[8192];
+    int fd = open(d->log, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* Wait (bounded) for the daemon to end; its wait status, or -1 when it still runs. */
+static int daemon_wait(struct daemon_run *d, int timeout_ms)
+{
+    uint64_t t0 = now_ms();
+    int st;
+    for (;;) {
+        pid_t r = waitpid(d->pid, &st, WNOHANG);
+        if (r == d->pid) {
+            d->pid = -1;
+            return st;
+        }
+        if (now_ms() - t0 > (uint64_t)timeout_ms)
+            return -1;
+        usleep(5000);
+    }
+}
+
+static void daemon_cleanup(struct daemon_run *d)
+{
+    if (d->pid > 0) {
+        kill(d->pid, SIGKILL);
+        waitpid(d->pid, NULL, 0);
+        d->pid = -1;
+    }
+    unlink(d->sock);
+    unlink(d->img);
+    unlink(d->log);
+    rmdir(d->dir);
+}
+
+/* ---- a small vhost-user front-end: raw messages, driver rings from src/driver ---- */
+
+struct fe {
+    int fd;
+    bool ack; /* REPLY_ACK negotiated */
+    uint64_t features;
+    struct vhd_guestmem gm;
+    struct vhd_drv_vq dq[NQ];
+    int kick[NQ], call[NQ];
+    uint8_t *buf; /* per queue: header at 0, status at 64, data at 4096 (4 KiB) */
+    uint64_t buf_gpa;
+};
+
+#define FE_BUF_STRIDE (3u * 4096)
+
+static int fe_connect_once(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(fd >= 0);
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static void fe_send(struct fe *f, uint32_t req, uint32_t flags, const void *p, uint32_t size,
+                    const int *fds, unsigned nfds)
+{
+    uint8_t buf[sizeof(struct vu_hdr) + 512];
+    struct vu_hdr h = {.request = req, .flags = flags, .size = size};
+    union {
+        char b[CMSG_SPACE(8 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    VHD_CHECK(size <= 512 && nfds <= 8);
+    memcpy(buf, &h, sizeof(h));
+    if (size)
+        memcpy(buf + sizeof(h), p, size);
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(h) + size};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds) {
+        memset(&ctl, 0, sizeof(ctl));
+        mh.msg_control = ctl.b;
+        mh.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+        memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+    }
+    VHD_CHECK_EQ(sendmsg(f->fd, &mh, MSG_NOSIGNAL), (ssize_t)iov.iov_len);
+}
+
+static int fe_read_full(int fd, void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (poll(&pfd, 1, TIMEOUT_MS) == 0)
+            return -ETIMEDOUT;
+        ssize_t n = read(fd, (char *)buf + got, len - got);
+        if (n == 0)
+            return -ECONNRESET;
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        if (n > 0)
+            got += (size_t)n;
+    }
+    return 0;
+}
+
+/* Receive the reply to req; returns its payload size or -errno (connection gone, timeout). */
+static int fe_reply(struct fe *f, uint32_t req, void *p, size_t cap)
+{
+    struct vu_hdr h;
+    int rc = fe_read_full(f->fd, &h, sizeof(h));
+    if (rc < 0)
+        return rc;
+    VHD_CHECK_EQ(h.request, req);
+    VHD_CHECK_EQ(h.flags, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK);
+    VHD_CHECK(h.size <= cap);
+    rc = fe_read_full(f->fd, p, h.size);
+    return rc < 0 ? rc : (int)h.size;
+}
+
+static uint64_t fe_get_u64(struct fe *f, uint32_t req)
+{
+    uint64_t v = 0;
+    fe_send(f, req, VHOST_USER_VERSION, NULL, 0, NULL, 0);
+    VHD_CHECK_EQ(fe_reply(f, req, &v, sizeof(v)), 8);
+    return v;
+}
+
+/* A message without a reply of its own; acked (and checked) when REPLY_ACK is on. */
+static void fe_set(struct fe *f, uint32_t req, const void *p, uint32_t size, const int *fds,
+                   unsigned nfds)
+{
+    fe_send(f, req, VHOST_USER_VERSION | (f->ack ? VHOST_USER_NEED_REPLY_MASK : 0), p, size, fds,
+            nfds);
+    if (f->ack) {
+        uint64_t v = ~0ull;
+        VHD_CHECK_EQ(fe_reply(f, req, &v, sizeof(v)), 8);
+        VHD_CHECK_EQ(v, 0);
+    }
+}
+
+static void fe_set_u64(struct fe *f, uint32_t req, uint64_t v)
+{
+    fe_set(f, req, &v, sizeof(v), NULL, 0);
+}
+
+static void fe_set_state(struct fe *f, uint32_t req, uint32_t index, uint32_t num)
+{
+    struct vu_vring_state st = {.index = index, .num = num};
+    fe_set(f, req, &st, sizeof(st), NULL, 0);
+}
+
+/*
+ * Connect and bring the device up the way QEMU does: features, protocol
+ * features, owner, config, memory table (mmap'ed by the daemon under the
+ * filter), then NQ split rings with kick and call eventfds.
+ */
+static void fe_up(struct fe *f, const char *path)
+{
+    memset(f, 0, sizeof(*f));
+    /* A reconnect right after a disconnect may be refused while the old session ends. */
+    uint64_t t0 = now_ms(), feat = 0;
+    for (;;) {
+        f->fd = fe_connect_once(path);
+        if (f->fd >= 0) {
+            struct vu_hdr h = {VHOST_USER_GET_FEATURES, VHOST_USER_VERSION, 0};
+            if (send(f->fd, &h, sizeof(h), MSG_NOSIGNAL) == (ssize_t)sizeof(h) &&
+                fe_reply(f, VHOST_USER_GET_FEATURES, &feat, sizeof(feat)) == 8)
+                break;
+            close(f->fd);
+        }
+        VHD_CHECK(now_ms() - t0 < TIMEOUT_MS);
+        usleep(5000);
+    }
+    VHD_CHECK(feat & BIT(VIRTIO_F_VERSION_1));
+    VHD_CHECK(feat & BIT(VHOST_USER_F_PROTOCOL_FEATURES));
+    uint64_t pf = fe_get_u64(f, VHOST_USER_GET_PROTOCOL_FEATURES);
+    uint64_t want = BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) | BIT(VHOST_USER_PROTOCOL_F_CONFIG) |
+                    BIT(VHOST_USER_PROTOCOL_F_MQ);
+    VHD_CHECK_EQ(pf & want, want);
+    fe_set_u64(f, VHOST_USER_SET_PROTOCOL_FEATURES, want);
+    f->ack = true;
+    fe_set(f, VHOST_USER_SET_OWNER, NULL, 0, NULL, 0);
+    VHD_CHECK(fe_get_u64(f, VHOST_USER_GET_QUEUE_NUM) >= NQ);
+    f->features = (feat & (BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_BLK_F_FLUSH) |
+                           BIT(VIRTIO_BLK_F_MQ) | BIT(VIRTIO_BLK_F_DISCARD))) |
+                  BIT(VHOST_USER_F_PROTOCOL_FEATURES);
+    fe_set_u64(f, VHOST_USER_SET_FEATURES, f->features);
+
+    struct vu_config cfg = {.offset = 0, .size = 8};
+    fe_send(f, VHOST_USER_GET_CONFIG, VHOST_USER_VERSION, &cfg, VU_CONFIG_HDR_SIZE + 8, NULL, 0);
+    VHD_CHECK_EQ(fe_reply(f, VHOST_USER_GET_CONFIG, &cfg, sizeof(cfg)), VU_CONFIG_HDR_SIZE + 8);
+    uint64_t capacity;
+    memcpy(&capacity, cfg.region, 8);
+    VHD_CHECK_EQ(capacity, IMG_SIZE / 512);
+
+    VHD_CHECK_EQ(vhd_guestmem_init(&f->gm, 1, 2u << 20, 0x40000000ull, 0), 0);
+    struct vu_mem_table m = {.nregions = 1};
+    m.regions[0].gpa = f->gm.r[0].gpa;
+    m.regions[0].size = f->gm.r[0].size;
+    m.regions[0].uva = vhd_guestmem_uva(&f->gm, f->gm.r[0].gpa);
+    fe_set(f, VHOST_USER_SET_MEM_TABLE, &m, VU_MEM_TABLE_HDR_SIZE + 32, &f->gm.r[0].fd, 1);
+
+    void *b;
+    f->buf_gpa = vhd_guestmem_alloc(&f->gm, NQ * FE_BUF_STRIDE, 4096, &b);
+    VHD_CHECK(f->buf_gpa != UINT64_MAX);
+    f->buf = b;
+    for (uint32_t i = 0; i < NQ; i++) {
+        struct vhd_drv_vq_params p = {.size = QSIZE};
+        p.area_len = vhd_drv_vq_area_size(QSIZE, false, 0);
+        p.area_gpa = vhd_guestmem_alloc(&f->gm, p.area_len, 4096, &p.area);
+        VHD_CHECK(p.area_gpa != UINT64_MAX);
+        VHD_CHECK_EQ(vhd_drv_vq_init(&f->dq[i], &p), 0);
+        f->kick[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        f->call[i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        VHD_CHECK(f->kick[i] >= 0 && f->call[i] >= 0);
+        fe_set_state(f, VHOST_USER_SET_VRING_NUM, i, QSIZE);
+        fe_set_state(f, VHOST_USER_SET_VRING_BASE, i, 0);
+        struct vu_vring_addr a = {
+            .index = i,
+            .desc = vhd_guestmem_uva(&f->gm, f->dq[i].desc_gpa),
+            .avail = vhd_guestmem_uva(&f->gm, f->dq[i].avail_gpa),
+            .used = vhd_guestmem_uva(&f->gm, f->dq[i].used_gpa),
+        };
+        fe_set(f, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0);
+        uint64_t idx = i;
+        fe_set(f, VHOST_USER_SET_VRING_KICK, &idx, sizeof(idx), &f->kick[i], 1);
+        fe_set(f, VHOST_USER_SET_VRING_CALL, &idx, sizeof(idx), &f->call[i], 1);
+        fe_set_state(f, VHOST_USER_SET_VRING_ENABLE, i, 1);
+    }
+}
+
+/* One request on queue q: type, sector, data (len bytes, device-readable or -writable). */
+static uint8_t fe_request(struct fe *f, uint32_t q, uint32_t type, uint64_t sector, uint32_t len)
+{
+    uint8_t *base = f->buf + q * FE_BUF_STRIDE;
+    uint64_t gpa = f->buf_gpa + q * FE_BUF_STRIDE;
+    struct virtio_blk_outhdr h = {.type = type, .sector = sector};
+    memcpy(base, &h, sizeof(h));
+    base[64] = 0xff;
+    struct vhd_drv_buf bufs[3];
+    uint32_t nr = 1, nw = 1, n = 0;
+    bufs[n++] = (struct vhd_drv_buf){gpa, sizeof(h)};
+    if (len && type == VIRTIO_BLK_T_IN) {
+        bufs[n++] = (struct vhd_drv_buf){gpa + 4096, len};
+        nw++;
+    } else if (len) {
+        bufs[n++] = (struct vhd_drv_buf){gpa + 4096, len};
+        nr++;
+    }
+    bufs[n++] = (struct vhd_drv_buf){gpa + 64, 1};
+    VHD_CHECK_EQ(vhd_drv_vq_add(&f->dq[q], bufs, nr, nw, false, (void *)(uintptr_t)(q + 1)), 0);
+    vhd_drv_vq_publish(&f->dq[q]);
+    VHD_CHECK_EQ(eventfd_write(f->kick[q], 1), 0);
+
+    uint64_t t0 = now_ms();
+    for (;;) {
+        void *cookie;
+        uint32_t used_len;
+        int rc = vhd_drv_vq_get_used(&f->dq[q], &cookie, &used_len);
+        VHD_CHECK(rc >= 0);
+        if (rc == 1) {
+            VHD_CHECK_EQ((uintptr_t)cookie, q + 1);
+            return base[64];
+        }
+        VHD_CHECK(now_ms() - t0 < TIMEOUT_MS);
+        struct pollfd pfd = {.fd = f->call[q], .events = POLLIN};
+        if (poll(&pfd, 1, 100) == 1) {
+            uint64_t v;
+            VHD_CHECK_EQ(read(f->call[q], &v, sizeof(v)), 8);
+        }
+    }
+}
+
+static void fe_down(struct fe *f)
+{
+    /* GET_VRING_BASE stops each ring (the worker detaches it) before the disconnect. */
+    for (uint32_t i = 0; i < NQ; i++) {
+        struct vu_vring_state st = {.index = i};
+        fe_send(f, VHOST_USER_GET_VRING_BASE, VHOST_USER_VERSION, &st, sizeof(st), NULL, 0);
+        VHD_CHECK_EQ(fe_reply(f, VHOST_USER_GET_VRING_BASE, &st, sizeof(st)), 8);
+    }
+    close(f->fd);
+    for (uint32_t i = 0; i < NQ; i++) {
+        vhd_drv_vq_fini(&f->dq[i]);
+        close(f->kick[i]);
+        close(f->call[i]);
+    }
+    vhd_guestmem_fini(&f->gm);
+}
+
+static void fill(uint8_t *p, size_t len, uint32_t seed)
+{
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(seed * 131 + i * 7 + (i >> 9));
+}
+
+static void daemon_io(struct daemon_run *d)
+{
+    struct fe f;
+    uint8_t want[4096];
+
+    /* Session 1: write on both queues (both workers), flush, read back, discard. */
+    fe_up(&f, d->sock);
+    for (uint32_t q = 0; q < NQ; q++) {
+        fill(f.buf + q * FE_BUF_STRIDE + 4096, 4096, q + 1);
+        VHD_CHECK_EQ(fe_request(&f, q, VIRTIO_BLK_T_OUT, 8 + 8 * q, 4096), VIRTIO_BLK_S_OK);
+    }
+    VHD_CHECK_EQ(fe_request(&f, 0, VIRTIO_BLK_T_FLUSH, 0, 0), VIRTIO_BLK_S_OK);
+    for (uint32_t q = 0; q < NQ; q++) {
+        memset(f.buf + q * FE_BUF_STRIDE + 4096, 0, 4096);
+        VHD_CHECK_EQ(fe_request(&f, q, VIRTIO_BLK_T_IN, 8 + 8 * q, 4096), VIRTIO_BLK_S_OK);
+        fill(want, sizeof(want), q + 1);
+        VHD_CHECK(!memcmp(f.buf + q * FE_BUF_STRIDE + 4096, want, 4096));
+    }
+    if (f.features & BIT(VIRTIO_BLK_F_DISCARD)) {
+        struct virtio_blk_discard_write_zeroes seg = {.sector = 1024, .num_sectors = 64};
+        memcpy(f.buf + 4096, &seg, sizeof(seg));
+        VHD_CHECK_EQ(fe_request(&f, 0, VIRTIO_BLK_T_DISCARD, 0, sizeof(seg)), VIRTIO_BLK_S_OK);
+    }
+    fe_down(&f);
+
+    /* Session 2 (a reconnect: a new memory table mapped under the filter): the data is there. */
+    fe_up(&f, d->sock);
+    VHD_CHECK_EQ(fe_request(&f, 1, VIRTIO_BLK_T_IN, 8, 4096), VIRTIO_BLK_S_OK);
+    fill(want, sizeof(want), 1);
+    VHD_CHECK(!memcmp(f.buf + FE_BUF_STRIDE + 4096, want, 4096));
+    fe_down(&f);
+}
+
+VHD_TEST(daemon_serves_io_under_sandbox)
+{
+    struct daemon_run d;
+    daemon_start(&d, "on", NULL);
+    daemon_io(&d);
+
+    /* SIGTERM: drain, fdatasync, close, unlink, exit 0, all under the filter. */
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    int st = daemon_wait(&d, TIMEOUT_MS);
+    char desc[64];
+    if (!exited_ok(st)) {
+        fprintf(stderr, "  vhostd: %s\n", st == -1 ? "still running" : describe(st, desc, 64));
+        daemon_dump_log(&d);
+    }
+    VHD_CHECK(exited_ok(st));
+    VHD_CHECK(access(d.sock, F_OK) < 0 && errno == ENOENT); /* removed at exit */
+
+    /* What session 1 wrote through queue 0 is in the image on the host. */
+    uint8_t got[4096], want[4096];
+    int fd = open(d.img, O_RDONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(pread(fd, got, sizeof(got), 8 * 512), (ssize_t)sizeof(got));
+    close(fd);
+    fill(want, sizeof(want), 1);
+    VHD_CHECK(!memcmp(got, want, sizeof(got)));
+    VHD_CHECK(!log_has(&d, " error:") && !log_has(&d, " warn:"));
+    daemon_cleanup(&d);
+}
+
+/* Connect (the daemon's next accept4 runs the poke), then see what became of the daemon. */
+static int daemon_poke(struct daemon_run *d)
+{
+    uint64_t t0 = now_ms();
+    int fd;
+    while ((fd = fe_connect_once(d->sock)) < 0)
+        VHD_CHECK(now_ms() - t0 < TIMEOUT_MS);
+    int st = daemon_wait(d, 2000);
+    close(fd);
+    return st;
+}
+
+VHD_TEST(daemon_dies_on_forbidden_syscall)
+{
+    static const char *const pokes[] = {"open", "socket"};
+    char desc[64];
+
+    for (int i = 0; i < 2; i++) {
+        struct daemon_run d;
+        daemon_start(&d, "on", pokes[i]);
+        int st = daemon_poke(&d);
+        if (!killed_by_sigsys(st)) {
+            fprintf(stderr, "  poke %s: vhostd %s, expected SIGSYS\n", pokes[i],
+                    st == -1 ? "still running" : describe(st, desc, sizeof(desc)));
+            daemon_dump_log(&d);
+        }
+        VHD_CHECK(killed_by_sigsys(st));
+        VHD_CHECK(!log_has(&d, "sandbox-poke")); /* it never got past the call */
+        daemon_cleanup(&d);
+    }
+}
+
+VHD_TEST(daemon_survives_the_poke_without_filter_or_in_log_mode)
+{
+    static const char *const modes[] = {"off", "log"};
+    char desc[64];
+
+    for (int i = 0; i < 2; i++) {
+        struct daemon_run d;
+        daemon_start(&d, modes[i], "open");
+        int st = daemon_poke(&d);
+        if (st != -1) {
+            fprintf(stderr, "  --sandbox=%s: vhostd %s, expected it to keep running\n", modes[i],
+                    describe(st, desc, sizeof(desc)));
+            daemon_dump_log(&d);
+        }
+        VHD_CHECK_EQ(st, -1);
+        VHD_CHECK(log_has(&d, "sandbox-poke: open /etc/passwd: allowed"));
+        VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+        st = daemon_wait(&d, TIMEOUT_MS);
+        VHD_CHECK(exited_ok(st));
+        daemon_cleanup(&d);
+    }
+}
