@@ -112,8 +112,10 @@ int vhd_parse_size(const char *s, uint64_t *out)
     char *end;
     if (!s || !isdigit((unsigned char)*s))
         return -1;
+    /* "0x1000" is hexadecimal (vhostd-bench always took it); anything else is decimal. */
+    bool hex = s[0] == '0' && (s[1] == 'x' || s[1] == 'X') && isxdigit((unsigned char)s[2]);
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
+    unsigned long long v = strtoull(s, &end, hex ? 16 : 10);
     if (errno)
         return -1;
     unsigned shift = 0;
@@ -143,9 +145,9 @@ int vhd_parse_size(const char *s, uint64_t *out)
     default:
         return -1;
     }
-    if (shift && *end == 'i') /* accept "Ki", "GiB" too */
+    if (shift && (*end == 'i' || *end == 'I')) /* accept "Ki", "GiB", "kib" too */
         end++;
-    if (*end == 'B' && shift)
+    if (shift && (*end == 'B' || *end == 'b'))
         end++;
     if (*end != '\0')
         return -1;

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../daemon/options.h"
 #include "vhostd/blk_driver.h"
 #include "vhostd/net_driver.h"
 
@@ -89,48 +90,6 @@ static void usage(FILE *f)
         "\n"
         "SIZE accepts k, m, g, t suffixes (powers of 1024).\n",
         f);
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
-    if (errno || end == s)
-        return -1;
-    unsigned shift = 0;
-    switch (*end) {
-    case 'k':
-    case 'K':
-        shift = 10;
-        end++;
-        break;
-    case 'm':
-    case 'M':
-        shift = 20;
-        end++;
-        break;
-    case 'g':
-    case 'G':
-        shift = 30;
-        end++;
-        break;
-    case 't':
-    case 'T':
-        shift = 40;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (shift && (*end == 'i' || *end == 'I'))
-        end++;
-    if (shift && (*end == 'b' || *end == 'B'))
-        end++;
-    if (*end || (shift && v > (UINT64_MAX >> shift)))
-        return -1;
-    *out = (uint64_t)v << shift;
-    return 0;
 }
 
 static int parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out)
@@ -229,7 +188,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->rwmixread = (unsigned)v;
             break;
         case O_BS:
-            if (parse_size(a, &o->bs) || o->bs == 0 || o->bs % 512 || o->bs > (64u << 20))
+            if (vhd_parse_size(a, &o->bs) || o->bs == 0 || o->bs % 512 || o->bs > (64u << 20))
                 goto bad;
             break;
         case O_DEPTH:
@@ -253,15 +212,15 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             break;
         }
         case O_NIOS:
-            if (parse_size(a, &o->number_ios) || o->number_ios == 0)
+            if (vhd_parse_size(a, &o->number_ios) || o->number_ios == 0)
                 goto bad;
             break;
         case O_OFFSET:
-            if (parse_size(a, &o->offset) || o->offset % 512)
+            if (vhd_parse_size(a, &o->offset) || o->offset % 512)
                 goto bad;
             break;
         case O_SIZE:
-            if (parse_size(a, &o->size) || o->size == 0)
+            if (vhd_parse_size(a, &o->size) || o->size == 0)
                 goto bad;
             break;
         case O_RING:

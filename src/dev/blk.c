@@ -627,23 +627,10 @@ static int blk_set_features(struct vhd_dev *dev, uint64_t features)
 {
     struct vhd_blk *blk = to_blk(dev);
 
-    if (!(features & BIT(VIRTIO_F_VERSION_1))) {
-        VHD_LOG_RL(VHD_LOG_WARN,
-                   "%s: driver did not accept VIRTIO_F_VERSION_1 (legacy virtio is not supported)",
-                   dev->name);
-        return -EINVAL;
-    }
-    if (features & ~(blk->offered | BLK_TRANSPORT_BITS)) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver accepted features 0x%llx that were not offered",
-                   dev->name,
-                   (unsigned long long)(features & ~(blk->offered | BLK_TRANSPORT_BITS)));
-        return -EINVAL;
-    }
-    if (blk->no_split && !(features & BIT(VIRTIO_F_RING_PACKED))) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver wants split rings, which this device refuses",
-                   dev->name);
-        return -EINVAL;
-    }
+    int rc = vhd_dev_check_features(dev, features, blk->offered, BLK_TRANSPORT_BITS, blk->no_split);
+
+    if (rc)
+        return rc;
     blk->features = features & blk->offered;
     dev->features = features;
     /* 5.2.5.2: CONFIG_WCE without FLUSH: writeback MUST start at 0. */

@@ -808,23 +808,10 @@ static int net_set_features(struct vhd_dev *dev, uint64_t features)
 {
     struct vhd_net *net = to_net(dev);
 
-    if (!(features & BIT(VIRTIO_F_VERSION_1))) {
-        VHD_LOG_RL(VHD_LOG_WARN,
-                   "%s: driver did not accept VIRTIO_F_VERSION_1 (legacy virtio is not supported)",
-                   dev->name);
-        return -EINVAL;
-    }
-    if (features & ~(net->offered | NET_TRANSPORT_BITS)) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver accepted features 0x%llx that were not offered",
-                   dev->name,
-                   (unsigned long long)(features & ~(net->offered | NET_TRANSPORT_BITS)));
-        return -EINVAL;
-    }
-    if (net->no_split && !(features & BIT(VIRTIO_F_RING_PACKED))) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver wants split rings, which this device refuses",
-                   dev->name);
-        return -EINVAL;
-    }
+    int rc = vhd_dev_check_features(dev, features, net->offered, NET_TRANSPORT_BITS, net->no_split);
+
+    if (rc)
+        return rc;
     net->features = features & net->offered;
     dev->features = features;
     return 0;

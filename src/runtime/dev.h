@@ -13,11 +13,14 @@
 #ifndef VHD_DEV_H
 #define VHD_DEV_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "core/mem.h"
+#include "core/virtio.h"
 #include "core/vq.h"
+#include "runtime/log.h"
 
 struct vhd_dev;
 struct vhd_queue;
@@ -170,5 +173,33 @@ struct vhd_dev {
  * need_notify says so) once per burst, not per request.
  */
 void vhd_queue_mark_used(struct vhd_queue *q);
+
+/*
+ * vhd_dev_check_features - the SET_FEATURES checks every device type makes:
+ * VERSION_1 accepted, nothing beyond offered | transport_bits, and packed
+ * rings when no_split. Returns 0, or -EINVAL after a rate-limited warning.
+ * Static inline: each device type keeps its own rate-limit state.
+ */
+static inline int vhd_dev_check_features(const struct vhd_dev *dev, uint64_t features,
+                                         uint64_t offered, uint64_t transport_bits, bool no_split)
+{
+    if (!(features & (1ull << VIRTIO_F_VERSION_1))) {
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: driver did not accept VIRTIO_F_VERSION_1 (legacy virtio is not supported)",
+                   dev->name);
+        return -EINVAL;
+    }
+    if (features & ~(offered | transport_bits)) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver accepted features 0x%llx that were not offered",
+                   dev->name, (unsigned long long)(features & ~(offered | transport_bits)));
+        return -EINVAL;
+    }
+    if (no_split && !(features & (1ull << VIRTIO_F_RING_PACKED))) {
+        VHD_LOG_RL(VHD_LOG_WARN, "%s: driver wants split rings, which this device refuses",
+                   dev->name);
+        return -EINVAL;
+    }
+    return 0;
+}
 
 #endif /* VHD_DEV_H */

@@ -28,6 +28,15 @@ VHD_TEST(sizes)
     VHD_CHECK(vhd_parse_size("8G", &v) == 0 && v == 8ull << 30);
     VHD_CHECK(vhd_parse_size("1TiB", &v) == 0 && v == 1ull << 40);
     VHD_CHECK(vhd_parse_size("10MB", &v) == 0 && v == 10ull << 20);
+    VHD_CHECK(vhd_parse_size("4k", &v) == 0 && v == 4096);
+    VHD_CHECK(vhd_parse_size("4KIB", &v) == 0 && v == 4096);
+    VHD_CHECK(vhd_parse_size("4kib", &v) == 0 && v == 4096);
+    VHD_CHECK(vhd_parse_size("2mb", &v) == 0 && v == 2ull << 20);
+    VHD_CHECK(vhd_parse_size("0x1000", &v) == 0 && v == 4096);
+    VHD_CHECK(vhd_parse_size("0X10k", &v) == 0 && v == 16ull << 10);
+    VHD_CHECK(vhd_parse_size("012", &v) == 0 && v == 12); /* decimal, not octal */
+    VHD_CHECK(vhd_parse_size("0x", &v) < 0);
+    VHD_CHECK(vhd_parse_size("4KBi", &v) < 0);
     VHD_CHECK(vhd_parse_size("", &v) < 0);
     VHD_CHECK(vhd_parse_size("-1", &v) < 0);
     VHD_CHECK(vhd_parse_size("12X", &v) < 0);
