@@ -38,7 +38,7 @@ usage: bench/side-by-side.sh [options]
   --only REGEX        run only the cases whose name matches REGEX (e.g. 'null-.*-q1-')
   --file-mode MODE    cache (default: buffered I/O, image warmed in the page cache
                       before every file run) | direct (O_DIRECT on both daemons)
-  --image-size SIZE   file-backend image size for truncate/dd (default 1G)
+  --image-size SIZE   file-backend image size, written with dd (default 1G)
   --daemon-cpu N      CPU for the daemon under test (default 1)
   --bench-cpu N       CPU for vhostd-bench (default 0)
   --vhostd-sandbox M  vhostd --sandbox on|off|log (default on: vhostd's default)
@@ -381,8 +381,11 @@ python3 "$root/bench/summarize.py" "$OUT"
 if [ "$PLOT" = 1 ]; then
     if command -v gnuplot >/dev/null; then
         # (columns of cases not run are NaN: gnuplot warns about them, harmlessly)
-        gnuplot -e "datadir='$OUT'" "$root/bench/iops-by-iodepth.gp" 2> >(grep -v 'no valid points' >&2) &&
+        rm -f "$OUT/iops-by-iodepth.png"
+        gnuplot -e "datadir='$OUT'" "$root/bench/iops-by-iodepth.gp" 2> >(grep -v 'no valid points' >&2) || true
+        if [ -s "$OUT/iops-by-iodepth.png" ]; then
             echo "side-by-side: plot $OUT/iops-by-iodepth.png" >&2
+        fi
     else
         echo "side-by-side: gnuplot not found: no plot (see bench/packages.txt)" >&2
     fi
