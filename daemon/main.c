@@ -18,6 +18,7 @@
 #include "dev/blk.h"
 #include "dev/net.h"
 #include "options.h"
+#include "core/memguard.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "sandbox.h"
@@ -277,6 +278,16 @@ int main(int argc, char **argv)
     if (d.sigfd < 0 || vhd_ctl_add(d.ctl, d.sigfd, EPOLLIN, on_signal, &d, NULL) < 0 ||
         vhd_ctl_add(d.ctl, vhd_rt_event_fd(d.rt), EPOLLIN, on_rt_event, &d, NULL) < 0) {
         fprintf(stderr, "vhostd: signal handling: %s\n", strerror(errno));
+        goto fail;
+    }
+    /*
+     * A front-end that shrinks its guest-memory file makes our next touch of
+     * the lost pages SIGBUS: absorb it and let the control loop (runtime
+     * event) mark that device broken instead of dying (core/memguard.h).
+     */
+    rc = vhd_memguard_install(vhd_rt_event_fd(d.rt));
+    if (rc < 0) {
+        fprintf(stderr, "vhostd: SIGBUS guard: %s\n", strerror(-rc));
         goto fail;
     }
     if (ro.poll_mode == VHD_POLL_ADAPTIVE)

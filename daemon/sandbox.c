@@ -121,6 +121,8 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(set_robust_list, "glibc registers a new thread's robust futex list"),
     ANY(restart_syscall, "the kernel resumes an interrupted sleep"),
     ANY(rt_sigreturn, "return from a signal handler"),
+    ARG_EQ(rt_sigaction, 0, SIGBUS,
+           "the SIGBUS guard hands a fault outside guest memory back to the default action"),
     ANY(rt_sigprocmask, "glibc blocks signals in a thread that exits; abort()"),
     ANY(exit, "a worker thread ends at shutdown"),
     ANY(exit_group, "the process exits"),

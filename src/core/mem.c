@@ -19,6 +19,7 @@
 #include <linux/magic.h> /* HUGETLBFS_MAGIC */
 
 #include "mem.h"
+#include "memguard.h"
 
 /*
  * Threading: tables are built and freed by the control thread only, which is
@@ -126,6 +127,7 @@ static int table_index(struct vhd_mem *mem)
 /* Unmap and free a mapping no table holds (refs == 0). */
 static void map_destroy(struct vhd_mem_map *map)
 {
+    vhd_memguard_remove(map->guard);
     munmap(map->base, map->len);
     free(map);
 }
@@ -143,7 +145,8 @@ static void map_destroy(struct vhd_mem_map *map)
  * driver decides what lies beyond the end. Refusing them would break
  * device-backed guest RAM. Sockets, pipes and the like fail in mmap()
  * (-ENODEV, -EACCES). A front-end that shrinks a regular file after this
- * check can still make an access SIGBUS; F_SEAL_SHRINK is the cure.
+ * check can still make an access SIGBUS; every mapping is registered with
+ * the SIGBUS guard (memguard.h) so the daemon survives that.
  *
  * hugetlbfs needs a huge-page-aligned file offset and length, so there the
  * offset is rounded down and the length rounded up to the huge page size
@@ -196,6 +199,13 @@ static int region_map(struct vhd_mem_region *r, int fd, uint64_t page)
      * data). Best effort: failure changes nothing else.
      */
     (void)madvise(p, (size_t)len, MADV_DONTDUMP);
+
+    rc = vhd_memguard_add(p, (size_t)len, (size_t)align);
+    if (rc < 0) {
+        munmap(p, (size_t)len);
+        goto free_map;
+    }
+    map->guard = rc;
 
     map->base = p;
     map->len = (size_t)len;
@@ -457,4 +467,14 @@ const struct vhd_mem_region *vhd_mem_region_of(const struct vhd_mem *mem, uint64
     int i = vhd_mem__find_gpa(mem, gpa, &hint);
 
     return i < 0 ? NULL : &mem->regions[i];
+}
+
+bool vhd_mem_faulted(const struct vhd_mem *mem)
+{
+    if (!mem)
+        return false;
+    for (uint32_t i = 0; i < mem->nregions; i++)
+        if (vhd_memguard_faulted(mem->regions[i].map->guard))
+            return true;
+    return false;
 }

@@ -31,6 +31,7 @@ struct vhd_mem_map {
     void *base;    /* mmap() result */
     size_t len;    /* mmap() length */
     unsigned refs; /* tables holding it; changed only by the control thread */
+    int guard;     /* its vhd_memguard slot */
 };
 
 /* One mapped region. Fields are read-only after vhd_mem_new(). */
@@ -133,6 +134,14 @@ int vhd_mem_gpa_to_iov(const struct vhd_mem *mem, uint64_t gpa, uint64_t len, st
  * addresses (VHOST_USER_SET_VRING_ADDR carries front-end addresses).
  */
 void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len);
+
+/*
+ * vhd_mem_faulted - did the front-end take memory away under one of the
+ * table's mappings (a SIGBUS absorbed by the guard, see memguard.h)? Such
+ * a table reads zeros where the lost pages were; its device must be reset.
+ * NULL is fine (false).
+ */
+bool vhd_mem_faulted(const struct vhd_mem *mem);
 
 /* Test/diagnostic helper: the region containing gpa, or NULL. */
 const struct vhd_mem_region *vhd_mem_region_of(const struct vhd_mem *mem, uint64_t gpa);

@@ -100,8 +100,10 @@ struct io_uring_sqe *vhd_worker_get_sqe(struct vhd_worker *w);
 
 /*
  * vhd_rt_event_fd - an eventfd (non-blocking, owned by rt) that becomes
- * readable when a worker marked some queue broken (vhd_queue.broken). The
- * control thread polls it, reads it, and scans its queues. Control thread.
+ * readable when a worker marked some queue broken (vhd_queue.broken), or
+ * when the SIGBUS guard absorbed a fault in guest memory (core/memguard.h;
+ * the daemon hands it this fd). The control thread polls it, reads it, and
+ * scans its queues and memory tables. Control thread.
  */
 int vhd_rt_event_fd(const struct vhd_rt *rt);
 

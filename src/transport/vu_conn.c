@@ -664,6 +664,11 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
     }
     if (found)
         conn_mark_broken(c, "a queue broke", false); /* the worker logged why */
+    if (vhd_mem_faulted(c->dev->mem)) {
+        /* The rings may read zeros now (memguard.h); the front-end must reset. */
+        conn_mark_broken(c, "guest memory was truncated by the front-end (SIGBUS absorbed)", true);
+        found = true;
+    }
     return found;
 }
 
