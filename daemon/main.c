@@ -15,6 +15,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "backend/blk_backend.h"
 #include "dev/blk.h"
 #include "dev/net.h"
 #include "options.h"
@@ -183,6 +184,8 @@ int main(int argc, char **argv)
     vhd_rt_opts_default(&ro);
     ro.nworkers = nworkers;
     ro.poll_us = d.opts.poll_us;
+    /* Only what the block backends submit: the kernel refuses other opcodes (rt.h). */
+    ro.uring_ops = vhd_blk_backend_uring.uring_ops | vhd_blk_backend_null.uring_ops;
     ro.poll_mode = d.opts.poll_mode == VHD_OPT_POLL_ALWAYS  ? VHD_POLL_ALWAYS
                    : d.opts.poll_mode == VHD_OPT_POLL_NEVER ? VHD_POLL_NEVER
                                                             : VHD_POLL_ADAPTIVE;

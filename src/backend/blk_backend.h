@@ -94,6 +94,12 @@ struct vhd_blk_backend_ops {
      * through io->complete.
      */
     void (*submit)(struct vhd_blk_backend *be, struct vhd_worker *w, struct vhd_blk_io *io);
+
+    /*
+     * The io_uring opcodes submit() may use, as bits (1ull << IORING_OP_*):
+     * the daemon restricts the workers' rings to these (vhd_rt_opts.uring_ops).
+     */
+    uint64_t uring_ops;
 };
 
 /*

@@ -612,4 +612,6 @@ const struct vhd_blk_backend_ops vhd_blk_backend_uring = {
     .open = uring_open,
     .close = uring_close,
     .submit = uring_submit,
+    .uring_ops = 1ull << IORING_OP_READV | 1ull << IORING_OP_WRITEV | 1ull << IORING_OP_FALLOCATE |
+                 1ull << IORING_OP_FSYNC,
 };

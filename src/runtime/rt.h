@@ -29,6 +29,15 @@ struct vhd_rt_opts {
     unsigned poll_us;       /* adaptive: how long to keep polling after the last work */
     unsigned uring_entries; /* io_uring SQ size per worker (power of two) */
     unsigned budget;        /* chains per queue per turn (fairness between queues) */
+    /*
+     * io_uring opcodes the workers' rings accept, as bits (1ull << IORING_OP_*);
+     * 0: no restriction. With a set, each ring is created disabled, restricted
+     * to these opcodes (no SQE flags, no register operations) and then enabled,
+     * so the kernel refuses anything else (open, connect, ...) even if a bug
+     * let a request build a foreign SQE: the seccomp filter cannot see inside
+     * io_uring. The daemon passes what its backends use.
+     */
+    uint64_t uring_ops;
 };
 
 #define VHD_RT_MAX_WORKERS 64

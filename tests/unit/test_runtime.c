@@ -247,6 +247,7 @@ struct tq {
     uint64_t kicks, waits;
     uint8_t *seen; /* per sequence number: completions seen */
     uint64_t max_seq;
+    uint8_t expect_status; /* every response's status byte (0: success) */
 };
 
 struct env {
@@ -441,7 +442,7 @@ static unsigned drv_collect(struct tq *t)
         memcpy(&r.echo, t->resp + 16u * slot, 8);
         r.status = t->resp[16u * slot + 8];
         VHD_CHECK_EQ(len, RESP_LEN);
-        VHD_CHECK_EQ(r.status, 0);
+        VHD_CHECK_EQ(r.status, t->expect_status);
         VHD_CHECK(r.echo == (h.seq ^ REQ_MAGIC));
         VHD_CHECK(h.seq < t->max_seq);
         VHD_CHECK_EQ(t->seen[h.seq], 0);
@@ -661,6 +662,39 @@ VHD_TEST(complete_packed_nop)
 VHD_TEST(complete_packed_read_noevidx)
 {
     basic_run(true, false, false, FAKE_READ);
+}
+
+/*
+ * uring_ops: a worker ring restricted to NOP serves NOP requests, and the
+ * kernel refuses a READ on it (the fake device then answers status 1).
+ */
+static void restricted_run(enum fake_mode mode, uint8_t expect_status)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+    const uint64_t n = 200;
+
+    rt_opts(&ro, 1, VHD_POLL_ADAPTIVE);
+    ro.uring_ops = 1ull << IORING_OP_NOP;
+    env_init(&e, &ro);
+    struct qopts qo = {.event_idx = true, .mode = mode};
+    struct tq *t = env_add_queue(&e, &qo, n);
+    t->expect_status = expect_status;
+    VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t->fq->q, 0), 0);
+    drv_run(t, n, 16);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
+    check_all_seen(t, n);
+    env_fini(&e);
+}
+
+VHD_TEST(uring_restricted_allows_listed_op)
+{
+    restricted_run(FAKE_NOP, 0);
+}
+
+VHD_TEST(uring_restricted_refuses_other_ops)
+{
+    restricted_run(FAKE_READ, 1);
 }
 
 /*
