@@ -644,18 +644,20 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
         if (!(f & BIT(VIRTIO_NET_F_CTRL_RX)) || dlen != 1 ||
             (h.cmd != VIRTIO_NET_CTRL_RX_PROMISC && h.cmd != VIRTIO_NET_CTRL_RX_ALLMULTI))
             break;
-        uint8_t on;
-        (void)iov_to_buf(iov, c->nr, sizeof(h), &on, 1);
+        /* Cannot come up short (rlen counted the byte); checked so `on` is always defined. */
+        uint8_t on = 0;
+        if (iov_to_buf(iov, c->nr, sizeof(h), &on, 1) != 1)
+            break;
         vhd_store_relaxed(h.cmd == VIRTIO_NET_CTRL_RX_PROMISC ? &net->promisc : &net->allmulti,
                           (uint8_t)(on != 0));
         return VIRTIO_NET_OK;
     case VIRTIO_NET_CTRL_MAC:
         if (h.cmd == VIRTIO_NET_CTRL_MAC_ADDR_SET) {
             /* 5.1.6.5.2: the new default address, reflected in config space (a unicast one). */
-            uint8_t mac[6];
-            if (!(f & BIT(VIRTIO_NET_F_CTRL_MAC_ADDR)) || dlen != 6)
+            uint8_t mac[6] = {0};
+            if (!(f & BIT(VIRTIO_NET_F_CTRL_MAC_ADDR)) || dlen != 6 ||
+                iov_to_buf(iov, c->nr, sizeof(h), mac, 6) != 6)
                 break;
-            (void)iov_to_buf(iov, c->nr, sizeof(h), mac, 6);
             if (mac[0] & 1)
                 break;
             vhd_store_relaxed(&net->mac, mac_pack(mac));
@@ -665,10 +667,9 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
             /* Two tables, each le32 entries + 6 * entries bytes, filling the data exactly. */
             uint32_t off = sizeof(h), left = dlen;
             for (int t = 0; t < 2; t++) {
-                uint32_t n;
-                if (left < 4)
+                uint32_t n = 0;
+                if (left < 4 || iov_to_buf(iov, c->nr, off, &n, 4) != 4)
                     return VIRTIO_NET_ERR;
-                (void)iov_to_buf(iov, c->nr, off, &n, 4);
                 n = vhd_le32(n);
                 left -= 4;
                 off += 4;
@@ -685,8 +686,9 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
     case VIRTIO_NET_CTRL_MQ:
         /* 5.1.6.5.5: 1..max_virtqueue_pairs; out of range is refused. */
         if (h.cmd == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET && (f & BIT(VIRTIO_NET_F_MQ)) && dlen == 2) {
-            struct virtio_net_ctrl_mq mq;
-            (void)iov_to_buf(iov, c->nr, sizeof(h), &mq, sizeof(mq));
+            struct virtio_net_ctrl_mq mq = {0};
+            if (iov_to_buf(iov, c->nr, sizeof(h), &mq, sizeof(mq)) != sizeof(mq))
+                break;
             uint16_t n = vhd_le16(mq.virtqueue_pairs);
             if (n < VIRTIO_NET_CTRL_MQ_VQ_PAIRS_MIN || n > net->pairs)
                 break;
