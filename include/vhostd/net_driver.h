@@ -79,6 +79,7 @@ struct vhd_netdrv_info {
     uint8_t mac[6];        /* config mac (zero when VIRTIO_NET_F_MAC or CONFIG is missing) */
     uint16_t status;       /* config status (VIRTIO_NET_S_LINK_UP assumed without STATUS) */
     uint32_t device_pairs; /* pairs the device has (max_virtqueue_pairs / GET_QUEUE_NUM) */
+    uint32_t queue_num;    /* the GET_QUEUE_NUM reply (queue pairs for net; 1 without MQ) */
     uint32_t num_pairs;    /* pairs in use */
     uint32_t queue_size;   /* ring entries per queue */
     uint32_t rx_buf_size;  /* bytes of each receive buffer, header included */

@@ -976,6 +976,12 @@ static int net_send_rarp(struct vhd_dev *dev, const uint8_t mac[6])
     return 0;
 }
 
+/* GET_QUEUE_NUM: queue pairs, as QEMU and DPDK read it for net devices (dev.h). */
+static uint64_t net_queue_num(const struct vhd_dev *dev)
+{
+    return to_cnet(dev)->pairs;
+}
+
 const struct vhd_dev_ops vhd_net_ops = {
     .type = "net",
     .features = net_features,
@@ -991,6 +997,7 @@ const struct vhd_dev_ops vhd_net_ops = {
     .send_rarp = net_send_rarp,
     .run_disabled = true,
     .queue_wake_fd = net_queue_wake_fd,
+    .queue_num = net_queue_num,
 };
 
 bool vhd_dev_is_net(const struct vhd_dev *dev)

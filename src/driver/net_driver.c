@@ -554,8 +554,12 @@ static int session_open(struct vhd_netdrv *d)
                    o->num_pairs);
         goto fail;
     }
-    /* QEMU's reading of GET_QUEUE_NUM for net devices: queue pairs. */
+    /*
+     * GET_QUEUE_NUM counts queue pairs for net devices (QEMU's and DPDK's
+     * reading); max_virtqueue_pairs in config space, when readable, wins.
+     */
     in->device_pairs = (feat & BIT(VIRTIO_NET_F_MQ)) ? f->queue_num : 1;
+    in->queue_num = f->queue_num;
     memset(in->mac, 0, sizeof(in->mac));
     in->status = VIRTIO_NET_S_LINK_UP;
     if (vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_CONFIG)) {
@@ -578,6 +582,8 @@ static int session_open(struct vhd_netdrv *d)
                    in->device_pairs);
         goto fail;
     }
+    /* Ring indices: every pair's two rings and the control queue after them (5.1.2). */
+    f->max_rings = 2 * in->device_pairs + 1;
     in->features = feat;
     in->num_pairs = o->num_pairs;
     in->queue_size = o->queue_size;

@@ -88,6 +88,7 @@ void vhd_vuf_init(struct vhd_vuf *f, int timeout_ms)
     f->fd = -1;
     f->timeout_ms = timeout_ms > 0 ? timeout_ms : VHD_VUF_DEFAULT_TIMEOUT_MS;
     f->queue_num = 1;
+    f->max_rings = 1;
 }
 
 void vhd_vuf_close(struct vhd_vuf *f)
@@ -290,6 +291,7 @@ int vhd_vuf_handshake(struct vhd_vuf *f, uint64_t want_proto)
             return broken(f, fail(f, -EPROTO, "GET_QUEUE_NUM: %llu queues", (unsigned long long)n));
         f->queue_num = (uint32_t)n;
     }
+    f->max_rings = f->queue_num;
     return 0;
 }
 
@@ -383,8 +385,8 @@ int vhd_vuf_ring_enable(struct vhd_vuf *f, uint32_t index, bool enable)
 
 int vhd_vuf_ring_start(struct vhd_vuf *f, const struct vhd_vuf_ring *r)
 {
-    if (r->index > VHOST_USER_VRING_IDX_MASK || r->index >= f->queue_num)
-        return fail(f, -EINVAL, "ring %u: the back-end has %u queues", r->index, f->queue_num);
+    if (r->index > VHOST_USER_VRING_IDX_MASK || r->index >= f->max_rings)
+        return fail(f, -EINVAL, "ring %u: the back-end has %u queues", r->index, f->max_rings);
     int rc = set_state(f, VHOST_USER_SET_VRING_NUM, r->index, r->num);
     if (rc == 0)
         rc = set_state(f, VHOST_USER_SET_VRING_BASE, r->index, r->base);

@@ -35,6 +35,8 @@ struct vhd_vuf {
     uint64_t proto;         /* SET_PROTOCOL_FEATURES value we sent */
     bool has_proto;         /* VHOST_USER_F_PROTOCOL_FEATURES offered (and so acked) */
     uint32_t queue_num;     /* GET_QUEUE_NUM with MQ, else 1 */
+    uint32_t max_rings;     /* ring indices below this are valid (default queue_num; net:
+                               2 * pairs + 1, GET_QUEUE_NUM counting pairs there) */
     char err[192];          /* reason of the last failure */
 };
 

@@ -74,6 +74,15 @@ struct vhd_dev_ops {
     /* Device reset (RESET_OWNER / RESET_DEVICE / disconnect), queues detached. */
     void (*reset)(struct vhd_dev *dev);
 
+    /*
+     * queue_num - optional: the GET_QUEUE_NUM reply (NULL: num_queues). The
+     * spec says "how many queues"; for net devices every front-end reads it
+     * as queue pairs: QEMU's vhost-user netdev refuses queues=N (pairs) above
+     * it, DPDK's vhost library answers rte_vhost_driver_set_max_queue_num's
+     * queue pairs. Control thread.
+     */
+    uint64_t (*queue_num)(const struct vhd_dev *dev);
+
     /* ---- network devices (src/dev/net.c); NULL / false for others ---- */
 
     /*

@@ -1015,7 +1015,7 @@ static int h_reset_owner(struct vhd_vu_conn *c, struct vu_req *r)
 
 static int h_get_queue_num(struct vhd_vu_conn *c, struct vu_req *r)
 {
-    r->reply.u64 = c->dev->num_queues;
+    r->reply.u64 = c->dev->ops->queue_num ? c->dev->ops->queue_num(c->dev) : c->dev->num_queues;
     r->reply_size = sizeof(uint64_t);
     return 0;
 }

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Linux guests on vhostd's virtio-net: (a) a guest on a TAP port pings the
 # TAP's address; (b) two guests on one vhostd switch ping each other. Real
-# kernels (Linux 6.1, virtio_net) under QEMU TCG via run-guest.sh.
+# kernels (Linux 6.1, virtio_net) under QEMU TCG via run-guest.sh. (c) QEMU
+# (no guest) takes as many queue pairs as GET_QUEUE_NUM says, and no more.
 # Network hygiene: vhostd and its TAP live in a network namespace this
 # script creates (vhostd-test-PID) and removes; every address is in
 # 192.0.2.0/24 (TEST-NET-1) inside it; every loop is bounded. Ends with
@@ -139,6 +140,38 @@ else
 fi
 check_alive switch
 stop_all
+
+# ---- (c) queue pairs and GET_QUEUE_NUM, as QEMU reads it (no guest needed) ----
+# QEMU's vhost-user netdev compares queues=N (queue pairs) with the GET_QUEUE_NUM reply and
+# refuses more ("you are asking more queues than supported: M"); -S keeps the CPU stopped.
+echo "== queue pairs: QEMU netdev vhost-user queues=2 accepted, queues=3 refused by a 2-pair device"
+qemu_netdev() { # qemu_netdev NAME SOCK QUEUES: QEMU for 5 s (then killed), its stderr in $work/NAME.qemu
+    timeout 5 qemu-system-x86_64 -M pc -accel tcg -m 64M -nodefaults -display none -S -monitor none \
+        -object memory-backend-memfd,id=mem,size=64M,share=on -numa node,memdev=mem \
+        -chardev "socket,id=c0,path=$2" -netdev "vhost-user,id=n0,chardev=c0,queues=$3" \
+        -device virtio-net-pci,netdev=n0,mq=on >"$work/$1.qemu" 2>&1
+}
+if command -v qemu-system-x86_64 >/dev/null; then
+    start_vhostd qnum --net "socket=$work/q.sock,backend=loopback,queues=2"
+    for _ in $(seq 1 50); do [ -S "$work/q.sock" ] && break; sleep 0.1; done
+    q2rc=0
+    qemu_netdev q2 "$work/q.sock" 2 || q2rc=$?
+    qemu_netdev q3 "$work/q.sock" 3
+    # queues=2 must still be running when timeout stops it (status 124), with no refusal.
+    if [ "$q2rc" != 124 ] || grep -q "more queues than supported" "$work/q2.qemu"; then
+        ko "queue pairs: QEMU did not keep running with queues=2 on a 2-pair device (status $q2rc)"
+        head -n 3 "$work/q2.qemu" | sed 's/^/   | /'
+    elif ! grep -q "more queues than supported: 2" "$work/q3.qemu"; then
+        ko "queue pairs: QEMU did not refuse queues=3 with 'supported: 2'"
+        head -n 3 "$work/q3.qemu" | sed 's/^/   | /'
+    else
+        ok "queue pairs: GET_QUEUE_NUM says 2 (pairs); QEMU took 2 and refused 3"
+    fi
+    check_alive qnum
+    stop_all
+else
+    ko "queue pairs: qemu-system-x86_64 not found"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -3,7 +3,8 @@
 # DPDK interop: dpdk-testpmd's virtio-user PMD (net_virtio_user, the same
 # driver DPDK applications use) against vhostd's virtio-net loopback, in
 # txonly, rxonly and io modes, split and packed rings, with and without
-# mergeable receive buffers, one and two queue pairs. Frame counts are
+# mergeable receive buffers, one and two queue pairs, and one pair more than
+# the device has (refused). Frame counts are
 # checked on both sides: testpmd's port statistics and vhostd's per-queue
 # counters (logged when the front-end disconnects). Ends with "N passed,
 # N failed".
@@ -224,6 +225,42 @@ run_case() {
     if [ $ok = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 }
 
+# run_refused NAME DEVICE_PAIRS: testpmd asks one pair more than the device has. DPDK's
+# virtio-user does not ask GET_QUEUE_NUM (QEMU does: tests/guest/net-guests.sh); its first
+# ring beyond the device is refused with an error and the session ends, vhostd keeps serving.
+run_refused() {
+    local name=$1 q=$2
+    local sock=$work/$name.sock vlog=$work/$name.vhostd.log tlog=$work/$name.testpmd.log vpid tpid i
+    local ok=1
+    if [ -n "${TESTPMD_CASES:-}" ] && ! grep -qw -- "$name" <<<"$TESTPMD_CASES"; then
+        return 0
+    fi
+    "$vhostd" --workers 1 --net "socket=$sock,backend=loopback,queues=$q" >"$vlog" 2>&1 &
+    vpid=$!
+    pids+=("$vpid")
+    if ! wait_for "$vlog" "listening on" 10 "$vpid"; then
+        echo "   $name: vhostd did not start"; stop_pid "$vpid"; forget_pid "$vpid"
+        failed=$((failed + 1)); return 1
+    fi
+    "$testpmd" --no-huge -m 1024 --no-pci --lcores '0@(0,1),1@(0,1)' \
+        --file-prefix="vhostd-$$-$name" --vdev "net_virtio_user0,path=$sock,queues=$((q + 1))" -- \
+        --rxq=$((q + 1)) --txq=$((q + 1)) --nb-cores=1 --total-num-mbufs=8192 \
+        --stats-period=1 </dev/null >"$tlog" 2>&1 &
+    tpid=$!
+    pids+=("$tpid")
+    wait_for "$vlog" "session ended" 60 "$vpid"
+    stop_pid "$tpid"; forget_pid "$tpid"
+    check "$name" "vhostd refused ring $((2 * q)) and beyond (ring index out of range)" \
+        grep -q "ring index out of range" "$vlog" || ok=0
+    check "$name" "the session ended" grep -q "session ended" "$vlog" || ok=0
+    check "$name" "vhostd still running" kill -0 "$vpid" || ok=0
+    stop_pid "$vpid"; forget_pid "$vpid"
+    rm -f "$sock"
+    printf '   %-26s %s  testpmd queues=%u on a %u-pair device refused\n' "$name" \
+        "$([ $ok = 1 ] && echo ok || echo FAIL)" $((q + 1)) "$q"
+    if [ $ok = 1 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+}
+
 if ! command -v "$testpmd" >/dev/null 2>&1; then
     echo "dpdk-testpmd not found (Debian: apt-get install dpdk-dev)"
     echo "0 passed, 1 failed"
@@ -249,6 +286,8 @@ run_case split-io-q2           2 io     ""
 run_case split-txonly-q2-nomrg 2 txonly ",mrg_rxbuf=0"
 run_case packed-io-q2          2 io     ",packed_vq=1"
 run_case packed-rxonly-q2      2 rxonly ",packed_vq=1,mrg_rxbuf=0"
+# the pair limit: 2 pairs work above, 3 on a 2-pair device do not
+run_refused queues-over-limit  2
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

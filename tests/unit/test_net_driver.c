@@ -28,7 +28,7 @@
 #include "vhostd/net_driver.h"
 
 #define WAIT_MS     5000 /* a frame has this long to come back */
-#define MAX_DAEMONS 1
+#define MAX_DAEMONS 2
 
 #include "daemon_fixture.h"
 
@@ -314,5 +314,46 @@ VHD_TEST(bad_options)
     VHD_CHECK_EQ(vhd_netdrv_connect(&o2, &d, err, sizeof(err)), -ENOTSUP);
     VHD_CHECK(strstr(err, "pairs") != NULL);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * GET_QUEUE_NUM counts queue pairs for net devices (what QEMU's vhost-user
+ * netdev compares queues=N with, and what DPDK's vhost library answers):
+ * a 3-pair device says 3, every pair up to the last works, a fourth is
+ * refused; a 1-pair device says 1 and its two rings still start.
+ */
+VHD_TEST(get_queue_num_counts_pairs)
+{
+    static const uint32_t lens[] = {60, 1514};
+    struct daemon dm;
+    struct vhd_netdrv *d;
+    char err[256];
+
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 3, "");
+    struct vhd_netdrv_opts o = {.socket_path = dm.sock, .num_pairs = 3, .queue_size = 64};
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(vhd_netdrv_get_info(d)->queue_num, 3);
+    VHD_CHECK_EQ(vhd_netdrv_get_info(d)->device_pairs, 3);
+    loop_frames(d, lens, 2, 20, 4, false); /* every pair, the last one (rings 4, 5) included */
+    vhd_netdrv_disconnect(d);
+    o.num_pairs = 4;
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -ENOTSUP);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+
+    struct daemon dm1;
+    daemon_prepare(&dm1);
+    vhostd_start(&dm1, 1, "");
+    o.socket_path = dm1.sock;
+    o.num_pairs = 1;
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_netdrv_get_info(d)->queue_num, 1);
+    loop_frames(d, lens, 2, 20, 4, false);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm1), 0);
     test_done();
 }
