@@ -2,7 +2,8 @@
 /*
  * vhostd: serve virtio-blk and virtio-net devices to vhost-user front-ends.
  * Parses the options, creates the devices, the workers and one listening
- * socket per device, runs the control loop, and on SIGINT/SIGTERM drains
+ * socket per device (or, in client mode, a connection to the front-end's
+ * socket, retried with back-off), runs the control loop, and on SIGINT/SIGTERM drains
  * in-flight I/O, flushes, removes the sockets and exits 0. SIGUSR1 logs the
  * net devices' counters.
  */
@@ -24,6 +25,7 @@
 #include "runtime/rt.h"
 #include "sandbox.h"
 #include "transport/ctl.h"
+#include "transport/vu_client.h"
 #include "transport/vu_server.h"
 
 #define VHOSTD_VERSION "0.1.0"
@@ -35,8 +37,40 @@ struct daemon {
     int sigfd;
     int ndev;
     struct vhd_dev *dev[VHD_OPT_MAX_DEVICES];
+    /* Each device has a listening server, or a client (client=on): never both. */
     struct vhd_vu_server *srv[VHD_OPT_MAX_DEVICES];
+    struct vhd_vu_client *cli[VHD_OPT_MAX_DEVICES];
 };
+
+/* The current session of device i, in either mode; NULL when there is none. */
+static struct vhd_vu_conn *device_conn(const struct daemon *d, int i)
+{
+    if (d->cli[i])
+        return vhd_vu_client_conn(d->cli[i]);
+    return d->srv[i] ? vhd_vu_server_conn(d->srv[i]) : NULL;
+}
+
+/*
+ * Serve device i on socket: listen on it, or with client=on connect to it.
+ * 0, or -1 with a message on stderr.
+ */
+static int device_serve(struct daemon *d, int i, const char *name, const char *socket, bool client,
+                        uint32_t reconnect_max_ms)
+{
+    char err[512] = "";
+
+    if (client) {
+        struct vhd_vu_client_opts co = {.reconnect_max_ms = reconnect_max_ms};
+        d->cli[i] = vhd_vu_client_new(d->ctl, d->dev[i], socket, &co, err, sizeof(err));
+    } else {
+        d->srv[i] = vhd_vu_server_new(d->ctl, d->dev[i], socket, err, sizeof(err));
+    }
+    if (!d->srv[i] && !d->cli[i]) {
+        fprintf(stderr, "vhostd: %s: %s\n", name, err);
+        return -1;
+    }
+    return 0;
+}
 
 static void on_signal(void *opaque, uint32_t events)
 {
@@ -65,7 +99,7 @@ static void on_rt_event(void *opaque, uint32_t events)
     if (read(vhd_rt_event_fd(d->rt), &v, sizeof(v)) < 0 && errno != EAGAIN)
         vhd_log(VHD_LOG_WARN, "runtime event fd: %s", strerror(errno));
     for (int i = 0; i < d->ndev; i++) {
-        struct vhd_vu_conn *c = vhd_vu_server_conn(d->srv[i]);
+        struct vhd_vu_conn *c = device_conn(d, i);
         if (c)
             vhd_vu_conn_check_queues(c);
     }
@@ -101,6 +135,8 @@ static void shutdown_all(struct daemon *d)
     for (int i = 0; i < d->ndev; i++) {
         vhd_vu_server_free(d->srv[i]);
         d->srv[i] = NULL;
+        vhd_vu_client_free(d->cli[i]);
+        d->cli[i] = NULL;
     }
     /* Closing the backend flushes what the cache holds. */
     for (int i = 0; i < d->ndev; i++) {
@@ -222,11 +258,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "vhostd: %s: out of memory\n", b->name);
             goto fail;
         }
-        d.srv[i] = vhd_vu_server_new(d.ctl, d.dev[i], b->socket, err, sizeof(err));
-        if (!d.srv[i]) {
-            fprintf(stderr, "vhostd: %s: %s\n", b->name, err);
+        if (device_serve(&d, i, b->name, b->socket, b->client, b->reconnect_max_ms) < 0)
             goto fail;
-        }
         char wl[256] = "";
         for (uint32_t q = 0; q < d.dev[i]->num_queues && strlen(wl) < sizeof(wl) - 8; q++)
             snprintf(wl + strlen(wl), sizeof(wl) - strlen(wl), "%s%d", q ? "," : "",
@@ -265,11 +298,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "vhostd: %s: out of memory\n", n->name);
             goto fail;
         }
-        d.srv[k] = vhd_vu_server_new(d.ctl, d.dev[k], n->socket, err, sizeof(err));
-        if (!d.srv[k]) {
-            fprintf(stderr, "vhostd: %s: %s\n", n->name, err);
+        if (device_serve(&d, k, n->name, n->socket, n->client, n->reconnect_max_ms) < 0)
             goto fail;
-        }
         char wl[256] = "";
         for (uint32_t p = 0; p < n->queues && strlen(wl) < sizeof(wl) - 8; p++)
             snprintf(wl + strlen(wl), sizeof(wl) - strlen(wl), "%s%d", p ? "," : "",
@@ -305,16 +335,19 @@ int main(int argc, char **argv)
      * eventfd and thread exists. Drops to --user, then the seccomp filter.
      */
     {
+        /* Our listening sockets; a client-mode device's socket is the front-end's. */
         const char *socks[sizeof(d.srv) / sizeof(d.srv[0])];
+        unsigned nsocks = 0;
         for (int i = 0; i < d.ndev; i++)
-            socks[i] = vhd_vu_server_path(d.srv[i]);
+            if (d.srv[i])
+                socks[nsocks++] = vhd_vu_server_path(d.srv[i]);
         struct vhd_sandbox_opts so = {
             .mode = d.opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
                     : d.opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
                                                             : VHD_SANDBOX_ON,
             .user = d.opts.user,
             .chown_paths = socks,
-            .nchown = (unsigned)d.ndev,
+            .nchown = nsocks,
         };
         if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
             fprintf(stderr, "vhostd: sandbox: %s\n", err);

@@ -35,7 +35,8 @@ const char vhd_usage[] =
     "  --help, --version\n"
     "\n"
     "--blk keys:\n"
-    "  socket=PATH          vhost-user socket to listen on (required)\n"
+    "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
+    "                       front-end's socket to connect to\n"
     "  image=PATH           backing file or block device (uring backend)\n"
     "  backend=uring|null   io_uring file backend (default) or null (no storage, reads zeroes)\n"
     "  size=SIZE            bytes (K/M/G/T suffixes): null device size; for uring, create a\n"
@@ -50,10 +51,16 @@ const char vhd_usage[] =
     "  workers=LIST         workers for this device's queues, e.g. 0,1 or 0-3 (default: all,\n"
     "                       round robin)\n"
     "  name=STR             name used in logs (default: the socket's file name)\n"
+    "  client=on|off        client mode (default off): connect to a front-end that listens on\n"
+    "                       socket= (QEMU server=on, DPDK virtio-user server=1), and connect\n"
+    "                       again whenever the connection fails or the session ends\n"
+    "  reconnect-max=MS     client mode: retries back off from 50 ms, doubling up to MS\n"
+    "                       (10..3600000, default 2000)\n"
     /* ---- net ---- */
     "\n"
     "--net keys (virtio-net; SIGUSR1 logs every net device's per-queue counters):\n"
-    "  socket=PATH          vhost-user socket to listen on (required)\n"
+    "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
+    "                       front-end's socket to connect to\n"
     "  backend=loopback|switch|tap\n"
     "                       loopback (default): every frame sent on a queue pair comes\n"
     "                       back on the receive queue of the same pair; switch: an L2\n"
@@ -69,7 +76,8 @@ const char vhd_usage[] =
     "  rings=split|packed|both   ring layouts offered (default both)\n"
     "  workers=LIST         workers for this device's queue pairs, e.g. 0,1 or 0-3; both\n"
     "                       rings of a pair always share a worker (default: all, round robin)\n"
-    "  name=STR             name used in logs (default: the socket's file name)\n";
+    "  name=STR             name used in logs (default: the socket's file name)\n"
+    "  client=on|off, reconnect-max=MS   client mode, as for --blk\n";
 /* ---- end net ---- */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -211,6 +219,30 @@ static int parse_worker_list(char *s, int *nworkers, int *workers)
 }
 
 /*
+ * Client-mode keys, shared by --blk and --net: 1 when k was one of them
+ * (parsed into *client / *max_ms), 0 when it is another key, -1 on a bad value.
+ */
+static int parse_client_key(const char *opt, const char *k, const char *v, bool *client,
+                            uint32_t *max_ms, char *err, size_t errlen)
+{
+    uint64_t n;
+
+    if (!strcmp(k, "client")) {
+        if (parse_bool(v, client))
+            return fail(err, errlen, "%s: client=%s: expected on or off", opt, v);
+        return 1;
+    }
+    if (!strcmp(k, "reconnect-max") || !strcmp(k, "reconnect_max")) {
+        if (parse_uint(v, VHD_OPT_RECONNECT_MAX_MAX_MS, &n) || n < VHD_OPT_RECONNECT_MAX_MIN_MS)
+            return fail(err, errlen, "%s: reconnect-max=%s: expected %u..%u milliseconds", opt, v,
+                        VHD_OPT_RECONNECT_MAX_MIN_MS, VHD_OPT_RECONNECT_MAX_MAX_MS);
+        *max_ms = (uint32_t)n;
+        return 1;
+    }
+    return 0;
+}
+
+/*
  * Split "k=v,k=v" at commas. A worker list may use commas too ("workers=0,1"),
  * so a token without '=' after workers= continues the list.
  */
@@ -289,13 +321,19 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
             strcpy(wl, v);
             in_workers = true;
         } else {
-            return fail(err, errlen, "--blk: unknown key '%s'", k);
+            int ck = parse_client_key("--blk", k, v, &b->client, &b->reconnect_max_ms, err, errlen);
+            if (ck < 0)
+                return -1;
+            if (ck == 0)
+                return fail(err, errlen, "--blk: unknown key '%s'", k);
         }
     }
     if (wl[0] && parse_worker_list(wl, &b->nworkers, b->workers))
         return fail(err, errlen, "--blk: workers=%s: expected a list like 0,1 or 0-3", wl);
     if (!b->socket)
         return fail(err, errlen, "--blk: socket=PATH is required");
+    if (b->reconnect_max_ms && !b->client)
+        return fail(err, errlen, "--blk: reconnect-max= goes with client=on");
     if (!strcmp(b->backend, "null")) {
         if (!have_size)
             return fail(err, errlen, "--blk: backend=null needs size=");
@@ -404,13 +442,19 @@ int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_op
             strcpy(wl, v);
             in_workers = true;
         } else {
-            return fail(err, errlen, "--net: unknown key '%s'", k);
+            int ck = parse_client_key("--net", k, v, &n->client, &n->reconnect_max_ms, err, errlen);
+            if (ck < 0)
+                return -1;
+            if (ck == 0)
+                return fail(err, errlen, "--net: unknown key '%s'", k);
         }
     }
     if (wl[0] && parse_worker_list(wl, &n->nworkers, n->workers))
         return fail(err, errlen, "--net: workers=%s: expected a list like 0,1 or 0-3", wl);
     if (!n->socket)
         return fail(err, errlen, "--net: socket=PATH is required");
+    if (n->reconnect_max_ms && !n->client)
+        return fail(err, errlen, "--net: reconnect-max= goes with client=on");
     if (!strcmp(n->backend, "switch") != (n->switch_name != NULL))
         return fail(err, errlen, "--net: switch=NAME goes with backend=switch, and only with it");
     if (!strcmp(n->backend, "tap") != (n->tap_name != NULL))

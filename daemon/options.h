@@ -31,6 +31,9 @@ struct vhd_opt_blk {
     bool allow_packed;
     int nworkers;                     /* 0: round robin over every worker */
     int workers[VHD_OPT_MAX_WORKERS]; /* queue i runs on workers[i % nworkers] */
+    /* ---- client mode ---- */
+    bool client;               /* client=on: connect to the front-end's socket, do not listen */
+    uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
 };
 
 /* ---- net ---- */
@@ -49,6 +52,9 @@ struct vhd_opt_net {
     bool allow_packed;
     int nworkers;                     /* 0: pairs round robin over every worker */
     int workers[VHD_OPT_MAX_WORKERS]; /* pair i (both rings) runs on workers[i % nworkers] */
+    /* ---- client mode ---- */
+    bool client;               /* client=on: connect to the front-end's socket, do not listen */
+    uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
 };
 /* ---- end net ---- */
 
@@ -95,6 +101,10 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
  */
 int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_opt_net *n, char *err,
                           size_t errlen);
+
+/* reconnect-max=MS bounds (client mode). */
+#define VHD_OPT_RECONNECT_MAX_MIN_MS 10u
+#define VHD_OPT_RECONNECT_MAX_MAX_MS 3600000u
 
 /* Parse a MAC address "52:54:00:12:34:56" (a unicast, non-zero one). 0 or -1. */
 int vhd_parse_mac(const char *s, uint8_t mac[6]);

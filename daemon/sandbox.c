@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -29,8 +30,8 @@
  * code and confirmed by running the guest test matrix and the demo under
  * strace -f and under --sandbox=log (see docs/USER-GUIDE.md, "Sandboxing").
  * Not here, on purpose: open/openat/creat (every file is open before the
- * filter), socket/connect/bind/listen (listening sockets exist; nothing
- * connects out), clone/clone3/fork/vfork/execve (workers exist; nothing is
+ * filter), socket other than AF_UNIX stream, bind/listen (listening sockets
+ * exist), clone/clone3/fork/vfork/execve (workers exist; nothing is
  * spawned), io_uring_setup/io_uring_register (rings exist), ptrace, kill,
  * prctl, setuid and friends, mount and namespaces, bpf, perf_event_open.
  *
@@ -51,6 +52,12 @@
     {                                                                                    \
         .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
         .mask = (msk), .value = (val), .why = reason                                     \
+    }
+#define ARG_MASKED_AND_MASKED(sys, argi, msk, val, argj, mskj, valj, reason)             \
+    {                                                                                    \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
+        .mask = (msk), .value = (val), .why = reason, .has_and = true, .and_arg = argj,  \
+        .and_mask = (mskj), .and_value = (valj)                                          \
     }
 #define ARG_SELF_PID(sys, argi, reason)                                                 \
     {                                                                                   \
@@ -74,6 +81,10 @@
  * futex: the operation without its modifier flags (FUTEX_PRIVATE_FLAG,
  * FUTEX_CLOCK_REALTIME). The argument is an int: compare its 32 bits only.
  */
+/* socket(): the domain and the type are ints; the type without SOCK_NONBLOCK / SOCK_CLOEXEC. */
+#define INT_BITS       0xffffffffUL
+#define SOCK_TYPE_BITS (INT_BITS & ~(unsigned long)(SOCK_NONBLOCK | SOCK_CLOEXEC))
+
 #define FUTEX_OP_BITS (0xffffffffUL & ~(unsigned long)(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME))
 
 static const struct vhd_sandbox_rule sandbox_rules[] = {
@@ -89,6 +100,11 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(recvmsg, "vhost-user messages, with fds (SCM_RIGHTS)"),
     ANY(sendmsg, "vhost-user replies and back-end requests, with fds"),
     ANY(poll, "a reply waits (bounded) for room in the socket buffer"),
+    /* ---- client mode (vu_client.c): connect to the front-end, retry on a timer ---- */
+    ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_UNIX, 1, SOCK_TYPE_BITS, SOCK_STREAM,
+                          "client mode: a Unix stream socket for the front-end (nothing else)"),
+    ANY(connect, "client mode: connect to the front-end's listening Unix socket"),
+    ANY(timerfd_settime, "client mode: arm the reconnect back-off timer"),
     ANY(close, "fds of ended sessions, replaced ring fds, region fds after mmap"),
     ARG_EQ(fcntl, 1, F_GETFL, "read the flags of a session, kick or back-end fd"),
     ARG_EQ(fcntl, 1, F_SETFL, "O_NONBLOCK on session, kick and back-end-channel fds"),
@@ -147,6 +163,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
 #undef ARG_EQ
 #undef ARG_MASKED
 #undef ARG_SELF_PID
+#undef ARG_MASKED_AND_MASKED
 
 const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n)
 {
@@ -213,34 +230,41 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode)
     pid_t self = getpid();
     for (size_t i = 0; i < n; i++) {
         const struct vhd_sandbox_rule *r = &rules[i];
-        struct scmp_arg_cmp cmp = {0};
+        struct scmp_arg_cmp cmp[2] = {{0}};
         unsigned ncmp = 0;
 
         if (r->nr < 0)
             continue; /* not a syscall on this architecture (libseccomp's pseudo number) */
         if (r->arg >= 0) {
-            cmp.arg = (unsigned)r->arg;
+            cmp[0].arg = (unsigned)r->arg;
             switch (r->op) {
             case VHD_SANDBOX_ARG_EQ:
-                cmp.op = SCMP_CMP_EQ;
-                cmp.datum_a = r->value;
+                cmp[0].op = SCMP_CMP_EQ;
+                cmp[0].datum_a = r->value;
                 break;
             case VHD_SANDBOX_ARG_MASKED_EQ:
-                cmp.op = SCMP_CMP_MASKED_EQ;
-                cmp.datum_a = r->mask;
-                cmp.datum_b = r->value;
+                cmp[0].op = SCMP_CMP_MASKED_EQ;
+                cmp[0].datum_a = r->mask;
+                cmp[0].datum_b = r->value;
                 break;
             case VHD_SANDBOX_ARG_SELF_PID:
-                cmp.op = SCMP_CMP_EQ;
-                cmp.datum_a = (scmp_datum_t)self;
+                cmp[0].op = SCMP_CMP_EQ;
+                cmp[0].datum_a = (scmp_datum_t)self;
                 break;
             default:
                 rc = -EINVAL;
                 goto release;
             }
             ncmp = 1;
+            if (r->has_and) { /* comparisons of one rule are ANDed by libseccomp */
+                cmp[1].arg = (unsigned)r->and_arg;
+                cmp[1].op = SCMP_CMP_MASKED_EQ;
+                cmp[1].datum_a = r->and_mask;
+                cmp[1].datum_b = r->and_value;
+                ncmp = 2;
+            }
         }
-        rc = seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, r->nr, ncmp, ncmp ? &cmp : NULL);
+        rc = seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, r->nr, ncmp, ncmp ? cmp : NULL);
         if (rc < 0) {
             vhd_log(VHD_LOG_ERROR, "sandbox: rule for %s: %s", r->name, strerror(-rc));
             goto release;

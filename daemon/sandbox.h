@@ -62,6 +62,11 @@ struct vhd_sandbox_rule {
     unsigned long mask;  /* VHD_SANDBOX_ARG_MASKED_EQ: the bits compared */
     unsigned long value; /* what the argument (or its masked bits) must equal */
     const char *why;     /* one line */
+    /* A second condition, on another argument, that must hold too: (and_arg & and_mask) ==
+     * and_value. */
+    bool has_and;
+    int and_arg;
+    unsigned long and_mask, and_value;
 };
 
 #define VHD_SANDBOX_ARG_EQ        0 /* argument == value */

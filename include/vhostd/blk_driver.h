@@ -69,6 +69,13 @@ struct vhd_blkdrv_opts {
     uint64_t mem_size;
     uint64_t pool_size; /* buffer pool per queue when mem_size is 0 (0: 4 MiB) */
     int timeout_ms;     /* bound on connecting and on each control exchange (0: 5000) */
+    /*
+     * Listen on socket_path instead of connecting, and take the back-end's
+     * connection (a back-end in client mode, e.g. vhostd client=on). Each
+     * connect and reconnect listens anew, waiting up to timeout_ms; the
+     * socket file exists only while waiting.
+     */
+    bool listen;
 };
 
 /* What was negotiated and read from the device's configuration space. */

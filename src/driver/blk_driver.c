@@ -792,7 +792,7 @@ static int session_open(struct vhd_blkdrv *d)
     const struct vhd_blkdrv_opts *o = &d->o;
 
     vhd_vuf_init(f, o->timeout_ms);
-    int rc = vhd_vuf_connect(f, d->path);
+    int rc = o->listen ? vhd_vuf_accept(f, d->path) : vhd_vuf_connect(f, d->path);
     if (rc == 0)
         rc = vhd_vuf_handshake(f, BIT(VHOST_USER_PROTOCOL_F_MQ) |
                                       BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |

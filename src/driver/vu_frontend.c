@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -439,4 +440,58 @@ int vhd_vuf_sync(struct vhd_vuf *f)
     if (vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK))
         return f->fd >= 0 ? 0 : fail(f, -ENOTCONN, "not connected");
     return call_u64(f, VHOST_USER_GET_FEATURES, &v);
+}
+
+/* ---- listening front-end (back-ends in client mode) ---- */
+
+int vhd_vuf_accept(struct vhd_vuf *f, const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
+    int rc;
+
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return fail(f, -ENAMETOOLONG, "socket path too long: %s", path);
+    strcpy(sa.sun_path, path);
+    vhd_vuf_close(f);
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return fail(f, -EEXIST, "%s: exists and is not a socket", path);
+        unlink(path);
+    }
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lfd < 0)
+        return fail(f, -errno, "socket: %s", strerror(errno));
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        rc = fail(f, -errno, "bind %s: %s", path, strerror(errno));
+        close(lfd);
+        return rc;
+    }
+    if (listen(lfd, 1) < 0) {
+        rc = fail(f, -errno, "listen %s: %s", path, strerror(errno));
+        goto out;
+    }
+    struct pollfd p = {.fd = lfd, .events = POLLIN};
+    int pr;
+    do
+        pr = poll(&p, 1, f->timeout_ms);
+    while (pr < 0 && errno == EINTR);
+    if (pr <= 0) {
+        rc = pr == 0 ? fail(f, -ETIMEDOUT, "%s: no back-end connected within %d ms", path,
+                            f->timeout_ms)
+                     : fail(f, -errno, "poll %s: %s", path, strerror(errno));
+        goto out;
+    }
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) {
+        rc = fail(f, -errno, "accept on %s: %s", path, strerror(errno));
+        goto out;
+    }
+    f->fd = fd;
+    f->err[0] = 0;
+    rc = 0;
+out:
+    close(lfd);
+    unlink(path);
+    return rc;
 }

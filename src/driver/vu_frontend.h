@@ -136,4 +136,14 @@ void vhd_vuf_close(struct vhd_vuf *f);
 /* The reason of the last failure ("" when none). */
 const char *vhd_vuf_strerror(const struct vhd_vuf *f);
 
+/*
+ * vhd_vuf_accept - like vhd_vuf_connect, but this side listens (for
+ * back-ends in client mode, such as vhostd's client=on): bind a Unix socket
+ * at path (a socket file already there is replaced; any other file is an
+ * error), wait up to the session's timeout for one back-end to connect,
+ * then close the listening socket and remove path again. 0,
+ * -ENAMETOOLONG, -EEXIST, -ETIMEDOUT, or another -errno.
+ */
+int vhd_vuf_accept(struct vhd_vuf *f, const char *path);
+
 #endif /* VHD_DRV_VU_FRONTEND_H */

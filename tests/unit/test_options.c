@@ -336,3 +336,65 @@ VHD_TEST(net_config_file)
     vhd_options_free(&o);
     unlink(path);
 }
+
+/* ---- client mode: client=on|off and reconnect-max=MS, for --blk and --net and in a config ---- */
+
+VHD_TEST(client_mode_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/run/q1.sock,image=a.img,client=on",
+                       "--net=socket=/run/q2.sock,client=on,reconnect-max=5000",
+                       "--blk=socket=/run/q3.sock,backend=null,size=1M", NULL),
+                 0);
+    VHD_CHECK(o.blk[0].client);
+    VHD_CHECK_EQ(o.blk[0].reconnect_max_ms, 0); /* the default applies */
+    VHD_CHECK(o.net[0].client);
+    VHD_CHECK_EQ(o.net[0].reconnect_max_ms, 5000);
+    VHD_CHECK(!o.blk[1].client); /* server mode by default */
+    vhd_options_free(&o);
+
+    VHD_CHECK_EQ(
+        parse(&o, err, "--blk=socket=/run/q.sock,image=a.img,client=off", NULL, NULL, NULL), 0);
+    VHD_CHECK(!o.blk[0].client);
+    vhd_options_free(&o);
+
+    static const struct {
+        const char *arg, *msg;
+    } bad[] = {
+        {"--blk=socket=/a,image=a,client=maybe", "client=maybe: expected on or off"},
+        {"--blk=socket=/a,image=a,client=on,reconnect-max=5",
+         "reconnect-max=5: expected 10..3600000"},
+        {"--blk=socket=/a,image=a,client=on,reconnect-max=3600001", "expected 10..3600000"},
+        {"--blk=socket=/a,image=a,client=on,reconnect-max=1s", "reconnect-max=1s"},
+        {"--blk=socket=/a,image=a,reconnect-max=100", "reconnect-max= goes with client=on"},
+        {"--net=socket=/a,client=yess", "--net: client=yess"},
+        {"--net=socket=/a,reconnect-max=100", "--net: reconnect-max= goes with client=on"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        VHD_CHECK(parse(&o, err, bad[i].arg, NULL, NULL, NULL) < 0);
+        if (!strstr(err, bad[i].msg))
+            fprintf(stderr, "  %s: '%s'\n", bad[i].arg, err);
+        VHD_CHECK(strstr(err, bad[i].msg));
+        vhd_options_free(&o);
+    }
+
+    /* The config file takes the same keys. */
+    char path[] = "/tmp/vhostd-conf-XXXXXX";
+    int fd = mkstemp(path);
+    VHD_CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "blk socket=/tmp/qemu-vm1.sock,backend=null,size=1G,client=on,reconnect-max=250\n"
+               "net socket=/tmp/qemu-vm1-net.sock,client=on\n");
+    fclose(f);
+    VHD_CHECK_EQ(parse(&o, err, "--config", path, NULL, NULL), 0);
+    VHD_CHECK(o.blk[0].client && o.net[0].client);
+    VHD_CHECK_EQ(o.blk[0].reconnect_max_ms, 250);
+    vhd_options_free(&o);
+    unlink(path);
+    /* --help documents the keys. */
+    VHD_CHECK(strstr(vhd_usage, "client=on|off"));
+    VHD_CHECK(strstr(vhd_usage, "reconnect-max=MS"));
+}

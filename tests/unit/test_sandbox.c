@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -154,12 +155,13 @@ VHD_TEST(table_rows_have_reasons)
 
 VHD_TEST(table_leaves_out_dangerous_syscalls)
 {
-    char never[] = "execve execveat fork vfork clone clone3 open openat openat2 creat socket "
-                   "connect bind listen ptrace kill prctl setuid setgid setresuid setgroups "
-                   "capset mount umount2 unshare setns bpf perf_event_open memfd_create "
-                   "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
-                   "chown rename symlink link truncate init_module kexec_load keyctl "
-                   "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom";
+    char never[] =
+        "execve execveat fork vfork clone clone3 open openat openat2 creat "
+        "bind listen accept socketpair ptrace kill prctl setuid setgid setresuid setgroups "
+        "capset mount umount2 unshare setns bpf perf_event_open memfd_create "
+        "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
+        "chown rename symlink link truncate init_module kexec_load keyctl "
+        "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom";
     int bad = 0;
 
     for (char *save = NULL, *name = strtok_r(never, " ", &save); name;
@@ -170,6 +172,29 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
         }
     }
     VHD_CHECK_EQ(bad, 0);
+}
+
+/* socket() is allowed for client mode, but only as a Unix stream socket: every row says so. */
+VHD_TEST(table_socket_only_unix_stream)
+{
+    size_t n;
+    const struct vhd_sandbox_rule *r = vhd_sandbox_rules(&n);
+    int rows = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(r[i].name, "socket"))
+            continue;
+        rows++;
+        VHD_CHECK_EQ(r[i].arg, 0); /* the domain ... */
+        VHD_CHECK_EQ(r[i].op, VHD_SANDBOX_ARG_MASKED_EQ);
+        VHD_CHECK_EQ(r[i].mask & 0xffffffffUL, 0xffffffffUL);
+        VHD_CHECK_EQ(r[i].value, AF_UNIX);
+        VHD_CHECK(r[i].has_and); /* ... and the type, flags aside */
+        VHD_CHECK_EQ(r[i].and_arg, 1);
+        VHD_CHECK_EQ(r[i].and_mask, 0xffffffffUL & ~(unsigned long)(SOCK_NONBLOCK | SOCK_CLOEXEC));
+        VHD_CHECK_EQ(r[i].and_value, SOCK_STREAM);
+    }
+    VHD_CHECK_EQ(rows, 1);
 }
 
 /* =====================================================================
@@ -200,8 +225,32 @@ static void allowed_ops_child(void *arg)
     CHILD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int tfd = mkstemp(tmpl);
     CHILD_CHECK(tfd >= 0);
+    /* Client mode: a front-end's listening socket, and the reconnect timer. */
+    char lpath[sizeof(tmpl) + 8];
+    snprintf(lpath, sizeof(lpath), "%s.sock", tmpl);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    CHILD_CHECK(strlen(lpath) < sizeof(sa.sun_path));
+    strcpy(sa.sun_path, lpath);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHILD_CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHILD_CHECK(listen(lfd, 1) == 0);
+    int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    CHILD_CHECK(timer >= 0);
 
     CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+
+    /* Client mode: a Unix stream socket connects to the front-end; the back-off timer. */
+    int cfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    CHILD_CHECK(cfd >= 0);
+    CHILD_CHECK(connect(cfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHILD_CHECK(close(cfd) == 0);
+    struct itimerspec its = {.it_value = {.tv_nsec = 1000000}};
+    CHILD_CHECK(timerfd_settime(timer, 0, &its, NULL) == 0);
+    uint64_t expired = 0;
+    struct pollfd tp = {.fd = timer, .events = POLLIN};
+    CHILD_CHECK(poll(&tp, 1, 1000) == 1);
+    CHILD_CHECK(read(timer, &expired, sizeof(expired)) == 8 && expired == 1);
+    CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlink(lpath) == 0);
 
     /* epoll + eventfd: a kick wakes a loop. */
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = efd}, out[4];
@@ -418,11 +467,42 @@ static void probe_socket_inet(void)
         close(fd);
 }
 
-static void probe_socket_unix(void)
+/* Unix stream sockets are allowed (client mode); other Unix types and families are not. */
+static void probe_socket_unix_dgram(void)
 {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd >= 0)
         close(fd);
+}
+
+static void probe_socket_unix_seqpacket(void)
+{
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK, 0);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_socket_inet6_stream(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_socket_netlink(void)
+{
+    int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, 0);
+    if (fd >= 0)
+        close(fd);
+}
+
+static void probe_socketpair(void)
+{
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0) {
+        close(sp[0]);
+        close(sp[1]);
+    }
 }
 
 static void probe_mmap_exec(void)
@@ -518,7 +598,11 @@ static const struct probe {
     {"open a new file", probe_open_new_file},
     {"open /etc/passwd", probe_open_existing_file},
     {"socket(AF_INET)", probe_socket_inet},
-    {"socket(AF_UNIX)", probe_socket_unix},
+    {"socket(AF_UNIX, SOCK_DGRAM)", probe_socket_unix_dgram},
+    {"socket(AF_UNIX, SOCK_SEQPACKET)", probe_socket_unix_seqpacket},
+    {"socket(AF_INET6, SOCK_STREAM)", probe_socket_inet6_stream},
+    {"socket(AF_NETLINK)", probe_socket_netlink},
+    {"socketpair", probe_socketpair},
     {"mmap(PROT_EXEC)", probe_mmap_exec},
     {"mprotect(PROT_EXEC)", probe_mprotect_exec},
     {"fcntl(F_DUPFD_CLOEXEC)", probe_fcntl_dupfd},
