@@ -914,6 +914,12 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     nq->host_csum = (f & BIT(VIRTIO_NET_F_CSUM)) != 0;
     nq->mtu_limit = (f & BIT(VIRTIO_NET_F_MTU)) != 0;
     nq->chains = role == NET_Q_RX ? (struct vhd_vq_chain *)((uint8_t *)nq + chains_off) : NULL;
+    /*
+     * Receive buffers are not work (dev.h, passive): the queue runs on its
+     * backend's wake fd, its pair's transmit path (loopback) and kicks;
+     * frames that find no buffer are dropped, never kept waiting for one.
+     */
+    q->passive = role == NET_Q_RX;
     if (role == NET_Q_CTRL && !net->ctrl_seen) {
         /* The driver steers through us from now on: one pair until VQ_PAIRS_SET (5.1.6.5.5). */
         net->ctrl_seen = true;

@@ -153,6 +153,19 @@ struct vhd_queue {
     uint64_t addr_desc, addr_avail, addr_used, addr_log; /* SET_VRING_ADDR (front-end VAs) */
     uint32_t base; /* SET_VRING_BASE value (vhost-user encoding) */
     bool have_addr;
+    /*
+     * Available chains on this ring are not work by themselves (set by the
+     * device in queue_init, read by the worker at attach). A virtio-net
+     * receive queue is such a ring: the driver keeps it stocked with empty
+     * buffers, and it runs when its backend has frames (its wake fd, or the
+     * pair's transmit path) or the driver kicks, never just because buffers
+     * are there; otherwise an idle device with posted buffers would keep an
+     * event-mode worker spinning. The device must not keep work waiting for
+     * chains without a wake-up of its own (net drops frames when the
+     * receive ring has no buffers, as a NIC does). Polling modes still
+     * process it while they poll.
+     */
+    bool passive;
     bool started;   /* vhost-user ring state: started (kick fd received) */
     bool enabled;   /* vhost-user ring state: enabled (worker-readable, see run_disabled) */
     bool attached;  /* runtime: a worker is running it */
