@@ -51,6 +51,8 @@ VM and harness:
   --guest-dir DIR       build-guest.sh output (env GUEST_DIR, default $REPO/build/guest)
   --no-build            do not run build-guest.sh first
   --wait-socket SECS    wait for socket files (default 10)
+  --server              QEMU listens on the sockets (server=on,wait=off) and the back-end
+                        connects (vhostd client=on); no wait for socket files
   --qemu PATH           QEMU binary (env QEMU, default qemu-system-x86_64)
   -v, --verbose         echo the whole console, not only result lines
   --interactive         boot to a shell on this terminal (no log, no checks)
@@ -93,6 +95,7 @@ WAIT_SOCKET=10
 QEMU=${QEMU:-qemu-system-x86_64}
 VERBOSE=0
 INTERACTIVE=0
+SERVER=0
 
 need() {
     [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage; }
@@ -131,6 +134,7 @@ while [ $# -gt 0 ]; do
     --guest-dir) need "$@"; GUEST_DIR=$2; shift ;;
     --no-build) BUILD=0 ;;
     --wait-socket) need "$@"; WAIT_SOCKET=$2; shift ;;
+    --server) SERVER=1 ;;
     --qemu) need "$@"; QEMU=$2; shift ;;
     -v | --verbose) VERBOSE=1 ;;
     --interactive) INTERACTIVE=1; TEST=shell ;;
@@ -177,8 +181,11 @@ done
 KERNEL=$GUEST_DIR/vmlinuz
 [ -s "$GUEST_DIR/vmlinux" ] && KERNEL=$GUEST_DIR/vmlinux
 
-# Wait for the backend sockets.
+# Wait for the backend sockets (with --server QEMU creates them: nothing to wait for).
+CHR_OPTS=""
+[ "$SERVER" = 1 ] && CHR_OPTS=",server=on,wait=off"
 for s in ${SOCK:+"$SOCK"} ${RO_SOCK:+"$RO_SOCK"} ${NET_SOCK:+"$NET_SOCK"}; do
+    [ "$SERVER" = 0 ] || break
     waited=0
     while [ ! -S "$s" ]; do
         [ "$waited" -lt $((WAIT_SOCKET * 10)) ] || die "no vhost-user socket at $s after ${WAIT_SOCKET}s"
@@ -217,15 +224,15 @@ qemu_cmd=(
     -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off vhostd.test=$TEST vhostd.args=\"$gargs\""
 )
 if [ -n "$SOCK" ]; then
-    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK"
+    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK$CHR_OPTS"
         -device "vhost-user-blk-pci,chardev=vub0,num-queues=$QUEUES,packed=$PACKED,addr=0x4${DEV_OPTS:+,$DEV_OPTS}")
 fi
 if [ -n "$RO_SOCK" ]; then
-    qemu_cmd+=(-chardev "socket,id=vub1,path=$RO_SOCK"
+    qemu_cmd+=(-chardev "socket,id=vub1,path=$RO_SOCK$CHR_OPTS"
         -device "vhost-user-blk-pci,chardev=vub1,num-queues=$RO_QUEUES,packed=$PACKED,addr=0x5${DEV_OPTS:+,$DEV_OPTS}")
 fi
 if [ -n "$NET_SOCK" ]; then
-    qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK"
+    qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK$CHR_OPTS"
         -netdev "type=vhost-user,id=net0,chardev=vun0,queues=1"
         -device "virtio-net-pci,netdev=net0,mac=$MAC,addr=0x6${NET_DEV_OPTS:+,$NET_DEV_OPTS}")
 fi
