@@ -112,6 +112,9 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(fstat, "mem.c checks a region fd's size before mmap"),
     ANY(newfstatat, "fstat() and stat() as glibc implements them"),
     ANY(fstatfs, "mem.c checks whether a region fd is on hugetlbfs (page alignment)"),
+    ANY(memfd_create, "GET_INFLIGHT_FD allocates the inflight area (after the filter is on)"),
+    ANY(ftruncate, "GET_INFLIGHT_FD sizes the inflight area"),
+    ARG_EQ(fcntl, 1, F_ADD_SEALS, "seal the inflight area's size: it can never shrink under us"),
     /* ---- guest memory and the heap ---- */
     ARG_MASKED(mmap, 2, PROT_EXEC, 0,
                "SET_MEM_TABLE/ADD_MEM_REG map guest memory; malloc; never executable"),

@@ -65,6 +65,7 @@ build() {
 
 unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_frontend test_sandbox
     test_net test_net_switch test_net_driver test_memguard test_client test_chaos)
+unit_tests+=(test_inflight)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build

@@ -26,6 +26,8 @@ static const char *const vq_err_names[VHD_VQ_E__COUNT] = {
     [VHD_VQ_E_BUFFER_ID] = "buffer id out of range",
     [VHD_VQ_E_PACKED_CHAIN] = "chain continues into a descriptor not made available",
     [VHD_VQ_E_USED_OVERFLOW] = "more used elements than chains popped",
+    [VHD_VQ_E_INFLIGHT] = "inflight area does not fit the queue or is corrupt",
+    [VHD_VQ_E_UNPOP] = "chain given back is not the last one popped",
 };
 
 const char *vhd_vq_strerror(int err)
@@ -172,6 +174,8 @@ int vhd_vq_start(struct vhd_vq *vq)
     }
     vq->signalled_used_valid = false;
     vq->inflight = 0;
+    if (vq->inf.any && vhd_vq__inflight_start(vq) < 0)
+        return -EBADMSG;
     return 0;
 }
 

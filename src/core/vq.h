@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 
 #include "compiler.h"
+#include "inflight.h"
 #include "mem.h"
 #include "virtio.h"
 
@@ -43,6 +44,8 @@ enum vhd_vq_err {
     VHD_VQ_E_BUFFER_ID,       /* packed: buffer id >= queue size */
     VHD_VQ_E_PACKED_CHAIN,    /* packed: chain runs into a descriptor not made available */
     VHD_VQ_E_USED_OVERFLOW,   /* device pushed more used elements than were popped */
+    VHD_VQ_E_INFLIGHT,        /* inflight area: bad version/size, or records out of range */
+    VHD_VQ_E_UNPOP,           /* device gave back a chain that is not the last one popped */
     VHD_VQ_E__COUNT
 };
 
@@ -108,6 +111,17 @@ struct vhd_vq {
         } packed;
     } ring;
 
+    /*
+     * Inflight tracking (vhost-user INFLIGHT_SHMFD, inflight.c): this queue's
+     * region of the shared area, NULL when not negotiated. The only cost when
+     * off is this pointer's test once per pop / push / flush.
+     */
+    union {
+        struct vhd_inflight_split *split;
+        struct vhd_inflight_packed *packed;
+        void *any;
+    } inf;
+
     /* ---- ring state (both layouts use the same fields) ---- */
     uint16_t last_avail_idx; /* split: next avail ring index; packed: next descriptor slot */
     uint16_t avail_shadow;   /* split: last value read from avail->idx */
@@ -126,6 +140,15 @@ struct vhd_vq {
     uint16_t batch_head;       /* its slot */
     uint16_t batch_head_flags; /* its flags, stored last by flush */
 
+    /* ---- inflight tracking state, used only when inf is set ---- */
+    uint64_t inf_counter;      /* counter of the next pop (pop order across restarts) */
+    uint16_t *inf_resubmit;    /* chains to pop again before new ones, in counter order:
+                                  split: heads; packed: head records (allocated by start) */
+    uint16_t *inf_head_of_id;  /* packed: head record of each buffer id in flight */
+    uint16_t inf_resubmit_n;   /* entries in inf_resubmit; 0 once a new chain was popped */
+    uint16_t inf_resubmit_pos; /* next one to pop */
+    uint16_t inf_desc_num;     /* records in the region (checked at start) */
+
     /* ---- configuration, cold ---- */
     bool addr_is_gpa;
     uint64_t desc_addr, avail_addr, used_addr;
@@ -136,6 +159,8 @@ struct vhd_vq {
 /*
  * vhd_vq_init - set up a stopped queue from params; mem may be NULL until a
  * table exists. Ring state starts at 0 (packed: both wrap counters 1).
+ * A queue that was started with inflight tracking must be vhd_vq_fini()ed
+ * first (init forgets, it does not free).
  * Returns 0 or -EINVAL (bad size, misaligned ring address: desc 16, split
  * avail 2, split used 4, packed event areas 4).
  */
@@ -158,6 +183,43 @@ uint32_t vhd_vq_get_base(const struct vhd_vq *vq);
  * vq->error = VHD_VQ_E_RING_ADDR when a ring is outside guest memory.
  */
 int vhd_vq_start(struct vhd_vq *vq);
+
+/*
+ * vhd_vq_set_inflight - track this queue in an inflight area region (before
+ * vhd_vq_start, after init and set_base). region points at the queue's
+ * region of the shared area, vhd_inflight_queue_size(vq->packed, desc_num)
+ * bytes, mapped for as long as the queue runs; desc_num is the queue_size of
+ * the area (SET_INFLIGHT_FD). vhd_vq_start then checks the region and:
+ *  - version 0 (a new area): initialises it (version 1, desc_num, empty);
+ *  - version 1: repairs a batch whose completion a crash interrupted, and
+ *    queues every chain still recorded in flight to be popped again, in
+ *    their original pop order, before any new chain. The ring position is
+ *    taken from the area and the used ring, not from set_base: split,
+ *    last_avail_idx = used->idx + chains in flight (a front-end restores its
+ *    base to used->idx after a crash); packed, the used position recorded
+ *    in the area, and the avail position after the slots still in flight.
+ * A region that does not fit (version, desc_num other than desc_num,
+ * desc_num < queue size, records out of range) fails the start with
+ * -EBADMSG and vq->error = VHD_VQ_E_INFLIGHT. Returns 0 or -EINVAL
+ * (desc_num out of range, or region NULL).
+ */
+int vhd_vq_set_inflight(struct vhd_vq *vq, void *region, uint32_t desc_num);
+
+/* Inflight: chains still to be popped again (0 when none or not tracking). */
+static inline uint32_t vhd_vq_resubmit_pending(const struct vhd_vq *vq)
+{
+    return (uint32_t)vq->inf_resubmit_n - vq->inf_resubmit_pos;
+}
+
+/*
+ * vhd_vq_fini - free what vhd_vq_start allocated for inflight tracking and
+ * stop tracking (the area itself belongs to the caller). Safe on any
+ * initialised queue, and twice. Control path, queue not in use by a worker.
+ */
+void vhd_vq_fini(struct vhd_vq *vq);
+
+/* Inflight start, called by vhd_vq_start with the rings mapped (inflight.c). */
+int vhd_vq__inflight_start(struct vhd_vq *vq);
 
 /*
  * vhd_vq_set_mem - switch to a new memory table (at a quiescent point, by the
@@ -189,6 +251,7 @@ void vhd_vq__split_disable_notify(struct vhd_vq *vq);
 void vhd_vq__packed_disable_notify(struct vhd_vq *vq);
 bool vhd_vq__split_has_work(struct vhd_vq *vq);
 bool vhd_vq__packed_has_work(struct vhd_vq *vq);
+int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c);
 
 /* Make sure the ring pointers are usable; the inlined check of every verb. */
 static inline int vhd_vq__ready(struct vhd_vq *vq)
@@ -268,6 +331,8 @@ static inline bool vhd_vq_enable_notify(struct vhd_vq *vq)
 {
     if (vhd_vq__ready(vq) < 0)
         return false;
+    if (vhd_unlikely(vq->inf.any != NULL) && vhd_vq_resubmit_pending(vq))
+        return true; /* chains to pop again need no kick */
     return vq->packed ? vhd_vq__packed_enable_notify(vq) : vhd_vq__split_enable_notify(vq);
 }
 
@@ -282,11 +347,24 @@ static inline void vhd_vq_disable_notify(struct vhd_vq *vq)
         vhd_vq__split_disable_notify(vq);
 }
 
+/*
+ * vhd_vq_unpop - give back c, the chain popped last and not yet pushed, as if
+ * it had never been popped: the next pop returns it again. Call it several
+ * times to give back several chains, the latest first. Packed: nothing may
+ * have been pushed since c was popped. With inflight tracking its record is
+ * cleared (a chain given back before it was resubmitted stays queued for
+ * resubmission). Returns 0, or -VHD_VQ_E_UNPOP when c cannot be the last
+ * chain popped (the queue is then broken: a device bug).
+ */
+int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c);
+
 /* vhd_vq_has_work - is a chain available to pop? (false when broken) */
 static inline bool vhd_vq_has_work(struct vhd_vq *vq)
 {
     if (vhd_vq__ready(vq) < 0)
         return false;
+    if (vhd_unlikely(vq->inf.any != NULL) && vhd_vq_resubmit_pending(vq))
+        return true;
     return vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
 }
 

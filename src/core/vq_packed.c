@@ -431,3 +431,26 @@ bool vhd_vq__packed_has_work(struct vhd_vq *vq)
 {
     return avail_ready(vq);
 }
+
+/*
+ * Give back the chain popped last (vhd_vq_unpop, after the inflight part in
+ * inflight.c): its ndescs slots become available again. They must still be
+ * outstanding (popped, nothing pushed over them), or c is not the last pop.
+ */
+int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
+{
+    uint32_t size = vq->size;
+    uint32_t outstanding =
+        pos_dist(size, vq->used_idx, vq->used_wrap, vq->last_avail_idx, vq->avail_wrap);
+
+    if (c->ndescs == 0 || c->ndescs > outstanding)
+        return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+    int32_t slot = (int32_t)vq->last_avail_idx - c->ndescs;
+    if (slot < 0) {
+        slot += (int32_t)size;
+        vq->avail_wrap = !vq->avail_wrap;
+    }
+    vq->last_avail_idx = (uint16_t)slot;
+    vq->inflight--;
+    return 0;
+}

@@ -142,40 +142,14 @@ static int split_enter_indirect(struct vhd_vq *vq, const struct split_desc *d,
  * (VHD_VQ_E_CHAIN_LOOP); a chain is therefore bounded by size + table length
  * descriptors even when the guest rewrites it while we read it.
  */
-int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
-                      struct vhd_vq_chain *c)
+/*
+ * Walk the chain starting at head (< size) into iov and *c; the shared part
+ * of a new pop and of popping a recorded chain again after a restart.
+ * Returns 0 or -enum vhd_vq_err (queue broken).
+ */
+static inline int split_walk(struct vhd_vq *vq, uint16_t head, struct iovec *iov, uint32_t max_iov,
+                             struct vhd_vq_chain *c)
 {
-    uint16_t last = vq->last_avail_idx;
-
-    /*
-     * Only touch the shared avail->idx cache line when everything seen so far
-     * has been consumed; the acquire of the earlier read still orders the
-     * reads of the entries it covered.
-     */
-    if (last == vq->avail_shadow) {
-        int rc = split_read_avail_idx(vq);
-        if (vhd_unlikely(rc < 0))
-            return rc;
-        if (vq->avail_shadow == last)
-            return 0;
-    }
-
-    /*
-     * Every chain holds at least one of the size descriptors until it is
-     * used, so a driver never has more than size chains with the device.
-     * One more means a head was posted again while still in flight (each
-     * avail->idx step looked legal, 2.7.13 bounds only the ring); refusing
-     * it also keeps vq->inflight from wrapping and the used ring from being
-     * overrun.
-     */
-    if (vhd_unlikely(vq->inflight >= vq->size))
-        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
-
-    /* The ring entry is read after the acquire above (pairing A). */
-    uint16_t head = vhd_le16(vhd_load_relaxed(&vq->ring.split.avail->ring[last & vq->mask]));
-    if (vhd_unlikely(head >= vq->size))
-        return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
-
     if (max_iov > SPLIT_MAX_IOV)
         max_iov = SPLIT_MAX_IOV;
     c->id = head;
@@ -223,7 +197,106 @@ int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
             return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
         idx = d.next;
     }
+    return 0;
+}
 
+/*
+ * Inflight: pop the next recorded chain again (after a restart). Its record
+ * stays as it is (in flight, original counter); the avail ring is not
+ * touched: start already placed last_avail_idx after every chain in flight.
+ */
+static int split_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                              struct vhd_vq_chain *c)
+{
+    if (vhd_unlikely(vq->inflight >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+    /* Start checked every listed head against the queue size. */
+    uint16_t head = (uint16_t)vhd_index_nospec(vq->inf_resubmit[vq->inf_resubmit_pos], vq->size);
+    int rc = split_walk(vq, head, iov, max_iov, c);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    vq->inf_resubmit_pos++;
+    vq->inflight++;
+    return 1;
+}
+
+/*
+ * Pop one chain (see vhd_vq_pop in vq.h for the contract).
+ *
+ * Chain shapes accepted (2.7.5, 2.7.5.3):
+ *  - direct descriptors linked by NEXT in the queue's table;
+ *  - one descriptor with INDIRECT, alone or at the end of zero or more
+ *    direct ones (2.7.5.3.2: "The device MUST handle the case of zero or
+ *    more normal chained descriptors followed by a single descriptor with
+ *    flags & VIRTQ_DESC_F_INDIRECT"). Readable-before-writable ordering is
+ *    checked across the whole chain, direct part and table alike.
+ * Zero-length buffers contribute no segment (a chain of only those pops with
+ * nr = nw = 0).
+ * Loop protection: the walk in the queue's table stops after `size`
+ * descriptors and the walk in an indirect table after its length
+ * (VHD_VQ_E_CHAIN_LOOP); a chain is therefore bounded by size + table length
+ * descriptors even when the guest rewrites it while we read it.
+ *
+ * Inflight tracking (vhost-user "Inflight I/O tracking", split): chains
+ * recorded in flight before a restart come first; a new chain's record gets
+ * the next counter, then inflight = 1 (in that order, so a record marked in
+ * flight always has its counter). A crash before the mark leaves the avail
+ * entry unconsumed as far as the next start is concerned (it counts the
+ * marked records), so the chain is popped again from the ring.
+ */
+int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                      struct vhd_vq_chain *c)
+{
+    uint16_t last = vq->last_avail_idx;
+
+    if (vhd_unlikely(vq->inf.any != NULL) && vhd_unlikely(vq->inf_resubmit_n != 0)) {
+        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+            return split_pop_resubmit(vq, iov, max_iov, c);
+        /* All popped again: from now on an unpop concerns new chains only. */
+        vq->inf_resubmit_n = 0;
+        vq->inf_resubmit_pos = 0;
+    }
+
+    /*
+     * Only touch the shared avail->idx cache line when everything seen so far
+     * has been consumed; the acquire of the earlier read still orders the
+     * reads of the entries it covered.
+     */
+    if (last == vq->avail_shadow) {
+        int rc = split_read_avail_idx(vq);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+        if (vq->avail_shadow == last)
+            return 0;
+    }
+
+    /*
+     * Every chain holds at least one of the size descriptors until it is
+     * used, so a driver never has more than size chains with the device.
+     * One more means a head was posted again while still in flight (each
+     * avail->idx step looked legal, 2.7.13 bounds only the ring); refusing
+     * it also keeps vq->inflight from wrapping and the used ring from being
+     * overrun.
+     */
+    if (vhd_unlikely(vq->inflight >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+
+    /* The ring entry is read after the acquire above (pairing A). */
+    uint16_t head = vhd_le16(vhd_load_relaxed(&vq->ring.split.avail->ring[last & vq->mask]));
+    if (vhd_unlikely(head >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+
+    int rc = split_walk(vq, head, iov, max_iov, c);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        struct vhd_inflight_split_desc *r = &vq->inf.split->desc[vhd_index_nospec(head, vq->size)];
+        r->counter = vq->inf_counter++;
+        /* Compiler barrier: the counter is in memory before the mark (crash order). */
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        r->inflight = 1;
+    }
     vq->last_avail_idx = (uint16_t)(last + 1);
     vq->inflight++;
     return 1;
@@ -249,9 +322,41 @@ int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t
     struct vhd_vring_used_elem *e = &vq->ring.split.used->ring[vq->used_idx & vq->mask];
     vhd_store_relaxed(&e->id, vhd_le32(c->id));
     vhd_store_relaxed(&e->len, vhd_le32(written));
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        /* Inflight: link the head into the list of the batch flush will publish. */
+        struct vhd_inflight_split *inf = vq->inf.split;
+        inf->desc[vhd_index_nospec(c->id, vq->size)].next = inf->last_batch_head;
+        inf->last_batch_head = c->id;
+    }
     vq->used_idx++;
     vq->inflight--;
     return 0;
+}
+
+/*
+ * Inflight, after used->idx was published: clear the records of the batch
+ * (the n heads linked from last_batch_head by push), then record the new
+ * used index. A crash before the last store is repaired at the next start
+ * (used->idx differs from the recorded one: the batch is cleared then); a
+ * crash before the publication leaves the records in flight, and the chains
+ * are popped again. The list is read back from the shared area, so each
+ * index is clamped: a front-end scribbling on it only spoils its own
+ * recovery. Compiler barriers keep the stores in this order in memory,
+ * which is all a crash of this process needs (the area outlives it).
+ */
+static void split_inflight_flushed(struct vhd_vq *vq, uint16_t n)
+{
+    struct vhd_inflight_split *inf = vq->inf.split;
+    uint16_t h = inf->last_batch_head;
+
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    for (uint16_t k = 0; k < n; k++) {
+        struct vhd_inflight_split_desc *r = &inf->desc[vhd_index_nospec(h, vq->size)];
+        r->inflight = 0;
+        h = r->next;
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    inf->used_idx = vq->used_idx;
 }
 
 /*
@@ -264,6 +369,8 @@ void vhd_vq__split_flush(struct vhd_vq *vq)
     if (vq->used_idx == vq->published_used)
         return;
     vhd_store_release(&vq->ring.split.used->idx, vhd_le16(vq->used_idx));
+    if (vhd_unlikely(vq->inf.any != NULL))
+        split_inflight_flushed(vq, (uint16_t)(vq->used_idx - vq->published_used));
     vq->published_used = vq->used_idx;
 }
 

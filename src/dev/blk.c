@@ -773,6 +773,8 @@ const struct vhd_dev_ops vhd_blk_ops = {
     .queue_fini = blk_queue_fini,
     .queue_process = blk_queue_process,
     .reset = blk_reset,
+    /* Chains recorded in flight before a crash come back from vhd_vq_pop like new ones. */
+    .inflight_shmfd = true,
 };
 
 /* ---- creation ---- */

@@ -108,6 +108,15 @@ struct vhd_dev_ops {
     bool run_disabled;
 
     /*
+     * The device resubmits what the vq engine pops again after a restart
+     * (vhost-user inflight I/O tracking): the transport offers
+     * VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD and tracks every ring in the area
+     * the front-end gives with SET_INFLIGHT_FD. Block devices, where a lost
+     * request is lost data; false for devices whose requests may be dropped.
+     */
+    bool inflight_shmfd;
+
+    /*
      * queue_wake_fd - optional (NULL: none): an extra fd the worker watches
      * for q while q is attached, besides its kick fd. The runtime registers
      * it edge-triggered (EPOLLIN | EPOLLET) at attach and removes it when q

@@ -11,8 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/inflight.h"
 #include "core/virtio.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
@@ -36,6 +39,11 @@ struct vhd_vu_conn {
     int backend_fd;             /* SET_BACKEND_REQ_FD channel, or -1 */
     int detach_timeout_ms;
     bool *err_signalled; /* per queue: its broken state was signalled on err_fd */
+    /* SET_INFLIGHT_FD: the mapped inflight area (NULL: none) and its shape. */
+    void *inflight;
+    uint64_t inflight_size;
+    uint16_t inflight_num_queues;
+    uint16_t inflight_queue_size;
 };
 
 /* ---- the request table ---- */
@@ -72,6 +80,7 @@ struct vu_req {
     unsigned nfds;
     union vu_payload reply; /* filled by handlers of requests that have a reply */
     uint32_t reply_size;
+    int reply_fd;    /* fd sent with the reply (closed after sending), or -1 */
     const char *why; /* failure reason for the log line */
 };
 
@@ -117,12 +126,15 @@ static int h_set_status(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_get_status(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_send_rarp(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_net_set_mtu(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_get_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
 
 /* Payload sizes and gates, for the table below. */
 #define U64             ((uint16_t)sizeof(uint64_t))
 #define STATE           ((uint16_t)sizeof(struct vu_vring_state))
 #define ADDR            ((uint16_t)sizeof(struct vu_vring_addr))
 #define MREG            ((uint16_t)sizeof(struct vu_mem_single))
+#define INFLIGHT        ((uint16_t)sizeof(struct vu_inflight))
 #define PF(name)        BIT(VHOST_USER_PROTOCOL_F_##name)
 #define REQ(id, h, ...) [VHOST_USER_##id] = {.name = #id, .handler = (h), __VA_ARGS__}
 
@@ -168,8 +180,10 @@ static const struct vu_req_info vu_reqs[VHOST_USER_REQUEST_MAX] = {
     REQ(POSTCOPY_ADVISE, NULL, .reply = true),
     REQ(POSTCOPY_LISTEN, NULL),
     REQ(POSTCOPY_END, NULL, .reply = true),
-    REQ(GET_INFLIGHT_FD, NULL, .reply = true),
-    REQ(SET_INFLIGHT_FD, NULL),
+    REQ(GET_INFLIGHT_FD, h_get_inflight_fd, .size = INFLIGHT, .gate = PF(INFLIGHT_SHMFD),
+        .reply = true),
+    REQ(SET_INFLIGHT_FD, h_set_inflight_fd, .size = INFLIGHT, .fd_rule = FD_ONE,
+        .gate = PF(INFLIGHT_SHMFD)),
     REQ(GPU_SET_SOCKET, NULL),
     /* "Only valid if the RESET_DEVICE protocol feature is set by the back-end": offered. */
     REQ(RESET_DEVICE, h_reset_device, .gate = PF(RESET_DEVICE), .gate_offered = true),
@@ -219,9 +233,10 @@ uint64_t vhd_vu_offered_features(const struct vhd_dev *dev)
 /*
  * Offered: MQ (the spec says back-ends should always implement it), REPLY_ACK,
  * BACKEND_REQ (config change notifications), CONFIG when the device has a
- * config space, RESET_DEVICE, CONFIGURE_MEM_SLOTS, STATUS. Not offered until
- * built: LOG_SHMFD, INFLIGHT_SHMFD, BACKEND_SEND_FD (we never send fds),
- * INBAND_NOTIFICATIONS, PAGEFAULT, and the rest.
+ * config space, RESET_DEVICE, CONFIGURE_MEM_SLOTS, STATUS, and INFLIGHT_SHMFD
+ * for devices that resubmit (ops->inflight_shmfd). Not offered until built:
+ * LOG_SHMFD, BACKEND_SEND_FD (we never send fds), INBAND_NOTIFICATIONS,
+ * PAGEFAULT, and the rest.
  */
 uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
 {
@@ -235,6 +250,8 @@ uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
         f |= BIT(VHOST_USER_PROTOCOL_F_MTU);
     if (dev->ops->send_rarp)
         f |= BIT(VHOST_USER_PROTOCOL_F_RARP);
+    if (dev->ops->inflight_shmfd)
+        f |= BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
     return f;
 }
 
@@ -400,6 +417,7 @@ static int queue_stop(struct vhd_vu_conn *c, struct vhd_queue *q)
     q->base = vhd_vq_get_base(&q->vq);
     if (c->dev->ops->queue_fini)
         c->dev->ops->queue_fini(c->dev, q);
+    vhd_vq_fini(&q->vq); /* stops using the inflight area */
     q->priv = NULL;
     q->started = false;
     close_fd(&q->kick_fd);
@@ -462,6 +480,17 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
     vhd_mem_free(old);
     dev_resume(c);
     return 0;
+}
+
+/* Drop the inflight area. No started ring may be using it. */
+static void inflight_unmap(struct vhd_vu_conn *c)
+{
+    if (c->inflight)
+        munmap(c->inflight, c->inflight_size);
+    c->inflight = NULL;
+    c->inflight_size = 0;
+    c->inflight_num_queues = 0;
+    c->inflight_queue_size = 0;
 }
 
 /* ---- session ---- */
@@ -546,6 +575,12 @@ static int conn_reset_device(struct vhd_vu_conn *c, bool keep_session)
     }
     if (dev->ops->reset)
         dev->ops->reset(dev);
+    /*
+     * Every ring is stopped: nothing uses the inflight area. A reset device
+     * starts over; the front-end sends an area again (QEMU gets a new one
+     * on reset, then SET_INFLIGHT_FD before each start).
+     */
+    inflight_unmap(c);
     dev->features = 0;
     dev->status = 0;
     dev->broken = false;
@@ -784,16 +819,24 @@ static struct vhd_queue *req_queue(struct vhd_vu_conn *c, uint64_t idx)
     return &c->dev->queues[vhd_index_nospec(idx, c->dev->num_queues)];
 }
 
-static int send_reply(struct vhd_vu_conn *c, uint32_t request, const void *payload, uint32_t size)
+/* Send a reply, with fd (-1: none; the caller still owns it) in its ancillary data. */
+static int send_reply_fd(struct vhd_vu_conn *c, uint32_t request, const void *payload,
+                         uint32_t size, int fd)
 {
     /* Spec "Header": replies carry the version and the reply flag, nothing else. */
     struct vu_hdr h = {
         .request = request, .flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, .size = size};
-    int rc = vu_send(c->fd, &h, size ? payload : NULL, NULL, 0, CONN_SEND_TIMEOUT_MS);
+    int rc = vu_send(c->fd, &h, size ? payload : NULL, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0,
+                     CONN_SEND_TIMEOUT_MS);
     if (rc < 0)
         VHD_LOG_RL(VHD_LOG_WARN, "%s: cannot send %s reply: %s", c->dev->name,
                    vu_request_name(request), strerror(-rc));
     return rc;
+}
+
+static int send_reply(struct vhd_vu_conn *c, uint32_t request, const void *payload, uint32_t size)
+{
+    return send_reply_fd(c, request, payload, size, -1);
 }
 
 static void req_close_fds(struct vu_req *r)
@@ -805,7 +848,7 @@ static void req_close_fds(struct vu_req *r)
 int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
                        const union vu_payload *payload, int *fds, unsigned nfds)
 {
-    struct vu_req r = {.hdr = hdr, .p = payload};
+    struct vu_req r = {.hdr = hdr, .p = payload, .reply_fd = -1};
     const struct vu_req_info *info = NULL;
     uint32_t req = hdr->request;
     int rc;
@@ -850,8 +893,11 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
     if (rc < 0)
         goto fail;
     req_close_fds(&r); /* fds the handler did not keep */
-    if (info->reply)
-        return send_reply(c, req, &r.reply, r.reply_size);
+    if (info->reply) {
+        rc = send_reply_fd(c, req, &r.reply, r.reply_size, r.reply_fd);
+        close_fd(&r.reply_fd); /* the front-end has its own copy now */
+        return rc;
+    }
     if (need_reply && (ack_before || proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK))) {
         uint64_t ok = 0;
         return send_reply(c, req, &ok, sizeof(ok));
@@ -860,6 +906,7 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
 
 fail:
     req_close_fds(&r);
+    close_fd(&r.reply_fd);
     VHD_LOG_RL(VHD_LOG_WARN, "%s: %s (request %u, size %u, %u fds) failed: %s (%s)", c->dev->name,
                vu_request_name(req), req, hdr->size, nfds, r.why ? r.why : "error", strerror(-rc));
     if (info && info->reply) {
@@ -1225,6 +1272,33 @@ static int h_get_vring_base(struct vhd_vu_conn *c, struct vu_req *r)
 }
 
 /*
+ * Point q's engine at its region of the inflight area: region i of the
+ * layout the features chose, at i * vhd_inflight_queue_size(). A ring
+ * without a region (index beyond the area's num_queues, or an area too small
+ * for the packed layout) is refused: it would run with no crash protection.
+ */
+static int queue_set_inflight(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue *q)
+{
+    uint64_t stride = vhd_inflight_queue_size(q->vq.packed, c->inflight_queue_size);
+
+    if (q->vq.packed) {
+        r->why = "inflight tracking of packed rings is not built yet";
+        return -EOPNOTSUPP;
+    }
+
+    if (q->index >= c->inflight_num_queues ||
+        (uint64_t)(q->index + 1) * stride > c->inflight_size) {
+        r->why = "the inflight area has no region for this ring";
+        return -EINVAL;
+    }
+    int rc = vhd_vq_set_inflight(&q->vq, (uint8_t *)c->inflight + (uint64_t)q->index * stride,
+                                 c->inflight_queue_size);
+    if (rc < 0)
+        r->why = "bad inflight queue size";
+    return rc;
+}
+
+/*
  * Start q (spec "Ring states": started by SET_VRING_KICK): needs a memory
  * table, SET_VRING_NUM, SET_VRING_ADDR and SET_FEATURES first. A ring outside
  * guest memory (or misaligned, or a bad base) is an error and breaks the
@@ -1266,7 +1340,17 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
         r->why = "ring base out of range";
         return rc;
     }
+    if (c->inflight) {
+        rc = queue_set_inflight(c, r, q);
+        if (rc < 0)
+            return rc;
+    }
     rc = vhd_vq_start(&q->vq);
+    if (rc == -EBADMSG) {
+        r->why = "the inflight area does not fit the ring or is corrupt";
+        conn_mark_broken(c, "the inflight area of a ring is corrupt", true);
+        return rc;
+    }
     if (rc < 0) {
         r->why = "ring outside guest memory";
         conn_mark_broken(c, "a ring is outside guest memory", false);
@@ -1279,6 +1363,7 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
     if (dev->ops->queue_init) {
         rc = dev->ops->queue_init(dev, q);
         if (rc < 0) {
+            vhd_vq_fini(&q->vq);
             r->why = "the device could not set the queue up";
             return rc;
         }
@@ -1552,5 +1637,129 @@ static int h_get_status(struct vhd_vu_conn *c, struct vu_req *r)
     (void)vhd_vu_conn_check_queues(c); /* a worker may have broken a queue since */
     r->reply.u64 = c->dev->status | (c->dev->broken ? VIRTIO_STATUS_NEEDS_RESET : 0);
     r->reply_size = sizeof(uint64_t);
+    return 0;
+}
+
+/* ---- handlers: inflight I/O tracking (INFLIGHT_SHMFD) ---- */
+
+/* Check num_queues and queue_size of an inflight description against the device. */
+static const char *inflight_shape_error(const struct vhd_vu_conn *c, const struct vu_inflight *in)
+{
+    if (in->num_queues == 0 || in->num_queues > c->dev->num_queues)
+        return "inflight num_queues out of range";
+    if (in->queue_size == 0 || in->queue_size > VHD_VQ_MAX_SIZE)
+        return "inflight queue_size out of range";
+    return NULL;
+}
+
+/*
+ * The ring layout the area is sized for: the negotiated one, or, before
+ * SET_FEATURES (QEMU asks for the area before it starts the device), packed
+ * when it may still be negotiated: the packed region is the larger one, and
+ * the layout is chosen per queue when it starts (queue_set_inflight).
+ */
+static bool inflight_packed(const struct vhd_vu_conn *c)
+{
+    if (c->features_set)
+        return feature_has(c, VIRTIO_F_RING_PACKED);
+    return (vhd_vu_offered_features(c->dev) & BIT(VIRTIO_F_RING_PACKED)) != 0;
+}
+
+/*
+ * GET_INFLIGHT_FD: a new zeroed area of num_queues regions of queue_size
+ * records, in a sealed memfd (it can never shrink under a back-end that maps
+ * it: no SIGBUS), sent with the reply; we keep no copy, SET_INFLIGHT_FD gives
+ * it back. The message has no error form but mmap_size 0, which QEMU reads
+ * as "no area": a refused request is answered that way (and logged).
+ */
+static int h_get_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_inflight *in = &r->p->inflight;
+    struct vu_inflight *out = &r->reply.inflight;
+    const char *why = inflight_shape_error(c, in);
+    int fd = -1, err = 0;
+
+    memset(out, 0, sizeof(*out));
+    out->num_queues = in->num_queues;
+    out->queue_size = in->queue_size;
+    r->reply_size = sizeof(*out);
+    if (why)
+        goto refuse;
+    uint64_t size = in->num_queues * vhd_inflight_queue_size(inflight_packed(c), in->queue_size);
+    fd = memfd_create("vhostd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        why = "cannot allocate the inflight area";
+        err = errno;
+        goto refuse;
+    }
+    out->mmap_size = size;
+    out->mmap_offset = 0;
+    r->reply_fd = fd;
+    vhd_log(VHD_LOG_INFO, "%s: inflight area: %u queues of %u, %llu bytes", c->dev->name,
+            in->num_queues, in->queue_size, (unsigned long long)size);
+    return 0;
+
+refuse:
+    VHD_LOG_RL(VHD_LOG_WARN, "%s: GET_INFLIGHT_FD (%u queues of %u) refused: %s%s%s", c->dev->name,
+               in->num_queues, in->queue_size, why, err ? ": " : "", err ? strerror(err) : "");
+    if (fd >= 0)
+        close(fd);
+    return 0;
+}
+
+/*
+ * SET_INFLIGHT_FD: map the area the front-end gives back (its fd is closed
+ * afterwards: the mapping keeps it). Checked: the shape (as GET), a size
+ * between the split and the packed layout's need for it (mmap_size is
+ * untrusted: that also caps it), a page-aligned offset, and that the file
+ * holds the whole range (a shorter file would fault when touched). Only
+ * while every ring is stopped: nothing uses the previous area, which is
+ * unmapped.
+ */
+static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_inflight *in = &r->p->inflight;
+    struct stat st;
+
+    if (any_ring_started(c->dev)) {
+        r->why = "a ring is started";
+        return -EBUSY;
+    }
+    r->why = inflight_shape_error(c, in);
+    if (r->why)
+        return -EINVAL;
+    uint64_t min = in->num_queues * vhd_inflight_queue_size(false, in->queue_size);
+    uint64_t max = in->num_queues * vhd_inflight_queue_size(true, in->queue_size);
+    if (in->mmap_size < min || in->mmap_size > max) {
+        r->why = in->mmap_size < min ? "inflight area too small for its queues"
+                                     : "inflight area larger than its queues can use";
+        return -EINVAL;
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || (in->mmap_offset & ((uint64_t)page - 1)) ||
+        in->mmap_offset > UINT64_MAX - in->mmap_size || in->mmap_offset > (uint64_t)INT64_MAX) {
+        r->why = "bad inflight mmap offset";
+        return -EINVAL;
+    }
+    if (fstat(r->fds[0], &st) < 0 || st.st_size < 0 ||
+        (uint64_t)st.st_size < in->mmap_offset + in->mmap_size) {
+        r->why = "inflight area beyond the end of its file";
+        return -ENXIO;
+    }
+    void *p = mmap(NULL, in->mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fds[0],
+                   (off_t)in->mmap_offset);
+    if (p == MAP_FAILED) {
+        int err = -errno;
+        r->why = "cannot map the inflight area";
+        return err;
+    }
+    inflight_unmap(c);
+    c->inflight = p;
+    c->inflight_size = in->mmap_size;
+    c->inflight_num_queues = in->num_queues;
+    c->inflight_queue_size = in->queue_size;
+    vhd_log(VHD_LOG_INFO, "%s: inflight area set: %u queues of %u", c->dev->name, in->num_queues,
+            in->queue_size);
     return 0;
 }

@@ -158,7 +158,7 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
     char never[] =
         "execve execveat fork vfork clone clone3 open openat openat2 creat "
         "bind listen accept socketpair ptrace kill prctl setuid setgid setresuid setgroups "
-        "capset mount umount2 unshare setns bpf perf_event_open memfd_create "
+        "capset mount umount2 unshare setns bpf perf_event_open fallocate "
         "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
         "chown rename symlink link truncate init_module kexec_load keyctl "
         "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom";
@@ -559,11 +559,13 @@ static void probe_io_uring_setup(void)
         close((int)fd);
 }
 
-static void probe_memfd(void)
+static void probe_pipe(void)
 {
-    int fd = memfd_create("probe", MFD_CLOEXEC);
-    if (fd >= 0)
-        close(fd);
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) == 0) {
+        close(fds[0]);
+        close(fds[1]);
+    }
 }
 
 static void probe_eventfd(void)
@@ -611,7 +613,7 @@ static const struct probe {
     {"tgkill of another process", probe_tgkill_other_process},
     {"futex(FUTEX_CMP_REQUEUE)", probe_futex_requeue},
     {"io_uring_setup", probe_io_uring_setup},
-    {"memfd_create", probe_memfd},
+    {"pipe2", probe_pipe},
     {"eventfd", probe_eventfd},
     {"setuid", probe_setuid},
     {"prctl", probe_prctl},

@@ -1,0 +1,202 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Inflight I/O tracking, the control-path half (vhost-user "Inflight I/O
+ * tracking", qemu docs/interop/vhost-user.rst): attaching a queue to its
+ * region of the shared area, checking and repairing the region when the ring
+ * starts, building the list of chains to pop again, and giving back a popped
+ * chain (unpop). The per-request records are written by the datapath in
+ * vq_split.c and vq_packed.c.
+ *
+ * Everything in the area is untrusted: the front-end may have written
+ * anything there (or a previous back-end may have crashed mid-update, which
+ * the spec's repair steps handle). A region that does not fit fails the
+ * start of that queue (VHD_VQ_E_INFLIGHT); no index read from it is used
+ * before it is checked.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vq.h"
+
+int vhd_vq_set_inflight(struct vhd_vq *vq, void *region, uint32_t desc_num)
+{
+    if (!region || desc_num == 0 || desc_num > VHD_VQ_MAX_SIZE)
+        return -EINVAL;
+    vhd_vq_fini(vq);
+    vq->inf.any = region;
+    vq->inf_desc_num = (uint16_t)desc_num; /* <= 32768 */
+    return 0;
+}
+
+void vhd_vq_fini(struct vhd_vq *vq)
+{
+    free(vq->inf_resubmit);
+    free(vq->inf_head_of_id);
+    vq->inf_resubmit = NULL;
+    vq->inf_head_of_id = NULL;
+    vq->inf_resubmit_n = 0;
+    vq->inf_resubmit_pos = 0;
+    vq->inf.any = NULL;
+}
+
+/* A chain found in flight: where its record is, and its pop order. */
+struct resubmit_ent {
+    uint64_t counter;
+    uint16_t rec;
+};
+
+static int cmp_counter(const void *a, const void *b)
+{
+    const struct resubmit_ent *x = a, *y = b;
+    return x->counter < y->counter ? -1 : x->counter > y->counter;
+}
+
+/*
+ * Sort the n entries by counter into vq->inf_resubmit and set the next
+ * counter after the largest. Two records with the same counter cannot come
+ * from one back-end: the region is corrupt. 0 or -1 (ENOMEM is reported as
+ * corruption too: the queue cannot run without its list either way).
+ */
+static int resubmit_list(struct vhd_vq *vq, struct resubmit_ent *ents, uint32_t n)
+{
+    vq->inf_counter = 1;
+    if (n == 0)
+        return 0;
+    qsort(ents, n, sizeof(*ents), cmp_counter);
+    vq->inf_resubmit = malloc(n * sizeof(uint16_t));
+    if (!vq->inf_resubmit)
+        return -1;
+    for (uint32_t i = 0; i < n; i++) {
+        if (i > 0 && ents[i].counter == ents[i - 1].counter)
+            return -1;
+        vq->inf_resubmit[i] = ents[i].rec;
+    }
+    vq->inf_counter = ents[n - 1].counter + 1;
+    vq->inf_resubmit_n = (uint16_t)n; /* n <= size <= 32768 */
+    vq->inf_resubmit_pos = 0;
+    return 0;
+}
+
+/*
+ * Split start. Spec steps "When reconnecting": if used_idx differs from
+ * used->idx, the last batch was published but its records not cleared:
+ * clear the (used->idx - used_idx) heads listed from last_batch_head, set
+ * used_idx; then resubmit the records in flight in counter order.
+ * last_avail_idx becomes used->idx + chains in flight: every chain popped
+ * before the crash is either used (counted in used->idx) or still recorded.
+ */
+static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
+{
+    struct vhd_inflight_split *inf = vq->inf.split;
+    uint32_t size = vq->size;
+
+    if (inf->version == 0) {
+        /* A new area: no chain was ever popped with it. */
+        memset(inf->desc, 0, (size_t)vq->inf_desc_num * sizeof(inf->desc[0]));
+        inf->features = 0;
+        inf->desc_num = vq->inf_desc_num;
+        inf->last_batch_head = 0;
+        inf->used_idx = vq->used_idx;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        inf->version = VHD_INFLIGHT_VERSION;
+        vq->inf_counter = 1;
+        return 0;
+    }
+    if (inf->version != VHD_INFLIGHT_VERSION || inf->desc_num != vq->inf_desc_num)
+        return -1;
+
+    uint16_t used = vq->used_idx; /* vhd_vq_start read it from used->idx */
+    uint16_t batch = (uint16_t)(used - inf->used_idx);
+    /*
+     * No batch holds more than the ring. A larger gap is no interrupted
+     * batch: either the driver re-initialised the ring (used->idx back to
+     * 0) after everything had completed, which is fine when no record is
+     * in flight (checked below), or the area is corrupt.
+     */
+    bool stale = batch > size;
+    uint16_t h = inf->last_batch_head;
+    for (uint16_t k = 0; !stale && k < batch; k++) {
+        if (h >= size)
+            return -1;
+        struct vhd_inflight_split_desc *r = &inf->desc[vhd_index_nospec(h, size)];
+        r->inflight = 0;
+        h = r->next;
+    }
+    inf->used_idx = used;
+
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < vq->inf_desc_num; i++) {
+        uint8_t f = inf->desc[i].inflight;
+        if (f == 0)
+            continue;
+        if (f != 1 || i >= size)
+            return -1; /* not a flag, or a head the queue cannot have */
+        ents[n].counter = inf->desc[i].counter;
+        ents[n].rec = (uint16_t)i;
+        n++;
+    }
+    if (stale && n > 0)
+        return -1;
+    if (resubmit_list(vq, ents, n) < 0)
+        return -1;
+    vq->last_avail_idx = (uint16_t)(used + n);
+    vq->avail_shadow = vq->last_avail_idx;
+    return 0;
+}
+
+int vhd_vq__inflight_start(struct vhd_vq *vq)
+{
+    void *region = vq->inf.any;
+    uint16_t desc_num = vq->inf_desc_num;
+
+    /* A second start forgets the first one's lists. */
+    vhd_vq_fini(vq);
+    vq->inf.any = region;
+    vq->inf_desc_num = desc_num;
+    if (desc_num < vq->size)
+        goto corrupt; /* a head (or a chain's records) could fall outside */
+
+    struct resubmit_ent *ents = malloc((size_t)vq->size * sizeof(*ents));
+    if (!ents)
+        goto corrupt;
+    int rc = vq->packed ? -1 : split_start(vq, ents);
+    free(ents);
+    if (rc < 0)
+        goto corrupt;
+    return 0;
+
+corrupt:
+    vhd_vq_fini(vq);
+    return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
+}
+
+int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
+{
+    int rc = vhd_vq__ready(vq);
+    if (rc < 0)
+        return rc;
+    if (vq->inflight == 0 || c->id >= vq->size)
+        return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+
+    /* Chains popped again come before any new one: one of those is the last. */
+    if (vq->inf.any && vq->inf_resubmit_n != 0 && vq->inf_resubmit_pos > 0) {
+        if (vq->inf_resubmit[vq->inf_resubmit_pos - 1] !=
+            (vq->packed ? vq->inf_head_of_id[c->id] : c->id))
+            return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+        vq->inf_resubmit_pos--;
+        vq->inflight--;
+        return 0;
+    }
+
+    if (!vq->packed) {
+        vq->last_avail_idx--;
+        vq->inflight--;
+        if (vq->inf.any) {
+            vq->inf.split->desc[vhd_index_nospec(c->id, vq->size)].inflight = 0;
+            vq->inf_counter--;
+        }
+        return 0;
+    }
+    return vhd_vq__packed_unpop(vq, c);
+}
