@@ -183,6 +183,29 @@ static void iov_from_buf(const struct iovec *iov, uint32_t cnt, size_t off, cons
 }
 
 /*
+ * The virtio-net header in and out of guest buffers. Drivers put it in the
+ * first segment (DPDK and Linux prepend it to the frame, 5.1.6.2), so the
+ * common case is one fixed-size copy the compiler inlines; a header split
+ * across segments takes the general walk.
+ */
+static inline void hdr_read(const struct iovec *iov, uint32_t cnt, struct virtio_net_hdr_v1 *h)
+{
+    if (vhd_likely(cnt > 0 && iov[0].iov_len >= HDR_LEN))
+        memcpy(h, iov[0].iov_base, HDR_LEN);
+    else
+        (void)iov_to_buf(iov, cnt, 0, h, HDR_LEN);
+}
+
+static inline void hdr_write(const struct iovec *iov, uint32_t cnt,
+                             const struct virtio_net_hdr_v1 *h)
+{
+    if (vhd_likely(cnt > 0 && iov[0].iov_len >= HDR_LEN))
+        memcpy(iov[0].iov_base, h, HDR_LEN);
+    else
+        iov_from_buf(iov, cnt, 0, h, HDR_LEN);
+}
+
+/*
  * Copy len bytes from byte soff of src to byte doff of dst (both iovec
  * lists; stops early if either runs out). Guest to guest: the driver may
  * point a receive buffer at its own transmit buffer, so the ranges may
@@ -193,6 +216,13 @@ static void iov_copy(const struct iovec *dst, uint32_t dcnt, size_t doff, const 
                      uint32_t scnt, size_t soff, size_t len)
 {
     uint32_t di = 0, si = 0;
+
+    /* Small frames: header and frame in the first segment of both sides (one memmove). */
+    if (vhd_likely(dcnt > 0 && scnt > 0 && dst[0].iov_len >= doff && dst[0].iov_len - doff >= len &&
+                   src[0].iov_len >= soff && src[0].iov_len - soff >= len)) {
+        memmove((uint8_t *)dst[0].iov_base + doff, (const uint8_t *)src[0].iov_base + soff, len);
+        return;
+    }
 
     while (di < dcnt && doff >= dst[di].iov_len)
         doff -= dst[di++].iov_len;
@@ -434,7 +464,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
     }
 
     /* One copy: header, then the frame from wherever it is. */
-    iov_from_buf(rq->iov, niov, 0, &h, HDR_LEN);
+    hdr_write(rq->iov, niov, &h);
     iov_copy(rq->iov, niov, HDR_LEN, f->iov, f->iovcnt, f->off, f->len);
     if (fill)
         csum_fill(rq->iov, niov, HDR_LEN, f->len, cs, co);
@@ -493,7 +523,7 @@ static int net_tx_parse(struct vhd_queue *q, struct net_queue *tq, const struct 
                    q->dev->name, q->index, len, VHD_NET_MAX_FRAME);
         return -EMSGSIZE;
     }
-    (void)iov_to_buf(tq->iov, c->nr, 0, &f->hdr, HDR_LEN);
+    hdr_read(tq->iov, c->nr, &f->hdr);
     /* 5.1.6.2.1: without HOST_TSO4/6 or HOST_UFO (never offered) gso_type MUST be NONE. */
     if (vhd_unlikely(f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE)) {
         VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: transmit frame with gso_type %u, not negotiated",
