@@ -61,11 +61,12 @@ const char vhd_usage[] =
     "--net keys (virtio-net; SIGUSR1 logs every net device's per-queue counters):\n"
     "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
     "                       front-end's socket to connect to\n"
-    "  backend=loopback|switch|tap\n"
+    "  backend=loopback|switch|tap|gen\n"
     "                       loopback (default): every frame sent on a queue pair comes\n"
     "                       back on the receive queue of the same pair; switch: an L2\n"
     "                       learning switch between the --net devices naming the same\n"
-    "                       switch=; tap: a Linux TAP interface (tap=)\n"
+    "                       switch=; tap: a Linux TAP interface (tap=); gen: fills\n"
+    "                       receive queues with generated 64-byte frames, discards sent ones\n"
     "  switch=NAME          backend=switch: the in-process switch to join\n"
     "  tap=IFNAME           backend=tap: the TAP interface to attach to (created if it does\n"
     "                       not exist; needs CAP_NET_ADMIN; one TAP queue per queue pair)\n"
@@ -406,8 +407,10 @@ int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_op
         } else if (!strcmp(k, "name")) {
             n->name = v;
         } else if (!strcmp(k, "backend")) {
-            if (strcmp(v, "loopback") && strcmp(v, "switch") && strcmp(v, "tap"))
-                return fail(err, errlen, "--net: backend=%s: expected loopback, switch or tap", v);
+            if (strcmp(v, "loopback") && strcmp(v, "switch") && strcmp(v, "tap") &&
+                strcmp(v, "gen"))
+                return fail(err, errlen, "--net: backend=%s: expected loopback, switch, tap or gen",
+                            v);
             n->backend = v;
         } else if (!strcmp(k, "switch")) {
             if (strlen(v) >= 32)

@@ -66,6 +66,7 @@ build() {
 unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_frontend test_sandbox
     test_net test_net_switch test_net_driver test_memguard test_client test_chaos)
 unit_tests+=(test_inflight)
+unit_tests+=(test_net_gen)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
@@ -85,7 +86,8 @@ done
 note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
-for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch test_net_driver; do
+for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch test_net_driver \
+    test_net_gen; do
     if [ -x "build-tsan/$t" ]; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
     else

@@ -5,7 +5,8 @@
  * a backend calls to put a frame into a guest receive queue. Backends:
  * "loopback" (net_loopback.c: every frame comes back on the same pair),
  * "switch" (net_switch.c: an in-process L2 learning switch between
- * devices) and "tap" (net_tap.c: a Linux TAP interface).
+ * devices), "tap" (net_tap.c: a Linux TAP interface) and "gen" (net_gen.c:
+ * a generator filling receive queues and a sink for transmitted frames).
  */
 #ifndef VHD_NET_BACKEND_H
 #define VHD_NET_BACKEND_H
@@ -85,6 +86,14 @@ struct vhd_net_backend_ops {
      * processes that queue. Must stay open until close(). -1: none.
      */
     int (*rx_wake_fd)(struct vhd_net_backend *be, uint16_t pair);
+
+    /*
+     * rx_buffers_are_work - the backend always has frames to deliver (gen),
+     * so receive buffers the driver posts are work: the receive queues are
+     * not passive (runtime/dev.h) and run whenever buffers are posted. false
+     * for backends whose frames arrive from elsewhere (wake fd, transmit).
+     */
+    bool rx_buffers_are_work;
 };
 
 /*
@@ -105,6 +114,7 @@ struct vhd_net_backend {
 extern const struct vhd_net_backend_ops vhd_net_backend_loopback;
 extern const struct vhd_net_backend_ops vhd_net_backend_switch;
 extern const struct vhd_net_backend_ops vhd_net_backend_tap;
+extern const struct vhd_net_backend_ops vhd_net_backend_gen;
 
 /* The backend instance of a net device (set at creation, read-only). Any thread. */
 const struct vhd_net_backend *vhd_net_backend_of(const struct vhd_dev *dev);

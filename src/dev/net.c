@@ -345,7 +345,8 @@ static void vq_rewind(struct vhd_vq *vq, const struct net_vq_mark *m)
 const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name)
 {
     static const struct vhd_net_backend_ops *const all[] = {
-        &vhd_net_backend_loopback, &vhd_net_backend_switch, &vhd_net_backend_tap};
+        &vhd_net_backend_loopback, &vhd_net_backend_switch, &vhd_net_backend_tap,
+        &vhd_net_backend_gen};
     for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];
@@ -993,8 +994,9 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
      * Receive buffers are not work (dev.h, passive): the queue runs on its
      * backend's wake fd, its pair's transmit path (loopback) and kicks;
      * frames that find no buffer are dropped, never kept waiting for one.
+     * Except with a generator (gen), which has a frame for every buffer.
      */
-    q->passive = role == NET_Q_RX;
+    q->passive = role == NET_Q_RX && !net->be->ops->rx_buffers_are_work;
     if (role == NET_Q_CTRL && !net->ctrl_seen) {
         /* The driver steers through us from now on: one pair until VQ_PAIRS_SET (5.1.6.5.5). */
         net->ctrl_seen = true;
@@ -1162,8 +1164,8 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     }
     bops = vhd_net_backend_find(o->backend ? o->backend : "loopback");
     if (!bops)
-        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected loopback, switch or tap)",
-                    o->backend);
+        return fail(err, errlen, -EINVAL,
+                    "unknown backend '%s' (expected loopback, switch, tap or gen)", o->backend);
     if (o->no_split && !o->allow_packed)
         return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
 

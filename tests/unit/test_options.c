@@ -250,7 +250,7 @@ VHD_TEST(net_rejects)
         {"socket=s,backend=loopback,tap=t0", "tap=IFNAME goes with backend=tap"},
         {"socket=s,backend=switch,switch=0123456789abcdef0123456789abcdef", "longer than 31"},
         {"socket=s,backend=tap,tap=0123456789abcdef", "longer than 15"},
-        {"socket=s,backend=bogus", "expected loopback, switch or tap"},
+        {"socket=s,backend=bogus", "expected loopback, switch, tap or gen"},
         {"socket=s,backend=pcap", "expected loopback"},
         {"socket=s,queues=0", "queues=0"},
         {"socket=s,queues=65", "queues=65"},
