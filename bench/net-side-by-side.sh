@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 #
-# net-side-by-side.sh - 64-byte packet rate of vhostd's loopback net device
-# against DPDK's own vhost PMD (dpdk-testpmd --vdev net_vhost0 in io-forward
-# mode), both driven by the same dpdk-testpmd virtio-user client. A benchmark,
-# not a test: it prints a table of median Mpps and ratios, it checks nothing.
+# net-side-by-side.sh - 64-byte packet rate of vhostd's net device against
+# DPDK's own vhost PMD (dpdk-testpmd --vdev net_vhost0), both driven by the
+# same dpdk-testpmd virtio-user client. A benchmark, not a test: it prints a
+# table of median Mpps and ratios, it checks nothing.
 #
 # Modes (the client's --forward-mode), split and packed rings:
 #   txonly  the client only sends: the back-end's dequeue rate (client Tx-pps).
@@ -13,12 +13,13 @@
 #   io      the client sends back what it receives (start tx_first 8 puts 256
 #           frames in circulation): the round-trip rate, one dequeue plus one
 #           enqueue per frame on the back-end (client Rx-pps).
-#   rxonly  the client only receives: the back-end's enqueue rate. DPDK's
-#           vhost testpmd runs in txonly mode (it generates the frames: an
-#           enqueue with no dequeue). vhostd's loopback cannot generate
-#           traffic (it returns what it is sent), so its rxonly figure is the
-#           client's Rx-pps of the io run: every frame vhostd enqueues it also
-#           dequeued, so the ratio understates vhostd. The table says so.
+#   rxonly  the client only receives: the back-end's enqueue rate (client
+#           Rx-pps). Both back-ends generate 64-byte frames: DPDK's vhost
+#           testpmd in txonly mode, vhostd with backend=gen (an enqueue with
+#           no dequeue on both sides).
+# Back-ends: DPDK's vhost testpmd forwards (io) in txonly and io rows;
+# vhostd uses backend=loopback there (the same work: each frame dequeued is
+# handed back) and backend=gen in the rxonly row.
 #
 # CPU placement (2-CPU box): the back-end on CPU 0, the client's forwarding
 # lcore on CPU 1; the testpmd main lcores float ('0@(0,1),1@N', the issue's
@@ -28,7 +29,8 @@
 #
 # Environment: REPS (default 3), SECS (measured seconds per run, default 5),
 # VHOSTD (default build/vhostd), TESTPMD (default dpdk-testpmd), MODES
-# (default "txonly io rxonly"), RINGS (default "split packed"),
+# (default "txonly io rxonly"), RINGS (default "split packed"), VHOSTD_ARGS
+# (extra global options for vhostd, e.g. "--poll adaptive"),
 # BACKEND_CPU (0), CLIENT_CPU (1). Every process is started here, stopped by
 # its pid (SIGTERM, then SIGKILL), and sockets and DPDK runtime files are
 # removed on exit.
@@ -117,9 +119,9 @@ run_one() { # BACKEND(dpdk|vhostd) MODE RING N
     local be=$1 mode=$2 ring=$3 n=$4
     local tag=$be-$mode-$ring-$n sock=$work/$be-$n.sock
     local blog=$work/$tag.backend.log clog=$work/$tag.client.log
-    local bpid bfd="" cpid cfd extra="" bmode=io start=start
+    local bpid bfd="" cpid cfd extra="" bmode=io start=start vbe=loopback
     [ "$ring" = packed ] && extra=",packed_vq=1"
-    [ "$mode" = rxonly ] && bmode=txonly
+    [ "$mode" = rxonly ] && bmode=txonly vbe=gen
     case $mode in io) start="start tx_first 8" ;; esac
 
     if [ "$be" = dpdk ]; then
@@ -132,8 +134,9 @@ run_one() { # BACKEND(dpdk|vhostd) MODE RING N
         fi
         echo start >&"$bfd"
     else
-        taskset -c "$bcpu" "$vhostd" --workers 1 --poll always \
-            --net "socket=$sock,backend=loopback,queues=1" >"$blog" 2>&1 &
+        # shellcheck disable=SC2086 # VHOSTD_ARGS is a list of words
+        taskset -c "$bcpu" "$vhostd" --workers 1 --poll always ${VHOSTD_ARGS:-} \
+            --net "socket=$sock,backend=$vbe,queues=1" >"$blog" 2>&1 &
         bpid=$!
         pids+=("$bpid")
         if ! wait_for "$blog" "listening on" 10 "$bpid"; then
@@ -189,8 +192,7 @@ echo "# $reps alternating runs of ${secs} s per cell, 64-byte frames, 1 queue pa
 printf '%-7s %-7s %12s %12s %8s   %s\n' mode ring "DPDK Mpps" "vhostd Mpps" ratio "runs (DPDK | vhostd, Mpps)"
 for ring in $rings; do
     for mode in $modes; do
-        [ "$mode" = rxonly ] && continue # below, from the io runs for vhostd
-        d_all="" v_all="" d_rx="" v_rx=""
+        d_all="" v_all=""
         for ((r = 1; r <= reps; r++)); do
             run_one dpdk "$mode" "$ring" "$r"
             if [ "$mode" = txonly ]; then d_all+=" $res_tx"; else d_all+=" $res_rx"; fi
@@ -201,21 +203,6 @@ for ring in $rings; do
         printf '%-7s %-7s %12s %12s %8s   %s |%s\n' "$mode" "$ring" "$(mpps "$dm")" "$(mpps "$vm")" \
             "$(ratio "$vm" "$dm")" "$(for x in $d_all; do printf ' %s' "$(mpps "$x")"; done)" \
             "$(for x in $v_all; do printf ' %s' "$(mpps "$x")"; done)"
-        [ "$mode" = io ] && io_v_all=$v_all && io_vm=$vm
     done
-    if grep -qw rxonly <<<"$modes"; then
-        d_all=""
-        for ((r = 1; r <= reps; r++)); do
-            run_one dpdk rxonly "$ring" "$r"
-            d_all+=" $res_rx"
-        done
-        dm=$(echo "$d_all" | median)
-        vm=${io_vm:--}
-        printf '%-7s %-7s %12s %12s %8s   %s |%s  (vhostd: io Rx, dequeue+enqueue)\n' rxonly "$ring" \
-            "$(mpps "$dm")" "$(mpps "$vm")" "$(ratio "$vm" "$dm")" \
-            "$(for x in $d_all; do printf ' %s' "$(mpps "$x")"; done)" \
-            "$(for x in ${io_v_all:-}; do printf ' %s' "$(mpps "$x")"; done)"
-        io_vm="" io_v_all=""
-    fi
 done
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
