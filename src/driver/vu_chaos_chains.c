@@ -1,0 +1,650 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Chaos cases in the rings (vu_chaos.h): malformed descriptor chains and
+ * device requests written straight into a started ring — split and packed,
+ * direct and indirect, virtio-blk and virtio-net — plus well-formed controls
+ * that must be served, so that the detection itself is tested.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/compiler.h"
+#include "dev/virtio_blk.h"
+#include "vu_chaos_int.h"
+
+/* ======================= cases: descriptor chains (blk) ======================= */
+
+/* An IN request [hdr][4 KiB data][status] as descriptors 0..2; the control case. */
+static void std_in(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_DATA, 4096);
+}
+
+static int chain_case(struct vhd_chaos_ctx *ctx, bool packed, bool indirect,
+                      void (*build)(struct vhd_chaos_sess *s))
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, packed, indirect);
+    if (!rc) {
+        build(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static void b_control(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_loop(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 512,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_longer_than_queue(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    for (uint16_t i = 1; i < QSZ; i++) /* the last links back to 1: QSZ + more */
+        vhd_chaos__sdesc(s, OFF_R0, i, vhd_chaos__gpa(s, OFF_DATA) + 512u * i, 512,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, (unsigned)i + 1 < QSZ ? i + 1 : 1);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_head_oob(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__split_publish(s, OFF_R0, 100, 1);
+}
+
+static void b_next_oob(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 50);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_avail_jump(struct vhd_chaos_sess *s)
+{
+    b_control(s);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1 + 3 * QSZ); /* avail->idx more than a ring ahead */
+}
+
+static void b_addr_outside(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, 0x1000, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* A data buffer running past the end of guest memory (window 1's end). */
+static void b_addr_past_end(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, s->m->win[1].gpa + VHD_CHAOS_WIN_SIZE - 512, 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_len_wraps(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, UINT64_MAX - 255, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+                     2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* Readable after writable. */
+static void b_write_before_read(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_DATA), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* The status byte in a device-readable buffer: nothing may write it. */
+static void b_status_readonly(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_NEXT, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, 0, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* An 8-byte request header. */
+static void b_hdr_short(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 8, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* A zero-length header descriptor (and a zero-length data one). */
+static void b_zero_len(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 0, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 0,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* A read beyond the device's capacity (sector 2^60). */
+static void b_sector_oob(struct vhd_chaos_sess *s)
+{
+    b_control(s);
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 1ull << 60);
+}
+
+/* A read of 100 bytes: not a multiple of the sector size. */
+static void b_len_unaligned(struct vhd_chaos_sess *s)
+{
+    b_control(s);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 100,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+}
+
+static void b_bad_type(struct vhd_chaos_sess *s)
+{
+    b_control(s);
+    vhd_chaos__blk_hdr(s, 0, 0x7777, 0);
+}
+
+/* Indirect table entry i at table t (OFF_IND + 0x400 t). */
+static void idesc(struct vhd_chaos_sess *s, unsigned t, uint16_t i, uint64_t addr, uint32_t len,
+                  uint16_t flags, uint16_t next)
+{
+    vhd_chaos__sdesc(s, OFF_IND + 0x400u * t, i, addr, len, flags, next);
+}
+
+static void ind_std(struct vhd_chaos_sess *s)
+{
+    std_in(s);
+    idesc(s, 0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    idesc(s, 0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    idesc(s, 0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+}
+
+static void b_ind_control(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 48, VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_ind_nested(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    idesc(s, 0, 1, vhd_chaos__gpa(s, OFF_IND + 0x400), 48,
+          VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT, 2);
+    idesc(s, 1, 0, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 48, VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_ind_with_next(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 48,
+                     VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_ind_loop(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    idesc(s, 0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE | VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 48, VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_ind_len_bad(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 47, VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static void b_ind_outside(struct vhd_chaos_sess *s)
+{
+    ind_std(s);
+    vhd_chaos__sdesc(s, OFF_R0, 0, 0x2000, 48, VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static int c_control(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_control);
+}
+static int c_loop(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_loop);
+}
+static int c_longer_than_queue(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_longer_than_queue);
+}
+static int c_head_oob(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_head_oob);
+}
+static int c_next_oob(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_next_oob);
+}
+static int c_avail_jump(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_avail_jump);
+}
+static int c_addr_outside(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_addr_outside);
+}
+static int c_addr_past_end(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_addr_past_end);
+}
+static int c_len_wraps(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_len_wraps);
+}
+static int c_write_before_read(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_write_before_read);
+}
+static int c_status_readonly(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_status_readonly);
+}
+static int c_hdr_short(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_hdr_short);
+}
+static int c_zero_len(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_zero_len);
+}
+static int c_sector_oob(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_sector_oob);
+}
+static int c_len_unaligned(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_len_unaligned);
+}
+static int c_bad_type(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_bad_type);
+}
+static int c_ind_control(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_control);
+}
+static int c_ind_nested(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_nested);
+}
+static int c_ind_with_next(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_with_next);
+}
+static int c_ind_loop(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_loop);
+}
+static int c_ind_len_bad(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_len_bad);
+}
+static int c_ind_outside(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_ind_outside);
+}
+static int c_ind_not_negotiated(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_ind_control);
+}
+
+/* ---- packed ---- */
+
+static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
+{
+    std_in(s);
+    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 16, 0, VRING_DESC_F_NEXT};
+    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_DATA), 4096, 0,
+                                 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE};
+    d[2] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+}
+
+static void p_control(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3];
+    p_std(s, d);
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+static void p_id_oob(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3];
+    p_std(s, d);
+    d[2].id = 500;
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+static void p_write_before_read(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3];
+    p_std(s, d);
+    struct vhd_chaos_pd t = d[0];
+    d[0] = d[1];
+    d[1] = t;
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+static void p_addr_outside(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3];
+    p_std(s, d);
+    d[1].addr = 0x3000;
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+static void p_hdr_short(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[2];
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 4, 0, VRING_DESC_F_NEXT};
+    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+    vhd_chaos__packed_publish(s, OFF_R0, d, 2);
+}
+
+/* Every slot says NEXT: the chain runs into slots not made available. */
+static void p_endless(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[QSZ];
+    std_in(s);
+    for (unsigned i = 0; i < QSZ; i++)
+        d[i] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_DATA) + 512u * i, 512, 0,
+                                     VRING_DESC_F_NEXT | (i ? VRING_DESC_F_WRITE : 0)};
+    d[0].addr = vhd_chaos__gpa(s, OFF_HDR);
+    d[0].len = 16;
+    vhd_chaos__packed_publish(s, OFF_R0, d, QSZ);
+}
+
+static void p_ind_nested(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[1];
+    ind_std(s);
+    idesc(s, 0, 1, vhd_chaos__gpa(s, OFF_IND + 0x400), 16,
+          VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT, 2);
+    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_IND), 48, 0, VRING_DESC_F_INDIRECT};
+    vhd_chaos__packed_publish(s, OFF_R0, d, 1);
+}
+
+static void p_ind_in_chain(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[2];
+    ind_std(s);
+    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_IND), 48, 0,
+                                 VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT};
+    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+    vhd_chaos__packed_publish(s, OFF_R0, d, 2);
+}
+
+/* Nothing device-writable at all: neither data nor status may be written. */
+static void p_status_readonly(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3];
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 16, 0, VRING_DESC_F_NEXT};
+    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_DATA), 4096, 0, VRING_DESC_F_NEXT};
+    d[2] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, 0};
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+static int c_p_control(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_control);
+}
+static int c_p_id_oob(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_id_oob);
+}
+static int c_p_write_before_read(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_write_before_read);
+}
+static int c_p_addr_outside(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_addr_outside);
+}
+static int c_p_hdr_short(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_hdr_short);
+}
+static int c_p_endless(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_endless);
+}
+static int c_p_ind_nested(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, true, p_ind_nested);
+}
+static int c_p_ind_in_chain(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, true, p_ind_in_chain);
+}
+static int c_p_status_readonly(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, true, false, p_status_readonly);
+}
+
+/* ======================= cases: descriptor chains (net) ======================= */
+
+#define OFF_TXBUF OFF_DATA
+#define OFF_RXBUF (OFF_DATA + 0x1000u)
+
+/* A frame (header + 60 bytes, broadcast) at OFF_TXBUF; an rx buffer of 2 KiB posted. */
+static void net_frame(struct vhd_chaos_sess *s, bool post_rx)
+{
+    uint8_t f[NET_HDR + PKT_LEN];
+    memset(f, 0, sizeof(f));
+    memset(f + NET_HDR, 0xff, 6);
+    for (unsigned i = 6; i < PKT_LEN; i++)
+        f[NET_HDR + i] = (uint8_t)(i * 13);
+    vhd_chaos__put(s, OFF_TXBUF, f, sizeof(f));
+    if (post_rx) {
+        vhd_chaos__allow(s, OFF_RXBUF, 2048);
+        vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_RXBUF), 2048, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+        vhd_chaos__kick(s, 0);
+    }
+}
+
+/* Transmit head 0 of ring 1, then see what came back on both rings. */
+static int net_go(struct vhd_chaos_sess *s, bool expect_frame_dropped)
+{
+    struct vhd_chaos_used tx, rx;
+    vhd_chaos__split_publish(s, OFF_R1, 0, 1);
+    vhd_chaos__kick(s, 1);
+    int rc = vhd_chaos__await_used(s, OFF_R1, 0, &tx, s->tmo);
+    if (rc || !tx.got)
+        return rc;
+    /* Delivered, or not: a loopback answers within the same burst; give it time anyway. */
+    rc = vhd_chaos__await_used(s, OFF_R0, 0, &rx, expect_frame_dropped ? 150 : s->tmo);
+    if (rc)
+        return rc;
+    if (rx.got && rx.len == NET_HDR + PKT_LEN &&
+        memcmp(vhd_chaos__hva(s, OFF_RXBUF) + NET_HDR, vhd_chaos__hva(s, OFF_TXBUF) + NET_HDR,
+               PKT_LEN) == 0)
+        s->ctx->observed |= VHD_CHAOS_SERVED;
+    else if (!rx.got && !(s->ctx->observed & VHD_CHAOS_BROKEN))
+        s->ctx->observed |= VHD_CHAOS_REQ_ERROR; /* transmit completed, frame dropped */
+    else if (rx.got)
+        vhd_chaos__note(s, 0, "received %u bytes", rx.len);
+    return 0;
+}
+
+static int c_net_control(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, true);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, OFF_TXBUF), NET_HDR + PKT_LEN, 0, 0);
+        rc = net_go(&s, false);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A transmit chain of 6 bytes: shorter than the virtio-net header. */
+static int c_net_hdr_short(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, true);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, OFF_TXBUF), 6, 0, 0);
+        rc = net_go(&s, true);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A transmit loop. */
+static int c_net_tx_loop(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, true);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, OFF_TXBUF), 40, VRING_DESC_F_NEXT, 1);
+        vhd_chaos__sdesc(&s, OFF_R1, 1, vhd_chaos__gpa(&s, OFF_TXBUF) + 40, 32, VRING_DESC_F_NEXT,
+                         0);
+        rc = net_go(&s, true);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A receive buffer the device may only read. */
+static int c_net_rx_readonly(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, false);
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_RXBUF), 2048, 0, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        vhd_chaos__kick(&s, 0);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, OFF_TXBUF), NET_HDR + PKT_LEN, 0, 0);
+        vhd_chaos__split_publish(&s, OFF_R1, 0, 1);
+        vhd_chaos__kick(&s, 1);
+        struct vhd_chaos_used tx, rx;
+        rc = vhd_chaos__await_used(&s, OFF_R1, 0, &tx, s.tmo);
+        if (!rc && !(ctx->observed & VHD_CHAOS_BROKEN)) {
+            vhd_chaos__kick(&s, 0); /* the receive queue learns of its broken state when it runs */
+            rc = vhd_chaos__await_used(&s, OFF_R0, 0, &rx, s.tmo);
+            if (!rc && rx.got)
+                vhd_chaos__note(&s, 0, "read-only receive buffer used (%u bytes)", rx.len);
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A receive buffer of 4 bytes: the frame cannot fit; it is dropped, nothing written. */
+static int c_net_rx_tiny(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, false);
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_RXBUF), 4, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        vhd_chaos__kick(&s, 0);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, OFF_TXBUF), NET_HDR + PKT_LEN, 0, 0);
+        rc = net_go(&s, true);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= table ======================= */
+
+const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
+    BLK(control, CHAINS, S),
+    BLK(loop, CHAINS, B),
+    BLK(longer_than_queue, CHAINS, B),
+    BLK(head_oob, CHAINS, B),
+    BLK(next_oob, CHAINS, B),
+    BLK(avail_jump, CHAINS, B),
+    BLK(addr_outside, CHAINS, B | E),
+    BLK(addr_past_end, CHAINS, B | E),
+    BLK(len_wraps, CHAINS, B | E),
+    BLK(write_before_read, CHAINS, B),
+    BLK(status_readonly, CHAINS, B),
+    BLK(hdr_short, CHAINS, E),
+    BLK(zero_len, CHAINS, E | B),
+    BLK(sector_oob, CHAINS, E),
+    BLK(len_unaligned, CHAINS, E),
+    BLK(bad_type, CHAINS, E),
+    BLK(ind_control, CHAINS, S),
+    BLK(ind_nested, CHAINS, B),
+    BLK(ind_with_next, CHAINS, B),
+    BLK(ind_loop, CHAINS, B),
+    BLK(ind_len_bad, CHAINS, B),
+    BLK(ind_outside, CHAINS, B),
+    BLK(ind_not_negotiated, CHAINS, B),
+    BLK(p_control, CHAINS, S),
+    BLK(p_id_oob, CHAINS, B),
+    BLK(p_write_before_read, CHAINS, B),
+    BLK(p_addr_outside, CHAINS, B | E),
+    BLK(p_hdr_short, CHAINS, E),
+    BLK(p_endless, CHAINS, B),
+    BLK(p_ind_nested, CHAINS, B),
+    BLK(p_ind_in_chain, CHAINS, B),
+    BLK(p_status_readonly, CHAINS, B),
+    NET(net_control, CHAINS, S),
+    NET(net_hdr_short, CHAINS, E),
+    NET(net_tx_loop, CHAINS, B),
+    NET(net_rx_readonly, CHAINS, B),
+    NET(net_rx_tiny, CHAINS, E),
+};
+const unsigned vhd_chaos__chain_ncases = VHD_ARRAY_SIZE(vhd_chaos__chain_cases);

@@ -1,0 +1,1099 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Chaos cases at the vhost-user message level (vu_chaos.h): framing, file
+ * descriptors, feature sequences, memory tables, ring addresses and the
+ * order of messages. Each opens its own session, gets the back-end into the
+ * state it needs with well-formed steps, sends the hostile message and
+ * records what the back-end did.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/compiler.h"
+#include "dev/virtio_blk.h"
+#include "vu_chaos_int.h"
+
+/* ======================= cases: framing ======================= */
+
+/* Half a header, then end of stream. */
+static int c_trunc_header(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc) {
+        struct vu_hdr h = {.request = VHOST_USER_GET_FEATURES, .flags = 1, .size = 0};
+        rc = vhd_chaos__raw_sendmsg(s.fd, &h, 7, NULL, 0);
+        if (!rc) {
+            shutdown(s.fd, SHUT_WR);
+            struct vu_hdr r;
+            union vu_payload p;
+            rc = vhd_chaos__observe(
+                &s, vhd_chaos__recv(&s, &r, &p) == -ECONNRESET ? VHD_CHAOS_CLOSED : -ETIMEDOUT,
+                "truncated header");
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A header announcing 8 bytes, 3 sent, then end of stream. */
+static int c_trunc_payload(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc) {
+        uint64_t v = 0;
+        rc = vhd_chaos__send_raw(&s, VHOST_USER_SET_FEATURES, 1, 8, &v, 3, NULL, 0);
+        if (!rc) {
+            shutdown(s.fd, SHUT_WR);
+            struct vu_hdr r;
+            union vu_payload p;
+            rc = vhd_chaos__observe(
+                &s, vhd_chaos__recv(&s, &r, &p) == -ECONNRESET ? VHD_CHAOS_CLOSED : -ETIMEDOUT,
+                "truncated payload");
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A size field of 1 MiB: the back-end must not wait for (or allocate) that. */
+static int c_oversized(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint8_t junk[64] = {0};
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s,
+            vhd_chaos__ack_raw(&s, VHOST_USER_SET_FEATURES, 1u << 20, junk, sizeof(junk), NULL, 0),
+            "size field 1 MiB");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Size field 4 for an 8-byte payload, with REPLY_ACK negotiated. */
+static int c_size_mismatch(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        uint64_t v = BIT(VIRTIO_F_VERSION_1);
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack_raw(&s, VHOST_USER_SET_FEATURES, 4, &v, 4, NULL, 0),
+                                "SET_FEATURES of 4 bytes");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int send_flags(struct vhd_chaos_ctx *ctx, uint32_t flags, const char *what)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc) {
+        rc = vhd_chaos__send_raw(&s, VHOST_USER_GET_FEATURES, flags, 0, NULL, 0, NULL, 0);
+        struct vu_hdr h;
+        union vu_payload p;
+        if (!rc)
+            rc = vhd_chaos__recv(&s, &h, &p);
+        rc = vhd_chaos__observe(&s,
+                                rc == -ECONNRESET || rc == -EPIPE ? VHD_CHAOS_CLOSED
+                                : rc == 1                         ? 0
+                                                                  : rc,
+                                what);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_bad_version(struct vhd_chaos_ctx *ctx)
+{
+    return send_flags(ctx, 2, "version 2");
+}
+
+static int c_reply_flag(struct vhd_chaos_ctx *ctx)
+{
+    return send_flags(ctx, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, "reply flag in a request");
+}
+
+static int c_unknown_flags(struct vhd_chaos_ctx *ctx)
+{
+    return send_flags(ctx, VHOST_USER_VERSION | 0x100, "unknown flag bits");
+}
+
+/* An unknown request id with NEED_REPLY, after REPLY_ACK. */
+static int c_unknown_request(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, 200, NULL, 0, NULL, 0), "request 200");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* An unknown request id before any REPLY_ACK: the back-end cannot nack, so it must close. */
+static int c_unknown_request_noack(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, 0xffffffffu, NULL, 0, NULL, 0),
+                                "request 0xffffffff");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A known request the back-end does not implement (SET_LOG_BASE). */
+static int c_unsupported_request(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_log l = {.size = 4096, .offset = 0};
+        int fd = s.m->fd;
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_LOG_BASE, &l, sizeof(l), &fd, 1), "SET_LOG_BASE");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= cases: file descriptors ======================= */
+
+/* SET_VRING_KICK without NOFD and without an fd. */
+static int c_kick_missing_fd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc) {
+        uint64_t v = 0;
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_VRING_KICK, &v, 8, NULL, 0),
+                                "kick without fd");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* SET_OWNER carrying three fds it has no use for (they must be closed: fd count). */
+static int c_extra_fds(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        int fds[3] = {eventfd(0, EFD_CLOEXEC), eventfd(0, EFD_CLOEXEC), s.m->fd};
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_OWNER, NULL, 0, fds, 3),
+                                "SET_OWNER + 3 fds");
+        close(fds[0]);
+        close(fds[1]);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* SET_VRING_CALL with NOFD set and an fd anyway. */
+static int c_nofd_with_fd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        uint64_t v = VHOST_USER_VRING_NOFD_MASK;
+        int fd = eventfd(0, EFD_CLOEXEC);
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_VRING_CALL, &v, 8, &fd, 1),
+                                "NOFD with an fd");
+        close(fd);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Twelve fds on one message: more than any message may carry. */
+static int c_too_many_fds(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        int fds[12];
+        for (int i = 0; i < 12; i++)
+            fds[i] = s.m->fd;
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_OWNER, NULL, 0, fds, 12),
+                                "12 fds");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Memory regions whose fd is an eventfd, a pipe, a socket. */
+static int c_mem_wrong_fd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    int p[2] = {-1, -1}, efd = eventfd(0, EFD_CLOEXEC);
+    if (!rc && pipe2(p, O_CLOEXEC) < 0)
+        rc = vhd_chaos__note(&s, -errno, "pipe");
+    const int kinds[3] = {efd, p[0], s.fd};
+    unsigned all = ~0u;
+    /* Each must be refused on its own: keep only what all three saw. */
+    for (int i = 0; i < 3 && !rc; i++) {
+        struct vu_mem_region r = vhd_chaos__win_region(&s, 0);
+        r.mmap_offset = 0;
+        ctx->observed = 0;
+        rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, &r, 1, &kinds[i], 1),
+                                "region fd of the wrong kind");
+        all &= ctx->observed;
+        if (ctx->observed & VHD_CHAOS_CLOSED)
+            break;
+    }
+    ctx->observed = rc ? ctx->observed : all;
+    close(efd);
+    if (p[0] >= 0) {
+        close(p[0]);
+        close(p[1]);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Two regions, one fd. */
+static int c_mem_fd_count(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_mem_region r[2] = {vhd_chaos__win_region(&s, 0), vhd_chaos__win_region(&s, 1)};
+        rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, r, 2, &s.m->fd, 1), "2 regions, 1 fd");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A started ring's kick fd is a memfd: it cannot be polled. */
+static int c_kick_memfd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc) {
+        int fd = memfd_create("chaos-kick", MFD_CLOEXEC);
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, fd),
+                                "memfd as kick fd");
+        if (!rc)
+            rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                                    "enable");
+        close(fd);
+        if (!rc && vhd_chaos__needs_reset(&s) == 1)
+            ctx->observed |= VHD_CHAOS_BROKEN;
+        /* An ack of the kick or enable alone is not an outcome. */
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ADD_MEM_REG with a pipe. */
+static int c_add_reg_pipe(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    int p[2];
+    if (!rc && pipe2(p, O_CLOEXEC) == 0) {
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 1)};
+        m.region.gpa += 16u * VHD_CHAOS_WIN_SIZE;
+        m.region.uva += 4u * VHD_CHAOS_WIN_SIZE;
+        m.region.mmap_offset = 0;
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &p[1], 1),
+                                "ADD_MEM_REG with a pipe");
+        close(p[0]);
+        close(p[1]);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= cases: features ======================= */
+
+static int c_features_unoffered(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        uint64_t f = s.offered | BIT(63) | BIT(VIRTIO_F_ACCESS_PLATFORM);
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_FEATURES, &f, 8, NULL, 0),
+                                "features not offered");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* SET_PROTOCOL_FEATURES with a bit never offered, before REPLY_ACK exists. */
+static int c_proto_unoffered(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    uint64_t off;
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__call_u64(&s, VHOST_USER_GET_PROTOCOL_FEATURES, &off),
+                             "GET_PROTOCOL");
+    if (!rc) {
+        uint64_t p = BIT(VHOST_USER_PROTOCOL_F_INBAND_NOTIFICATIONS) | BIT(60);
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_PROTOCOL_FEATURES, &p, 8, NULL, 0),
+            "protocol features not offered");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A request gated by a protocol feature that was not negotiated (own reply: must close). */
+static int c_gated_not_negotiated(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK));
+    if (!rc) {
+        uint64_t v;
+        rc = vhd_chaos__observe(&s, vhd_chaos__call_u64(&s, VHOST_USER_GET_MAX_MEM_SLOTS, &v),
+                                "GET_MAX_MEM_SLOTS without CONFIGURE_MEM_SLOTS");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Virtio features changed under a started ring. */
+static int c_features_change_started(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_EVENT_IDX)),
+            "features changed on a started ring");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Ring sizes 0, 65536 and 7 (split). */
+static int c_vring_num_bad(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    static const uint32_t bad[] = {0, 65536, 7, 0xffffffffu};
+    unsigned all = ~0u;
+    for (unsigned i = 0; i < 4 && !rc; i++) {
+        ctx->observed = 0;
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, bad[i]),
+                                "ring size");
+        all &= ctx->observed;
+    }
+    ctx->observed = rc ? ctx->observed : all;
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Ring index 200 on a reply-less request (nack) ... */
+static int c_ring_index_oob(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 200, QSZ),
+                                "ring index 200");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ... and on GET_VRING_BASE, which has no error reply: the session must end. */
+static int c_get_base_oob(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        struct vu_vring_state st = {.index = 0xffffu, .num = 0};
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__call(&s, VHOST_USER_GET_VRING_BASE, &st, sizeof(st), &h, &p),
+            "GET_VRING_BASE 0xffff");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Reserved bits in a SET_VRING_KICK word. */
+static int c_kick_reserved_bits(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc) {
+        uint64_t v = 0 | (1ull << 40);
+        int fd = s.kick[0];
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_VRING_KICK, &v, 8, &fd, 1),
+                                "reserved bits");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_enable_bad(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 2),
+                                "enable value 2");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_status_bad(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        uint64_t v = 0x1ff;
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_STATUS, &v, 8, NULL, 0),
+                                "status 0x1ff");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* GET_CONFIG beyond the config space, and of more than 256 bytes. */
+static int c_config_oob(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_config c;
+        memset(&c, 0, sizeof(c));
+        c.offset = 250;
+        c.size = 100;
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__call(&s, VHOST_USER_GET_CONFIG, &c, VU_CONFIG_HDR_SIZE + 100, &h, &p);
+        if (rc == 0)
+            rc = h.size == 0 ? VHD_CHAOS_NACK : 0;
+        rc = vhd_chaos__observe(&s, rc, "GET_CONFIG 100 bytes at 250");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A packed ring whose base names a slot beyond the ring. */
+static int c_packed_base_oob(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, BIT(VIRTIO_F_RING_PACKED));
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc)
+        rc = vhd_chaos__must(
+            &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0x80008000u | 100u),
+            "SET_VRING_BASE");
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+            "start with base slot 100 of 8");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= cases: memory tables ======================= */
+
+static int mem_case(struct vhd_chaos_ctx *ctx, struct vu_mem_region *r, unsigned n,
+                    const char *what)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        int fds[8];
+        for (unsigned i = 0; i < 8; i++)
+            fds[i] = s.m->fd;
+        rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, r, n, fds, n > 8 ? 8 : n), what);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static struct vu_mem_region ctx_region(struct vhd_chaos_ctx *ctx, unsigned i)
+{
+    struct vu_mem_region r = {.gpa = ctx->mem->win[i].gpa,
+                              .size = VHD_CHAOS_WIN_SIZE,
+                              .uva = (uint64_t)(uintptr_t)ctx->mem->win[i].hva,
+                              .mmap_offset = ctx->mem->win[i].off};
+    return r;
+}
+
+static int c_overlap_gpa(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r[2] = {ctx_region(ctx, 0), ctx_region(ctx, 1)};
+    r[1].gpa = r[0].gpa + 4096;
+    return mem_case(ctx, r, 2, "regions overlapping in GPA");
+}
+
+static int c_overlap_uva(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r[2] = {ctx_region(ctx, 0), ctx_region(ctx, 1)};
+    r[1].uva = r[0].uva + 4096;
+    return mem_case(ctx, r, 2, "regions overlapping in UVA");
+}
+
+static int c_gpa_overflow(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.gpa = UINT64_MAX - 4095;
+    return mem_case(ctx, &r, 1, "GPA + size wraps");
+}
+
+static int c_uva_overflow(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.uva = UINT64_MAX - 4095;
+    return mem_case(ctx, &r, 1, "UVA + size wraps");
+}
+
+static int c_size_zero(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.size = 0;
+    return mem_case(ctx, &r, 1, "region of 0 bytes");
+}
+
+static int c_size_huge(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.size = 1ull << 62;
+    r.gpa = 0;
+    r.uva = 0x1000;
+    return mem_case(ctx, &r, 1, "region of 2^62 bytes");
+}
+
+static int c_mmap_beyond(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.mmap_offset = ctx->mem->len;
+    return mem_case(ctx, &r, 1, "mmap offset at the end of the file");
+}
+
+static int c_mmap_unaligned_beyond(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 1);
+    r.mmap_offset += VHD_CHAOS_GUARD + 1; /* unaligned, and the window ends past the file */
+    return mem_case(ctx, &r, 1, "unaligned mmap offset, range beyond the file");
+}
+
+static int c_mmap_offset_wraps(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r = ctx_region(ctx, 0);
+    r.mmap_offset = UINT64_MAX - 100;
+    return mem_case(ctx, &r, 1, "mmap offset + size wraps");
+}
+
+static int c_nine_regions(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_mem_region r[9];
+    for (unsigned i = 0; i < 9; i++) {
+        r[i] = ctx_region(ctx, 0);
+        r[i].size = 4096;
+        r[i].gpa += 4096ull * i;
+        r[i].uva += 4096ull * i;
+        r[i].mmap_offset += 4096ull * i;
+    }
+    return mem_case(ctx, r, 9, "9 regions");
+}
+
+/*
+ * A legal but unusual table: region 0 starts 512 bytes into its page
+ * (unaligned mmap offset). A write then a read through it must land exactly
+ * where the table says: a back-end that mis-rounds the offset writes
+ * outside the buffers (memory check) or reads back other bytes.
+ */
+static int c_mmap_unaligned_exact(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    if (rc) {
+        vhd_chaos__close(&s);
+        return rc;
+    }
+    struct vu_mem_region r[2] = {vhd_chaos__win_region(&s, 0), vhd_chaos__win_region(&s, 1)};
+    r[0].mmap_offset += 512;
+    r[0].uva += 512;
+    r[0].size -= 512;
+    r[1].gpa = r[0].gpa + r[0].size;
+    s.r0_off = 512;
+    int fds[2] = {s.m->fd, s.m->fd};
+    rc = vhd_chaos__must(&s, vhd_chaos__mem_table(&s, r, 2, fds, 2), "SET_MEM_TABLE (offset 512)");
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc) {
+        uint8_t *a = vhd_chaos__hva(&s, OFF_DATA), *b = vhd_chaos__hva(&s, OFF_DATA + 4096);
+        for (unsigned i = 0; i < 4096; i++)
+            a[i] = (uint8_t)(i * 7 + 3);
+        vhd_chaos__mirror(&s, OFF_DATA, 4096);
+        vhd_chaos__blk_hdr(&s, 0, VIRTIO_BLK_T_OUT, 64);
+        vhd_chaos__blk_hdr(&s, 1, VIRTIO_BLK_T_IN, 64);
+        vhd_chaos__allow(&s, OFF_STAT, 1);
+        vhd_chaos__allow(&s, OFF_STAT + 64, 1);
+        vhd_chaos__allow(&s, OFF_DATA + 4096, 4096);
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+        vhd_chaos__sdesc(&s, OFF_R0, 1, vhd_chaos__gpa(&s, OFF_DATA), 4096, VRING_DESC_F_NEXT, 2);
+        vhd_chaos__sdesc(&s, OFF_R0, 2, vhd_chaos__gpa(&s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__sdesc(&s, OFF_R0, 3, vhd_chaos__gpa(&s, OFF_HDR + 64), 16, VRING_DESC_F_NEXT, 4);
+        vhd_chaos__sdesc(&s, OFF_R0, 4, vhd_chaos__gpa(&s, OFF_DATA + 4096), 4096,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 5);
+        vhd_chaos__sdesc(&s, OFF_R0, 5, vhd_chaos__gpa(&s, OFF_STAT + 64), 1, VRING_DESC_F_WRITE,
+                         0);
+        struct vhd_chaos_used u0, u1;
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        vhd_chaos__kick(&s, 0);
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u0, s.tmo);
+        if (!rc && u0.got) {
+            vhd_chaos__split_publish(&s, OFF_R0, 3, 2);
+            vhd_chaos__kick(&s, 0);
+            rc = vhd_chaos__await_used(&s, OFF_R0, 1, &u1, s.tmo);
+            if (!rc && u1.got && vhd_chaos__blk_status(&s, 0) == 0 &&
+                vhd_chaos__blk_status(&s, 1) == 0 && memcmp(a, b, 4096) == 0)
+                ctx->observed |= VHD_CHAOS_SERVED;
+            else if (!rc)
+                vhd_chaos__note(&s, 0, "status %u/%u, data %s", vhd_chaos__blk_status(&s, 0),
+                                vhd_chaos__blk_status(&s, 1),
+                                memcmp(a, b, 4096) ? "differs" : "same");
+        } else if (!rc) {
+            vhd_chaos__note(&s, 0, "write not completed");
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ADD_MEM_REG overlapping a region of the table. */
+static int c_add_overlap(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 1)};
+        m.region.gpa = s.m->win[0].gpa + 8192; /* inside region 0 */
+        m.region.uva += 3 * VHD_CHAOS_WIN_SIZE;
+        int fd = s.m->fd;
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &fd, 1),
+                                "ADD_MEM_REG overlapping region 0");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_rem_unknown(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 1)};
+        m.region.size -= 4096;
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_REM_MEM_REG, &m, sizeof(m), NULL, 0),
+                                "REM_MEM_REG of a region that does not exist");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= cases: rings ======================= */
+
+/* Ring 0 with the given addresses; the start must be refused or break the device. */
+static int ring_case(struct vhd_chaos_ctx *ctx, uint64_t desc, uint64_t avail, uint64_t used,
+                     bool packed, const char *what)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, packed ? BIT(VIRTIO_F_RING_PACKED) : 0);
+    if (!rc) {
+        vhd_chaos__ring_layout(&s, OFF_R0);
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
+                             "SET_VRING_NUM");
+    }
+    if (!rc) {
+        if (!desc)
+            desc = vhd_chaos__uva(&s, OFF_R0);
+        if (!avail)
+            avail = vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL);
+        if (!used)
+            used = vhd_chaos__uva(&s, OFF_R0 + RING_USED);
+        rc = vhd_chaos__set_addr(&s, 0, desc, avail, used);
+        if (rc) {
+            rc = vhd_chaos__observe(&s, rc, what); /* refused at SET_VRING_ADDR already */
+        } else {
+            s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            rc = vhd_chaos__observe(
+                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]), what);
+            if (!rc && vhd_chaos__needs_reset(&s) == 1)
+                ctx->observed |= VHD_CHAOS_BROKEN;
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static uint64_t ctx_uva(struct vhd_chaos_ctx *ctx, unsigned w, size_t off)
+{
+    return (uint64_t)(uintptr_t)(ctx->mem->win[w].hva + off);
+}
+
+static int c_desc_outside(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, 0x10000, 0, 0, false, "descriptor table outside guest memory");
+}
+
+static int c_used_outside(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, 0, 0, ctx_uva(ctx, 1, VHD_CHAOS_WIN_SIZE) + 64, false,
+                     "used ring outside guest memory");
+}
+
+static int c_avail_in_guard(struct vhd_chaos_ctx *ctx)
+{
+    /* The guard before window 1 is mapped in our process, but not a region. */
+    return ring_case(ctx, 0, ctx_uva(ctx, 1, 0) - 256, 0, false, "avail ring in a guard");
+}
+
+static int c_desc_crosses(struct vhd_chaos_ctx *ctx)
+{
+    /* The table's last 16 bytes lie past window 0 (in the guard). */
+    return ring_case(ctx, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 16 * (QSZ - 1)), 0, 0, false,
+                     "descriptor table crossing the region's end");
+}
+
+static int c_used_crosses(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, 0, 0, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 8), false,
+                     "used ring crossing the region's end");
+}
+
+static int c_packed_desc_crosses(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 16), 0, 0, true,
+                     "packed ring crossing the region's end");
+}
+
+static int c_ring_misaligned(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, ctx_uva(ctx, 0, OFF_R0) + 8, 0, 0, false, "descriptor table at +8");
+}
+
+static int c_ring_uva_wraps(struct vhd_chaos_ctx *ctx)
+{
+    return ring_case(ctx, UINT64_MAX - 15, 0, 0, false, "descriptor table at 2^64 - 16");
+}
+
+/* ======================= cases: order ======================= */
+
+static int c_kick_before_mem(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    if (!rc) {
+        vhd_chaos__ring_layout(&s, OFF_R0);
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
+                             "SET_VRING_NUM");
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s,
+                             vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
+                                                 vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
+                                                 vhd_chaos__uva(&s, OFF_R0 + RING_USED)),
+                             "SET_VRING_ADDR");
+    if (!rc) {
+        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+            "kick before SET_MEM_TABLE");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_kick_before_features(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE");
+    if (!rc) {
+        vhd_chaos__ring_layout(&s, OFF_R0);
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
+                             "SET_VRING_NUM");
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s,
+                             vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
+                                                 vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
+                                                 vhd_chaos__uva(&s, OFF_R0 + RING_USED)),
+                             "SET_VRING_ADDR");
+    if (!rc) {
+        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+            "kick before SET_FEATURES");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_kick_before_addr(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
+                             "SET_VRING_NUM");
+    if (!rc) {
+        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+            "kick before SET_VRING_ADDR");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_addr_on_started(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc)
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R1),
+                                                    vhd_chaos__uva(&s, OFF_R1 + RING_AVAIL),
+                                                    vhd_chaos__uva(&s, OFF_R1 + RING_USED)),
+                                "SET_VRING_ADDR on a started ring");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_num_on_started(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, 2 * QSZ),
+                                "SET_VRING_NUM on a started ring");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_base_on_started(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 5),
+                                "SET_VRING_BASE on a started ring");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* REM_MEM_REG of the region a started ring lives in. */
+static int c_rem_in_use(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 0)};
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_REM_MEM_REG, &m, sizeof(m), NULL, 0),
+                                "REM_MEM_REG of the ring's region");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* A new memory table without the region a started ring lives in. */
+static int c_table_drops_ring(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        struct vu_mem_region r = vhd_chaos__win_region(&s, 1);
+        int fd = s.m->fd;
+        rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, &r, 1, &fd, 1),
+                                "SET_MEM_TABLE without the ring");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ADD_MEM_REG when CONFIGURE_MEM_SLOTS was not negotiated. */
+static int c_add_reg_not_negotiated(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK));
+    if (!rc) {
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 0)};
+        int fd = s.m->fd;
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &fd, 1),
+                                "ADD_MEM_REG not negotiated");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * In-flight work, then REM_MEM_REG of the data buffer's region and
+ * RESET_DEVICE: the request (on window 1) must not be lost into unmapped
+ * memory. Ring in window 0, data in window 1; the removal is refused while
+ * the ring runs or, if the request already finished, the region goes.
+ */
+static int c_rem_data_region(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        /* A request reading into window 1 (the whole window: 1 MiB) */
+        vhd_chaos__blk_hdr(&s, 0, VIRTIO_BLK_T_IN, 0);
+        vhd_chaos__allow(&s, OFF_STAT, 1);
+        vhd_chaos__allow(&s, VHD_CHAOS_WIN_SIZE, VHD_CHAOS_WIN_SIZE); /* window 1 */
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+        vhd_chaos__sdesc(&s, OFF_R0, 1, s.m->win[1].gpa, VHD_CHAOS_WIN_SIZE,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+        vhd_chaos__sdesc(&s, OFF_R0, 2, vhd_chaos__gpa(&s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        vhd_chaos__kick(&s, 0);
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 1)};
+        int r1 = vhd_chaos__ack(&s, VHOST_USER_REM_MEM_REG, &m, sizeof(m), NULL, 0);
+        struct vhd_chaos_used u;
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, s.tmo);
+        if (!rc) {
+            /* Either refused, or accepted after the request completed (then it must be OK). */
+            if (r1 == 0 && u.got && vhd_chaos__blk_status(&s, 0) == 0)
+                ctx->observed |= VHD_CHAOS_SERVED;
+            else
+                rc = vhd_chaos__observe(&s, r1, "REM_MEM_REG of an in-flight buffer's region");
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= table ======================= */
+
+const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
+    BLK(trunc_header, FRAMING, C),
+    BLK(trunc_payload, FRAMING, C),
+    BLK(oversized, FRAMING, C),
+    BLK(size_mismatch, FRAMING, N),
+    BLK(bad_version, FRAMING, C),
+    BLK(reply_flag, FRAMING, C),
+    BLK(unknown_flags, FRAMING, C),
+    BLK(unknown_request, FRAMING, N),
+    BLK(unknown_request_noack, FRAMING, C),
+    BLK(unsupported_request, FRAMING, N),
+
+    BLK(kick_missing_fd, FDS, N),
+    BLK(extra_fds, FDS, N),
+    BLK(nofd_with_fd, FDS, N),
+    BLK(too_many_fds, FDS, C),
+    BLK(mem_wrong_fd, FDS, N),
+    BLK(mem_fd_count, FDS, N),
+    BLK(kick_memfd, FDS, N | B),
+    BLK(add_reg_pipe, FDS, N),
+
+    BLK(features_unoffered, FEATURES, N),
+    BLK(proto_unoffered, FEATURES, C),
+    BLK(gated_not_negotiated, FEATURES, C),
+    BLK(features_change_started, FEATURES, N),
+    BLK(vring_num_bad, FEATURES, N),
+    BLK(ring_index_oob, FEATURES, N),
+    BLK(get_base_oob, FEATURES, C),
+    BLK(kick_reserved_bits, FEATURES, N),
+    BLK(enable_bad, FEATURES, N),
+    BLK(status_bad, FEATURES, N),
+    BLK(config_oob, FEATURES, N),
+    BLK(packed_base_oob, FEATURES, N),
+
+    BLK(overlap_gpa, MEMORY, N),
+    BLK(overlap_uva, MEMORY, N),
+    BLK(gpa_overflow, MEMORY, N),
+    BLK(uva_overflow, MEMORY, N),
+    BLK(size_zero, MEMORY, N),
+    BLK(size_huge, MEMORY, N),
+    BLK(mmap_beyond, MEMORY, N),
+    BLK(mmap_unaligned_beyond, MEMORY, N),
+    BLK(mmap_offset_wraps, MEMORY, N),
+    BLK(nine_regions, MEMORY, N | C),
+    BLK(mmap_unaligned_exact, MEMORY, S),
+    BLK(add_overlap, MEMORY, N),
+    BLK(rem_unknown, MEMORY, N),
+
+    BLK(desc_outside, RINGS, N | B),
+    BLK(used_outside, RINGS, N | B),
+    BLK(avail_in_guard, RINGS, N | B),
+    BLK(desc_crosses, RINGS, N | B),
+    BLK(used_crosses, RINGS, N | B),
+    BLK(packed_desc_crosses, RINGS, N | B),
+    BLK(ring_misaligned, RINGS, N),
+    BLK(ring_uva_wraps, RINGS, N | B),
+
+    BLK(kick_before_mem, ORDER, N),
+    BLK(kick_before_features, ORDER, N),
+    BLK(kick_before_addr, ORDER, N),
+    BLK(addr_on_started, ORDER, N),
+    BLK(num_on_started, ORDER, N),
+    BLK(base_on_started, ORDER, N),
+    BLK(rem_in_use, ORDER, N),
+    BLK(table_drops_ring, ORDER, N),
+    BLK(add_reg_not_negotiated, ORDER, N),
+    BLK(rem_data_region, ORDER, N | S | B),
+};
+const unsigned vhd_chaos__msg_ncases = VHD_ARRAY_SIZE(vhd_chaos__msg_cases);
