@@ -6,7 +6,11 @@
 # connects to it. Two cases, each with a fresh stamped image, the guest's blk check and
 # host-verify.sh afterwards, and vhostd ending with status 0 on SIGTERM:
 #   vhostd-first: vhostd starts before QEMU and retries (back-off) until QEMU's socket appears;
-#   qemu-first:   QEMU starts first and waits in device realize; vhostd comes 3 s later.
+#   qemu-first:   QEMU starts first and waits in device realize; vhostd comes 3 s later;
+#   restart:      the guest writes, reads back and compares 64 KiB blocks (O_DIRECT) in a loop
+#                 while vhostd is stopped (SIGTERM: in-flight I/O completes) and started again
+#                 twice; QEMU keeps listening, the new vhostd connects and QEMU restarts the
+#                 rings; every compare must pass.
 # One "PASS|FAIL client-mode/<case>" line per case and a final "N passed, N failed". Everything
 # we start is stopped and the scratch directory removed, also on failure. Bounded by
 # GUEST_TIMEOUT (default 180 s) per guest.
@@ -21,7 +25,7 @@ GUEST_DIR=${GUEST_DIR:-$REPO/build/guest}
 VHOSTD=${VHOSTD:-$REPO/build/vhostd}
 LOG_DIR=${LOG_DIR:-$REPO/build/client-mode}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
-CASES=${CASES:-vhostd-first qemu-first}
+CASES=${CASES:-vhostd-first qemu-first restart}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 
@@ -65,17 +69,37 @@ trap 'exit 130' INT TERM
 mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhd-cm.XXXXXX")
 
-start_vhostd() { # $1: log file
+start_vhostd() { # $1: log file (appended to)
     "$VHOSTD" --log-level info \
         --blk "socket=$WORK/blk.sock,image=$WORK/disk.img,queues=2,serial=cm0,client=on,reconnect-max=500" \
-        >"$1" 2>&1 &
+        >>"$1" 2>&1 &
     vhostd_pid=$!
 }
+
+# Wait (bounded) until file $1 holds $2 lines matching $3.
+wait_lines() {
+    local i=0 n
+    while :; do
+        n=$(grep -c -- "$3" "$1" 2>/dev/null || true)
+        [ "${n:-0}" -lt "$2" ] || return 0
+        [ $i -lt $((GUEST_TIMEOUT * 10)) ] || return 1
+        sleep 0.1
+        i=$((i + 1))
+    done
+}
+
+# The restart case's guest: 40 rounds of write 64 KiB of fresh random data at block i
+# (O_DIRECT, fsync), read it back (O_DIRECT), compare; ~0.3 s apart. No quotes (kernel cmdline).
+RESTART_CMD='i=0; while [ $i -lt 40 ]; do dd if=/dev/urandom of=/tmp/a bs=64k count=1 2>/dev/null;
+dd if=/tmp/a of=/dev/vda bs=64k seek=$i oflag=direct conv=fsync 2>/dev/null || exit 1;
+dd if=/dev/vda of=/tmp/b bs=64k skip=$i count=1 iflag=direct 2>/dev/null || exit 1;
+cmp /tmp/a /tmp/b || exit 1; echo ROUND $i; i=$((i+1)); sleep 0.3; done'
+RESTART_CMD=${RESTART_CMD//$'\n'/ }
 
 run_case() {
     local name=$1 seed=$RANDOM$RANDOM reason=""
     local vlog=$LOG_DIR/$name.vhostd.log glog=$LOG_DIR/$name.console.log
-    rm -f "$WORK/disk.img" "$WORK/blk.sock"
+    rm -f "$WORK/disk.img" "$WORK/blk.sock" "$vlog" "$glog"
     truncate -s "$IMG_SIZE" "$WORK/disk.img"
     "$HERE/host-verify.sh" --prepare --image "$WORK/disk.img" --seed "$seed" >/dev/null
     local guest=("$HERE/run-guest.sh" --server --no-build --guest-dir "$GUEST_DIR"
@@ -96,12 +120,35 @@ run_case() {
         wait "$guest_pid" || reason="guest check failed"
         guest_pid=""
         ;;
+    restart)
+        start_vhostd "$vlog"
+        "$HERE/run-guest.sh" --server --no-build --guest-dir "$GUEST_DIR" --sock "$WORK/blk.sock" \
+            --queues 2 --timeout "$GUEST_TIMEOUT" --log "$glog" --test cmd \
+            --guest-args "$RESTART_CMD" >/dev/null &
+        guest_pid=$!
+        local round
+        for round in 1 2; do
+            # A few rounds through this vhostd, then stop it and start a new one.
+            wait_lines "$glog" $((round * 5)) '^ROUND' || { reason="guest rounds stalled"; break; }
+            stop_vhostd
+            [ "$STOP_STATUS" = 0 ] || { reason="vhostd exit status $STOP_STATUS"; break; }
+            sleep 0.5
+            start_vhostd "$vlog"
+        done
+        wait "$guest_pid" || reason=${reason:-"guest command failed (see $glog)"}
+        guest_pid=""
+        [ "$(grep -c '^ROUND' "$glog")" = 40 ] || reason=${reason:-"not all 40 rounds ran"}
+        [ "$(grep -c 'connected to the front-end' "$vlog")" -ge 3 ] ||
+            reason=${reason:-"vhostd did not connect three times"}
+        ;;
     esac
     grep -q "connected to the front-end" "$vlog" || reason=${reason:-"vhostd never connected"}
     stop_vhostd
     [ "$STOP_STATUS" = 0 ] || reason=${reason:-"vhostd exit status $STOP_STATUS"}
-    "$HERE/host-verify.sh" --image "$WORK/disk.img" --seed "$seed" >"$LOG_DIR/$name.verify.log" ||
-        reason=${reason:-"host verify failed"}
+    if [ "$name" != restart ]; then
+        "$HERE/host-verify.sh" --image "$WORK/disk.img" --seed "$seed" >"$LOG_DIR/$name.verify.log" ||
+            reason=${reason:-"host verify failed"}
+    fi
     if [ -z "$reason" ]; then
         echo "PASS client-mode/$name"
         passed=$((passed + 1))
