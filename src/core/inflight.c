@@ -145,6 +145,121 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     return 0;
 }
 
+/* 2.8.1: is a descriptor with these flags available in the lap of wrap counter w? */
+static bool packed_flags_avail(uint16_t flags, bool w)
+{
+    return ((flags & VRING_PACKED_DESC_F_AVAIL) != 0) == w &&
+           ((flags & VRING_PACKED_DESC_F_USED) != 0) != w;
+}
+
+/*
+ * Packed start. Spec steps "When reconnecting": if used_idx (and its wrap
+ * counter) differ from the old ones, a batch was being completed: look at
+ * the ring slot of old_used_idx; if it no longer shows the descriptor the
+ * driver made available in lap old_used_wrap_counter, the batch was
+ * published: commit it (old_* = current). Then roll back to old_* (undoes an
+ * unpublished batch or a pop cut short), clear the inflight mark of every
+ * record on the free list, and resubmit the records in flight in counter
+ * order. Each such head record must describe a chain: 1..size records
+ * linked by next inside the area, its last record where `last` says, a
+ * buffer id below the queue size used by no other chain, and all chains
+ * together no more slots than the ring. The ring position: used = the old
+ * used position; avail = used + the slots of the chains in flight.
+ */
+static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
+{
+    struct vhd_inflight_packed *inf = vq->inf.packed;
+    uint32_t size = vq->size, dn = vq->inf_desc_num;
+
+    vq->inf_head_of_id = malloc(size * sizeof(uint16_t));
+    if (!vq->inf_head_of_id)
+        return -1;
+    if (inf->version == 0) {
+        memset(inf->desc, 0, (size_t)dn * sizeof(inf->desc[0]));
+        for (uint32_t i = 0; i < dn; i++)
+            inf->desc[i].next = (uint16_t)(i + 1); /* dn (end of list) after the last */
+        inf->features = 0;
+        inf->desc_num = (uint16_t)dn;
+        inf->free_head = inf->old_free_head = 0;
+        inf->used_idx = inf->old_used_idx = vq->used_idx;
+        inf->used_wrap_counter = inf->old_used_wrap_counter = vq->used_wrap;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        inf->version = VHD_INFLIGHT_VERSION;
+        vq->inf_counter = 1;
+        return 0;
+    }
+    if (inf->version != VHD_INFLIGHT_VERSION || inf->desc_num != dn)
+        return -1;
+    if (inf->used_wrap_counter > 1 || inf->old_used_wrap_counter > 1 || inf->old_used_idx >= size)
+        return -1;
+
+    if (inf->used_idx != inf->old_used_idx ||
+        inf->used_wrap_counter != inf->old_used_wrap_counter) {
+        const struct vhd_vring_packed_desc *d =
+            &vq->ring.packed.desc[vhd_index_nospec(inf->old_used_idx, size)];
+        uint16_t flags = vhd_le16(vhd_load_acquire(&d->flags));
+        if (!packed_flags_avail(flags, inf->old_used_wrap_counter)) {
+            inf->old_free_head = inf->free_head;
+            inf->old_used_idx = inf->used_idx;
+            inf->old_used_wrap_counter = inf->used_wrap_counter;
+        }
+    }
+    if (inf->old_used_idx >= size)
+        return -1;
+    inf->free_head = inf->old_free_head;
+    inf->used_idx = inf->old_used_idx;
+    inf->used_wrap_counter = inf->old_used_wrap_counter;
+
+    /* The free list ends at an index >= desc_num; bounded in case it loops. */
+    uint16_t h = inf->free_head;
+    for (uint32_t k = 0; k < dn && h < dn; k++) {
+        inf->desc[h].inflight = 0;
+        h = inf->desc[h].next;
+    }
+
+    uint32_t n = 0, slots = 0;
+    for (uint32_t i = 0; i < size; i++)
+        vq->inf_head_of_id[i] = UINT16_MAX;
+    for (uint32_t i = 0; i < dn; i++) {
+        const struct vhd_inflight_packed_desc *r = &inf->desc[i];
+        if (r->inflight == 0)
+            continue;
+        if (r->inflight != 1 || r->num == 0 || r->num > size || n >= size)
+            return -1;
+        uint32_t x = i;
+        for (uint32_t k = 1; k < r->num; k++) {
+            x = inf->desc[x].next;
+            if (x >= dn)
+                return -1;
+        }
+        if (x != r->last || inf->desc[x].id >= size ||
+            vq->inf_head_of_id[inf->desc[x].id] != UINT16_MAX)
+            return -1;
+        vq->inf_head_of_id[inf->desc[x].id] = (uint16_t)i;
+        slots += r->num;
+        if (slots > size)
+            return -1;
+        ents[n].counter = r->counter;
+        ents[n].rec = (uint16_t)i;
+        n++;
+    }
+    if (resubmit_list(vq, ents, n) < 0)
+        return -1;
+
+    uint32_t avail = inf->old_used_idx + slots;
+    bool wrap = inf->old_used_wrap_counter;
+    vq->used_idx = vq->published_used = inf->old_used_idx;
+    vq->used_wrap = vq->published_used_wrap = wrap;
+    vq->batch_npending = 0;
+    if (avail >= size) {
+        avail -= size;
+        wrap = !wrap;
+    }
+    vq->last_avail_idx = (uint16_t)avail;
+    vq->avail_wrap = wrap;
+    return 0;
+}
+
 int vhd_vq__inflight_start(struct vhd_vq *vq)
 {
     void *region = vq->inf.any;
@@ -160,7 +275,7 @@ int vhd_vq__inflight_start(struct vhd_vq *vq)
     struct resubmit_ent *ents = malloc((size_t)vq->size * sizeof(*ents));
     if (!ents)
         goto corrupt;
-    int rc = vq->packed ? -1 : split_start(vq, ents);
+    int rc = vq->packed ? packed_start(vq, ents) : split_start(vq, ents);
     free(ents);
     if (rc < 0)
         goto corrupt;

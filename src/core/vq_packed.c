@@ -162,6 +162,84 @@ static int pop_indirect(struct vhd_vq *vq, uint64_t addr, uint32_t len, struct i
 }
 
 /*
+ * One descriptor of a chain: an indirect table (only as a chain of its own:
+ * 2.8.19, and only when negotiated) or a buffer. first: it is the chain's
+ * first descriptor.
+ */
+static inline int packed_map_one(struct vhd_vq *vq, uint64_t addr, uint32_t len, uint16_t flags,
+                                 bool first, struct iovec *iov, uint32_t max_iov,
+                                 struct vhd_vq_chain *c, uint64_t *total)
+{
+    if (flags & VRING_DESC_F_INDIRECT) {
+        if (vhd_unlikely(!vq->indirect))
+            return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_NOFEAT);
+        if (vhd_unlikely(!first || (flags & VRING_DESC_F_NEXT)))
+            return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
+        return pop_indirect(vq, addr, len, iov, max_iov, c, total);
+    }
+    return vhd_vq__map_desc(vq, addr, len, (flags & VRING_DESC_F_WRITE) != 0, iov, max_iov, c,
+                            total);
+}
+
+/*
+ * Inflight: pop the next recorded chain again (after a restart) from the
+ * copies of its descriptors in its records: its ring slots may have been
+ * overwritten by used descriptors of chains completed out of order. The
+ * records are re-checked as they are read (the front-end can write the
+ * area at any time): record indices against desc_num, length against the
+ * ring, buffer id against the queue size, and the chain shape as in pop
+ * (NEXT is not needed: the head record's num says how long the chain is).
+ * The ring position is not touched: start placed last_avail_idx after the
+ * slots of every chain in flight.
+ */
+static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                               struct vhd_vq_chain *c)
+{
+    struct vhd_inflight_packed *inf = vq->inf.packed;
+    uint32_t dn = vq->inf_desc_num;
+    uint16_t head = vq->inf_resubmit[vq->inf_resubmit_pos];
+    uint64_t total = 0;
+    uint16_t id = 0;
+
+    if (vhd_unlikely(vq->inflight >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+    if (max_iov > PACKED_MAX_IOV)
+        max_iov = PACKED_MAX_IOV;
+    c->nr = c->nw = 0;
+    c->rlen = c->wlen = 0;
+
+    uint16_t num = inf->desc[vhd_index_nospec(head, dn)].num;
+    if (vhd_unlikely(num == 0 || num > vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
+    uint16_t rec = head;
+    for (uint32_t k = 0; k < num; k++) {
+        if (vhd_unlikely(rec >= dn))
+            return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
+        struct vhd_inflight_packed_desc r;
+        memcpy(&r, &inf->desc[vhd_index_nospec(rec, dn)], sizeof(r));
+        __asm__ volatile("" ::: "memory"); /* each field read once */
+        uint16_t flags = r.flags;
+        if (k + 1 < num && (flags & VRING_DESC_F_INDIRECT))
+            return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
+        if (k + 1 == num)
+            flags &= (uint16_t)~VRING_DESC_F_NEXT;
+        int rc = packed_map_one(vq, r.addr, r.len, flags, k == 0, iov, max_iov, c, &total);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+        id = r.id;
+        rec = r.next;
+    }
+    if (vhd_unlikely(id >= vq->size))
+        return vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+    c->id = (uint16_t)vhd_index_nospec(id, vq->size);
+    c->ndescs = num;
+    vq->inf_head_of_id[c->id] = head;
+    vq->inf_resubmit_pos++;
+    vq->inflight++;
+    return 1;
+}
+
+/*
  * Pop one chain (2.8.6, 2.8.7, 2.8.15, 2.8.18). Contract in vq.h
  * (vhd_vq_pop): 1 with *c and iov filled, 0 when nothing is available,
  * -enum vhd_vq_err with the queue broken.
@@ -185,6 +263,25 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
 {
     struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
     uint32_t size = vq->size;
+    struct vhd_inflight_packed *inf = vq->inf.packed;
+
+    if (vhd_unlikely(inf != NULL)) {
+        if (vq->inf_resubmit_n != 0) {
+            if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+                return packed_pop_resubmit(vq, iov, max_iov, c);
+            /* All popped again: from now on an unpop concerns new chains only. */
+            vq->inf_resubmit_n = 0;
+            vq->inf_resubmit_pos = 0;
+        }
+        /*
+         * The spec's record keeping assumes a pop never falls between the
+         * pushes of a batch and its publication (free_head == old_free_head
+         * when a pop starts): publish what is pending first. Publishing
+         * early is always allowed; need_notify still sees it.
+         */
+        if (vq->batch_npending)
+            vhd_vq__packed_flush(vq);
+    }
     uint16_t slot = vq->last_avail_idx;
     bool wrap = vq->avail_wrap;
 
@@ -205,6 +302,26 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     c->nr = c->nw = 0;
     c->rlen = c->wlen = 0;
 
+    /*
+     * Inflight (spec, packed, "When receiving available buffers"): the chain
+     * takes records from the free list, the head record (first) gets the
+     * counter and inflight = 1, each record a copy of its descriptor, and
+     * the head record the chain's last record and length. free_head and
+     * old_free_head move past the chain only at the end, so a crash in
+     * between is rolled back at the next start (the head record, still on
+     * the free list, is cleared there).
+     */
+    uint16_t head_rec = 0, rec = 0, last_rec = 0;
+    if (vhd_unlikely(inf != NULL)) {
+        head_rec = rec = inf->free_head;
+        if (vhd_unlikely(rec >= vq->inf_desc_num))
+            return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
+        struct vhd_inflight_packed_desc *h = &inf->desc[vhd_index_nospec(rec, vq->inf_desc_num)];
+        h->counter = vq->inf_counter++;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        h->inflight = 1;
+    }
+
     uint64_t total = 0;
     uint32_t n = 0;
     uint16_t id;
@@ -214,21 +331,23 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
         uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
         uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
         id = vhd_le16(vhd_load_relaxed(&d->id));
-        int rc;
 
         n++;
-        if (flags & VRING_DESC_F_INDIRECT) {
-            if (vhd_unlikely(!vq->indirect))
-                return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_NOFEAT);
-            if (vhd_unlikely(n != 1 || (flags & VRING_DESC_F_NEXT)))
-                return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
-            rc = pop_indirect(vq, addr, len, iov, max_iov, c, &total);
-        } else {
-            rc = vhd_vq__map_desc(vq, addr, len, (flags & VRING_DESC_F_WRITE) != 0, iov, max_iov, c,
-                                  &total);
-        }
+        int rc = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total);
         if (vhd_unlikely(rc < 0))
             return rc;
+        if (vhd_unlikely(inf != NULL)) {
+            if (vhd_unlikely(rec >= vq->inf_desc_num))
+                return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT); /* free list too short */
+            struct vhd_inflight_packed_desc *r =
+                &inf->desc[vhd_index_nospec(rec, vq->inf_desc_num)];
+            r->addr = addr;
+            r->len = len;
+            r->id = id;
+            r->flags = flags;
+            last_rec = rec;
+            rec = r->next;
+        }
 
         if (++slot == size) {
             slot = 0;
@@ -253,6 +372,16 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     /* The caller indexes its per-request state with the id: clamp it. */
     c->id = (uint16_t)vhd_index_nospec(id, size);
     c->ndescs = (uint16_t)n; /* n <= room <= size <= 32768 */
+    if (vhd_unlikely(inf != NULL)) {
+        struct vhd_inflight_packed_desc *h =
+            &inf->desc[vhd_index_nospec(head_rec, vq->inf_desc_num)];
+        h->last = last_rec;
+        h->num = (uint16_t)n;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+        inf->free_head = rec;
+        inf->old_free_head = rec;
+        vq->inf_head_of_id[c->id] = head_rec;
+    }
     vq->last_avail_idx = slot;
     vq->avail_wrap = wrap;
     vq->inflight++; /* at most one per owned slot, so <= 32768 */
@@ -305,6 +434,19 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
         vhd_store_release(&d->flags, vhd_le16(flags));
     }
     vq->batch_npending++; /* <= inflight <= 32768 */
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        /*
+         * Inflight: give the chain's records back to the free list (its last
+         * record's next -> free_head, free_head -> its head record). The
+         * records stay marked in flight until flush has published the batch.
+         */
+        struct vhd_inflight_packed *inf = vq->inf.packed;
+        uint32_t dn = vq->inf_desc_num;
+        uint16_t head = vq->inf_head_of_id[c->id];
+        uint16_t last = inf->desc[vhd_index_nospec(head, dn)].last;
+        inf->desc[vhd_index_nospec(last, dn)].next = inf->free_head;
+        inf->free_head = head;
+    }
 
     uint32_t next = (uint32_t)vq->used_idx + c->ndescs;
     if (next >= size) {
@@ -314,6 +456,33 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
     vq->used_idx = (uint16_t)next;
     vq->inflight--;
     return 0;
+}
+
+/*
+ * Inflight, after the batch head's flags were stored (published): clear the
+ * records of the batch, whose heads push chained from free_head (each head's
+ * last record links to the previous head), then make the new state the
+ * committed one (old_free_head, old_used_idx, old_used_wrap_counter). A
+ * crash before that commit is settled at the next start by looking at the
+ * ring slot of old_used_idx: published or not. Indices read back from the
+ * area are clamped (a scribbling front-end only spoils its own recovery);
+ * compiler barriers keep the stores in the spec's order.
+ */
+static void packed_inflight_flushed(struct vhd_vq *vq, struct vhd_inflight_packed *inf)
+{
+    uint32_t dn = vq->inf_desc_num;
+    uint16_t h = inf->free_head;
+
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    for (uint32_t k = 0; k < vq->batch_npending; k++) {
+        struct vhd_inflight_packed_desc *r = &inf->desc[vhd_index_nospec(h, dn)];
+        r->inflight = 0;
+        h = inf->desc[vhd_index_nospec(r->last, dn)].next;
+    }
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    inf->old_free_head = inf->free_head;
+    inf->old_used_idx = vq->used_idx;
+    inf->old_used_wrap_counter = vq->used_wrap;
 }
 
 /*
@@ -343,7 +512,16 @@ void vhd_vq__packed_flush(struct vhd_vq *vq)
         if (before + batch > vq->size)
             vq->signalled_used_valid = false;
     }
+    struct vhd_inflight_packed *inf = vq->inf.packed;
+    if (vhd_unlikely(inf != NULL)) {
+        /* Inflight, spec order: the new used position first... */
+        inf->used_idx = vq->used_idx;
+        inf->used_wrap_counter = vq->used_wrap;
+        __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    }
     vhd_store_release(&vq->ring.packed.desc[vq->batch_head].flags, vhd_le16(vq->batch_head_flags));
+    if (vhd_unlikely(inf != NULL))
+        packed_inflight_flushed(vq, inf);
     vq->published_used = vq->used_idx;
     vq->published_used_wrap = vq->used_wrap;
     vq->batch_npending = 0;
@@ -452,5 +630,14 @@ int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
     }
     vq->last_avail_idx = (uint16_t)slot;
     vq->inflight--;
+    if (vq->inf.any) {
+        /* Its records go back to the head of the free list, where pop took them. */
+        struct vhd_inflight_packed *inf = vq->inf.packed;
+        uint16_t head = vq->inf_head_of_id[c->id];
+        inf->desc[vhd_index_nospec(head, vq->inf_desc_num)].inflight = 0;
+        inf->free_head = head;
+        inf->old_free_head = head;
+        vq->inf_counter--;
+    }
     return 0;
 }

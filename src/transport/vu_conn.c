@@ -1281,11 +1281,6 @@ static int queue_set_inflight(struct vhd_vu_conn *c, struct vu_req *r, struct vh
 {
     uint64_t stride = vhd_inflight_queue_size(q->vq.packed, c->inflight_queue_size);
 
-    if (q->vq.packed) {
-        r->why = "inflight tracking of packed rings is not built yet";
-        return -EOPNOTSUPP;
-    }
-
     if (q->index >= c->inflight_num_queues ||
         (uint64_t)(q->index + 1) * stride > c->inflight_size) {
         r->why = "the inflight area has no region for this ring";

@@ -30,9 +30,6 @@
 
 #define BIT(n) (1ull << (n))
 
-/* Packed tracking is the next commit; until then its tests say so. */
-#define PACKED_READY() vhd_test_skip("packed inflight tracking not built yet")
-
 /* Register one test per layout: name_split and name_packed. */
 #define BOTH(name)                 \
     static void name(bool packed); \
@@ -42,7 +39,6 @@
     }                              \
     VHD_TEST(name##_packed)        \
     {                              \
-        PACKED_READY();            \
         name(true);                \
     }                              \
     static void name(bool packed)
@@ -83,7 +79,8 @@ static void ifx_setup(struct ifx *t, bool packed, uint32_t size, uint32_t desc_n
     VHD_CHECK(t->region != NULL);
     memset(t->region, 0, t->region_len);
     t->buf_gpa = vqfx_alloc(&t->f, 16 * MAXREQ, (void **)&t->buf);
-    ifx_start(t, 0);
+    /* Packed: both wrap counters 1 (2.8.1). */
+    ifx_start(t, packed ? (1u << 15) | (1u << 31) : 0);
     VHD_CHECK_EQ(vhd_vq_start(&t->f.vq), 0);
     VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t->f.vq), 0);
 }
@@ -265,7 +262,7 @@ BOTH(crash_resubmit_in_order)
 /* Many rounds on a small ring: indices and wrap counters go round several times. */
 BOTH(crash_resubmit_wrapping)
 {
-    crash_resubmit(packed, packed ? 13 : 16, 40);
+    crash_resubmit(packed, packed ? 19 : 16, 40);
 }
 
 /* Crash after pushing but before flush: the driver saw nothing, so all come back. */
@@ -523,12 +520,10 @@ BOTH(corrupt_record_out_of_range)
     struct ifx t;
     corrupt_setup(&t, packed, 32);
     if (packed) {
+        /* The first chain's head record (record 0) says its last record is beyond desc_num. */
         struct vhd_inflight_packed *p = t.region;
-        p->desc[20] = p->desc[p->old_free_head]; /* not reachable, not a chain */
-        p->desc[20].inflight = 1;
-        p->desc[20].num = 1;
-        p->desc[20].last = 40; /* beyond desc_num */
-        p->desc[20].counter = 99;
+        VHD_CHECK_EQ(p->desc[0].inflight, 1);
+        p->desc[0].last = 40;
     } else {
         struct vhd_inflight_split *s = t.region;
         s->desc[20].inflight = 1;
@@ -862,4 +857,48 @@ VHD_TEST(offered_for_blk_only)
     VHD_CHECK(!(vhd_vu_offered_protocol_features(&d) & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
     ops.inflight_shmfd = true;
     VHD_CHECK(vhd_vu_offered_protocol_features(&d) & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+}
+
+/*
+ * Packed head records that do not describe a chain: too long, a link out of
+ * the area, a buffer id beyond the ring, two chains with one id, more slots
+ * in flight than the ring has.
+ */
+VHD_TEST(corrupt_packed_chains)
+{
+    for (int v = 0; v < 5; v++) {
+        struct ifx t;
+        corrupt_setup(&t, true, 16);
+        struct vhd_inflight_packed *p = t.region;
+        /* Records 0,1 hold tag 0 (2 descriptors), 2,3 tag 1; 4.. are free. */
+        VHD_CHECK_EQ(p->desc[0].inflight, 1);
+        VHD_CHECK_EQ(p->desc[0].num, 2);
+        VHD_CHECK_EQ(p->desc[2].inflight, 1);
+        switch (v) {
+        case 0:
+            p->desc[0].num = 9;
+            break;
+        case 1:
+            p->desc[0].next = 8;
+            break;
+        case 2:
+            p->desc[p->desc[0].last].id = 8;
+            break;
+        case 3:
+            p->desc[p->desc[0].last].id = p->desc[p->desc[2].last].id;
+            break;
+        case 4:
+            /* Records 4..8 made into a third chain of 5 slots: 2 + 2 + 5 > 8. */
+            VHD_CHECK_EQ(p->free_head, 4);
+            p->desc[4].inflight = 1;
+            p->desc[4].num = 5;
+            p->desc[4].counter = 77;
+            p->desc[4].last = 8;
+            p->desc[8].id = 5; /* an id no other chain has */
+            p->free_head = p->old_free_head = 9;
+            break;
+        }
+        expect_start_fails(&t);
+        ifx_teardown(&t);
+    }
 }
