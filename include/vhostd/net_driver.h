@@ -24,8 +24,9 @@
  * shared memory and re-posted as soon as a frame was handed to the caller.
  * Transmit copies each frame once, behind a zeroed 12-byte virtio_net_hdr,
  * into a per-pair TX slot in shared memory; a slot is free again when the
- * device has used it. The control queue is not used (like DPDK's
- * virtio-user): every pair the device offers is active.
+ * device has used it. The control queue is optional (opts.ctrl_vq):
+ * without it every pair the device offers is active, like DPDK's
+ * virtio-user.
  *
  * Conventions: functions return 0 (or a count) or a negative errno and never
  * set errno.
@@ -71,6 +72,16 @@ struct vhd_netdrv_opts {
     /* Largest frame transmitted, without the header (0: 2048 - 12). */
     uint32_t max_tx_frame;
     int timeout_ms; /* bound on connecting and on each control exchange (0: 5000) */
+    /*
+     * Run the control queue (VIRTIO_NET_F_CTRL_VQ, with CTRL_RX,
+     * CTRL_MAC_ADDR and GUEST_ANNOUNCE when offered; -ENOTSUP when the
+     * device has no control queue): vhd_netdrv_ctrl. With MQ the device
+     * then uses one pair until told otherwise; connect sends
+     * VQ_PAIRS_SET(num_pairs). When the back-end offers BACKEND_REQ and
+     * CONFIG, a back-end channel carries its config change notifications
+     * (vhd_netdrv_config_wait).
+     */
+    bool ctrl_vq;
 };
 
 /* What was negotiated and read from the device. */
@@ -88,6 +99,8 @@ struct vhd_netdrv_info {
     bool event_idx;        /* VIRTIO_F_EVENT_IDX in use */
     bool mrg_rxbuf;        /* VIRTIO_NET_F_MRG_RXBUF in use */
     bool reply_ack;        /* the session uses REPLY_ACK */
+    bool ctrl_vq;          /* the control queue runs */
+    bool config_notify;    /* config change notifications arrive (back-end channel) */
 };
 
 /*
@@ -194,6 +207,40 @@ int vhd_netdrv_rx_copy(struct vhd_netdrv_pair *p, void *buf, size_t len);
  * limit), or -errno. Notifications are off again when it returns.
  */
 int vhd_netdrv_wait(struct vhd_netdrv_pair *p, int timeout_ms);
+
+/*
+ * vhd_netdrv_ctrl - one control-queue command (virtio 1.2, 5.1.6.5): class,
+ * command and len bytes of data (the spec's values, VIRTIO_NET_CTRL_*),
+ * then wait, bounded by the session timeout, for the device's ack. Returns
+ * 0 when the device answered VIRTIO_NET_OK, -EINVAL when it answered
+ * VIRTIO_NET_ERR, -ENOTSUP without a control queue, -E2BIG for more than
+ * VHD_NETDRV_CTRL_MAX bytes of data, -ETIMEDOUT (the control queue is then
+ * unusable: -EIO from then on). Control call; commands run one at a time.
+ */
+#define VHD_NETDRV_CTRL_MAX 1024u
+int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *data, size_t len);
+
+/*
+ * vhd_netdrv_config_wait - wait up to timeout_ms (< 0: no limit) for a
+ * configuration change notification from the device, then re-read mac and
+ * status into the info (vhd_netdrv_get_info). When status has
+ * VIRTIO_NET_S_ANNOUNCE (2) the device asks for an announcement: send
+ * gratuitous packets, then VIRTIO_NET_CTRL_ANNOUNCE_ACK (class 3, command
+ * 0) through vhd_netdrv_ctrl. Returns 1 after a notification, 0 on timeout,
+ * -ENOTSUP without a back-end channel (info.config_notify), -ECONNRESET when
+ * the back-end closed it. Control call.
+ */
+int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms);
+
+/* vhd_netdrv_read_config - re-read mac and status from config space into the info. 0 or -errno. */
+int vhd_netdrv_read_config(struct vhd_netdrv *d);
+
+/*
+ * vhd_netdrv_send_rarp - ask the back-end to announce mac (SEND_RARP, what
+ * a front-end does after a migration); -ENOTSUP when the back-end lacks
+ * the RARP protocol feature. Control call.
+ */
+int vhd_netdrv_send_rarp(struct vhd_netdrv *d, const uint8_t mac[6]);
 
 /* Counters of the pair since connect. */
 void vhd_netdrv_pair_stats(const struct vhd_netdrv_pair *p, struct vhd_netdrv_pair_stats *s);

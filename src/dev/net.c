@@ -72,6 +72,8 @@ struct vhd_net {
     uint32_t rarp_seq; /* SEND_RARP requests (control thread); pair 0's TX worker injects */
     uint64_t rarp_mac; /* the MAC of the last SEND_RARP (written before rarp_seq, release) */
     bool ctrl_seen;    /* control thread: the control queue started in this session */
+    bool resumed;      /* control thread: a data ring of this session started where an
+                          earlier session left it (a front-end or vhostd reconnect) */
     struct vhd_net_queue_stats *totals; /* per queue: finished ring runs (control thread) */
     uint8_t *roles;                     /* per queue: enum net_role at its last start (logs) */
 };
@@ -940,6 +942,8 @@ static void net_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
     q->priv = NULL;
 }
 
+static int net_announce(struct vhd_net *net, const char *why);
+
 /*
  * A ring starts: its role follows from its index and the negotiated
  * features (5.1.2): with MQ the data queues are 0 .. 2 * pairs - 1 and the
@@ -997,13 +1001,44 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
      * Except with a generator (gen), which has a frame for every buffer.
      */
     q->passive = role == NET_Q_RX && !net->be->ops->rx_buffers_are_work;
+    /*
+     * A data ring that does not start at the beginning was in use before
+     * this session: the guest kept running while the front-end or vhostd
+     * reconnected, and whatever learned its MAC (the switch's table, a
+     * bridge behind the TAP) may have forgotten it.
+     */
+    if (role != NET_Q_CTRL &&
+        (q->vq.last_avail_idx != 0 || ((f & BIT(VIRTIO_F_RING_PACKED)) && !q->vq.avail_wrap)))
+        net->resumed = true;
+    q->priv = nq;
     if (role == NET_Q_CTRL && !net->ctrl_seen) {
         /* The driver steers through us from now on: one pair until VQ_PAIRS_SET (5.1.6.5.5). */
         net->ctrl_seen = true;
         if (f & BIT(VIRTIO_NET_F_MQ))
             vhd_store_relaxed(&net->curr_pairs, 1u);
     }
-    q->priv = nq;
+    /* A resumed session: ask the guest to announce itself (5.1.6.5.4) once it can ack. */
+    if (net->resumed && net->ctrl_seen && net_announce(net, "session resumed") == 0)
+        net->resumed = false;
+    return 0;
+}
+
+/*
+ * Ask the driver to announce itself (5.1.6.5.4): VIRTIO_NET_S_ANNOUNCE in
+ * the status, then a configuration change notification (dev.h,
+ * config_changed: the transport sends it); the driver sends its gratuitous
+ * packets and acks with VIRTIO_NET_CTRL_ANNOUNCE_ACK, which clears the bit.
+ * Needs GUEST_ANNOUNCE (which needs CTRL_VQ): -EOPNOTSUPP otherwise.
+ * Control thread.
+ */
+static int net_announce(struct vhd_net *net, const char *why)
+{
+    if (!(net->features & BIT(VIRTIO_NET_F_GUEST_ANNOUNCE)) ||
+        !(net->features & BIT(VIRTIO_NET_F_CTRL_VQ)))
+        return -EOPNOTSUPP;
+    vhd_store_relaxed(&net->announce, (uint8_t)1);
+    net->dev.config_changed = true;
+    vhd_log(VHD_LOG_INFO, "%s: asking the guest to announce itself (%s)", net->dev.name, why);
     return 0;
 }
 
@@ -1017,6 +1052,8 @@ static void net_reset(struct vhd_dev *dev)
     memset(net->roles, 0, dev->num_queues);
     net->features = 0;
     net->ctrl_seen = false;
+    net->resumed = false;
+    dev->config_changed = false;
     vhd_store_relaxed(&net->mac, net->default_mac);
     vhd_store_relaxed(&net->mtu, net->default_mtu);
     vhd_store_relaxed(&net->curr_pairs, net->pairs);
@@ -1048,6 +1085,13 @@ static int net_send_rarp(struct vhd_dev *dev, const uint8_t mac[6])
 {
     struct vhd_net *net = to_net(dev);
 
+    /*
+     * A guest that takes announce requests and whose control queue runs
+     * announces itself better than a RARP can (gratuitous ARP and IPv6
+     * neighbour advertisements with its addresses, every VLAN).
+     */
+    if (net->ctrl_seen && net_announce(net, "SEND_RARP") == 0)
+        return 0;
     vhd_store_relaxed(&net->rarp_mac, mac_pack(mac));
     /* Only the control thread writes rarp_seq: a plain increment, published with release. */
     vhd_store_release(&net->rarp_seq, net->rarp_seq + 1);
@@ -1286,12 +1330,7 @@ void vhd_net_get_mac(const struct vhd_dev *dev, uint8_t mac[6])
 
 int vhd_net_announce(struct vhd_dev *dev)
 {
-    struct vhd_net *net = to_net(dev);
-
-    if (!(net->features & BIT(VIRTIO_NET_F_GUEST_ANNOUNCE)))
-        return -EOPNOTSUPP;
-    vhd_store_relaxed(&net->announce, (uint8_t)1);
-    return 0;
+    return net_announce(to_net(dev), "requested");
 }
 
 int vhd_net_queue_stats(const struct vhd_dev *dev, uint32_t q, struct vhd_net_queue_stats *out)

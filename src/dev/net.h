@@ -134,10 +134,14 @@ int vhd_net_queue_stats(const struct vhd_dev *dev, uint32_t q, struct vhd_net_qu
 void vhd_net_log_stats(const struct vhd_dev *dev, const char *why);
 
 /*
- * vhd_net_announce - set VIRTIO_NET_S_ANNOUNCE in the status (5.1.6.5.4):
- * the caller then sends a configuration change notification; the driver
- * answers with VIRTIO_NET_CTRL_ANNOUNCE_ACK, which clears it. -EOPNOTSUPP
- * unless GUEST_ANNOUNCE was negotiated. Control thread.
+ * vhd_net_announce - set VIRTIO_NET_S_ANNOUNCE in the status (5.1.6.5.4)
+ * and dev->config_changed, so the transport sends a configuration change
+ * notification; the driver announces itself and answers with
+ * VIRTIO_NET_CTRL_ANNOUNCE_ACK, which clears the bit. -EOPNOTSUPP unless
+ * GUEST_ANNOUNCE and CTRL_VQ were negotiated. The device does this itself
+ * when a session resumes rings an earlier one used (a reconnect: the
+ * switch or the bridge behind a TAP may have forgotten the guest's MAC)
+ * and on SEND_RARP when the control queue runs. Control thread.
  */
 int vhd_net_announce(struct vhd_dev *dev);
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "driver/vring.h"
 #include "driver/vu_frontend.h"
 #include "transport/vu_msg.h"
+#include "transport/vu_sock.h"
 #include "vhostd/net_driver.h"
 
 #define BIT(n) (1ull << (n))
@@ -86,6 +88,11 @@ struct vhd_netdrv_pair {
     struct vhd_netdrv_pair_stats stats;
 } vhd_cacheline_aligned;
 
+/* Control queue command buffer: class, command, data; the ack byte at CTRL_ACK_OFF. */
+#define CTRL_BUF_BYTES PAGE
+#define CTRL_ACK_OFF   (CTRL_BUF_BYTES - 1)
+_Static_assert(2 + VHD_NETDRV_CTRL_MAX < CTRL_ACK_OFF, "control data fits before the ack");
+
 struct vhd_netdrv {
     struct vhd_netdrv_opts o;
     char *path;
@@ -94,6 +101,12 @@ struct vhd_netdrv {
     bool connected;
     struct vhd_netdrv_info info;
     struct vhd_netdrv_pair *p[VHD_NETDRV_MAX_PAIRS];
+    /* control queue (opts.ctrl_vq): its ring, one command buffer, and the back-end channel */
+    struct netdrv_ring ctrl;
+    uint8_t *cbuf;
+    uint64_t cbuf_gpa;
+    bool ctrl_broken; /* a command went unanswered: the queue is out of step */
+    int backend_fd;   /* our end of the SET_BACKEND_REQ_FD socket pair, or -1 */
     char err[256];
 };
 
@@ -517,7 +530,44 @@ static uint64_t wanted_features(const struct vhd_netdrv_opts *o)
         f |= BIT(VIRTIO_F_EVENT_IDX);
     if (o->packed)
         f |= BIT(VIRTIO_F_RING_PACKED);
+    if (o->ctrl_vq)
+        f |= BIT(VIRTIO_NET_F_CTRL_VQ) | BIT(VIRTIO_NET_F_CTRL_RX) |
+             BIT(VIRTIO_NET_F_CTRL_MAC_ADDR) | BIT(VIRTIO_NET_F_GUEST_ANNOUNCE);
     return f;
+}
+
+/* The control queue's ring index (5.1.2): after every pair the device has with MQ, else 2. */
+static uint32_t ctrl_index(const struct vhd_netdrv_info *in)
+{
+    return (in->features & BIT(VIRTIO_NET_F_MQ)) ? 2 * in->device_pairs : 2;
+}
+
+/* Start the control queue's ring (not yet announced to the device). */
+static int ctrl_setup(struct vhd_netdrv *d)
+{
+    d->ctrl.index = ctrl_index(&d->info);
+    d->ctrl_broken = false;
+    return ring_start(d, &d->ctrl);
+}
+
+/*
+ * Open the back-end channel: one end of a socket pair goes to the back-end
+ * (SET_BACKEND_REQ_FD), ours stays non-blocking for vhd_netdrv_config_wait.
+ */
+static int backend_channel_open(struct vhd_netdrv *d)
+{
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+        return dfail(d, -errno, "back-end channel: socketpair: %s", strerror(errno));
+    int rc = vhd_vuf_set_backend_req_fd(&d->vuf, sv[1]);
+    close(sv[1]);
+    if (rc < 0) {
+        close(sv[0]);
+        return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
+    }
+    d->backend_fd = sv[0];
+    d->info.config_notify = true;
+    return 0;
 }
 
 static int session_open(struct vhd_netdrv *d)
@@ -529,9 +579,10 @@ static int session_open(struct vhd_netdrv *d)
     vhd_vuf_init(f, o->timeout_ms);
     int rc = vhd_vuf_connect(f, d->path);
     if (rc == 0)
-        rc = vhd_vuf_handshake(f, BIT(VHOST_USER_PROTOCOL_F_MQ) |
-                                      BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
-                                      BIT(VHOST_USER_PROTOCOL_F_CONFIG));
+        rc = vhd_vuf_handshake(
+            f, BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                   BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_RARP) |
+                   (o->ctrl_vq ? BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) : 0));
     if (rc < 0)
         goto fail_vuf;
 
@@ -549,6 +600,10 @@ static int session_open(struct vhd_netdrv *d)
         goto fail;
     }
     uint64_t feat = offered & wanted_features(o);
+    if (o->ctrl_vq && !(feat & BIT(VIRTIO_NET_F_CTRL_VQ))) {
+        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_NET_F_CTRL_VQ");
+        goto fail;
+    }
     if (o->num_pairs > 1 && !(feat & BIT(VIRTIO_NET_F_MQ))) {
         rc = dfail(d, -ENOTSUP, "%u pairs asked for, but the device has one (no VIRTIO_NET_F_MQ)",
                    o->num_pairs);
@@ -609,6 +664,18 @@ static int session_open(struct vhd_netdrv *d)
         if (rc < 0)
             goto fail;
     }
+    in->ctrl_vq = o->ctrl_vq;
+    in->config_notify = false;
+    if (o->ctrl_vq) {
+        rc = ctrl_setup(d);
+        if (rc == 0)
+            rc = ring_announce(d, &d->ctrl);
+        if (rc == 0 && vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ) &&
+            vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_CONFIG))
+            rc = backend_channel_open(d);
+        if (rc < 0)
+            goto fail;
+    }
     rc = vhd_vuf_sync(f);
     if (rc < 0)
         goto fail_vuf;
@@ -617,6 +684,16 @@ static int session_open(struct vhd_netdrv *d)
         kick(d->p[i], &d->p[i]->rx);
     d->connected = true;
     d->err[0] = 0;
+    if (o->ctrl_vq && (feat & BIT(VIRTIO_NET_F_MQ))) {
+        /* 5.1.6.5.5: with the control queue running the device uses one pair until this. */
+        uint16_t n = vhd_le16((uint16_t)o->num_pairs);
+        rc = vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, &n, sizeof(n));
+        if (rc < 0) {
+            dfail(d, rc, "VQ_PAIRS_SET %u refused by the device", o->num_pairs);
+            d->connected = false;
+            goto fail;
+        }
+    }
     return 0;
 
 fail_vuf:
@@ -630,9 +707,11 @@ fail:
 static void session_end(struct vhd_netdrv *d)
 {
     if (vhd_vuf_alive(&d->vuf)) {
-        for (uint32_t i = 0; i < 2 * d->o.num_pairs; i++)
-            if (vhd_vuf_ring_stop(&d->vuf, i, NULL) < 0)
-                break; /* the session is gone or refusing: nothing more to stop */
+        bool ok = true;
+        for (uint32_t i = 0; i < 2 * d->o.num_pairs && ok; i++)
+            ok = vhd_vuf_ring_stop(&d->vuf, i, NULL) == 0; /* else gone or refusing: stop */
+        if (ok && d->info.ctrl_vq)
+            (void)vhd_vuf_ring_stop(&d->vuf, d->ctrl.index, NULL);
     }
     vhd_vuf_close(&d->vuf);
     d->connected = false;
@@ -664,6 +743,13 @@ static void drv_free(struct vhd_netdrv *d)
 {
     for (uint32_t i = 0; i < VHD_NETDRV_MAX_PAIRS; i++)
         pair_free(d->p[i]);
+    vhd_drv_vq_fini(&d->ctrl.dq);
+    if (d->ctrl.kick_fd >= 0)
+        close(d->ctrl.kick_fd);
+    if (d->ctrl.call_fd >= 0)
+        close(d->ctrl.call_fd);
+    if (d->backend_fd >= 0)
+        close(d->backend_fd);
     vhd_vuf_close(&d->vuf);
     vhd_guestmem_fini(&d->gm);
     free(d->path);
@@ -738,6 +824,7 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
         return -ENOMEM;
     }
     vhd_vuf_init(&d->vuf, opts->timeout_ms);
+    d->ctrl.kick_fd = d->ctrl.call_fd = d->backend_fd = -1;
     d->o = *opts;
     struct vhd_netdrv_opts *o = &d->o;
     if (!o->num_pairs)
@@ -781,6 +868,8 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
     o->socket_path = d->path;
 
     uint64_t region_size = PAGE_ALIGN(o->num_pairs * pair_bytes(o));
+    if (o->ctrl_vq)
+        region_size += ring_area_bytes(o) + CTRL_BUF_BYTES;
     rc = vhd_guestmem_init(&d->gm, 1, region_size, GPA_BASE, 0);
     if (rc < 0) {
         dfail(d, rc, "shared memory (%llu bytes): %s", (unsigned long long)region_size,
@@ -792,6 +881,22 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
         rc = pair_new(d, i, &off);
         if (rc < 0) {
             dfail(d, rc, "pair %u: %s", i, strerror(-rc));
+            goto fail;
+        }
+    }
+    if (o->ctrl_vq) {
+        /* The control queue's ring and command buffer, after the pairs. */
+        struct vhd_guestmem_region *r = &d->gm.r[0];
+        d->ctrl.area = r->hva + off;
+        d->ctrl.area_gpa = r->gpa + off;
+        d->ctrl.area_len = ring_area_bytes(o);
+        off += d->ctrl.area_len;
+        d->cbuf = r->hva + off;
+        d->cbuf_gpa = r->gpa + off;
+        d->ctrl.kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        d->ctrl.call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (d->ctrl.kick_fd < 0 || d->ctrl.call_fd < 0) {
+            rc = dfail(d, -errno, "control queue eventfds: %s", strerror(errno));
             goto fail;
         }
     }
@@ -830,4 +935,149 @@ const char *vhd_netdrv_errmsg(const struct vhd_netdrv *d)
 struct vhd_netdrv_pair *vhd_netdrv_get_pair(struct vhd_netdrv *d, uint32_t i)
 {
     return i < d->o.num_pairs ? d->p[i] : NULL;
+}
+
+/* ======================= control queue and config ======================= */
+
+int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *data, size_t len)
+{
+    if (!d->info.ctrl_vq)
+        return -ENOTSUP;
+    if (d->ctrl_broken)
+        return -EIO;
+    if (len > VHD_NETDRV_CTRL_MAX)
+        return -E2BIG;
+    /* 5.1.6.5: class, command, data (device-readable), then the ack (device-writable). */
+    d->cbuf[0] = cls;
+    d->cbuf[1] = cmd;
+    if (len)
+        memcpy(d->cbuf + 2, data, len);
+    d->cbuf[CTRL_ACK_OFF] = 0xff; /* neither OK nor ERR until the device writes it */
+    struct vhd_drv_buf b[2] = {{.gpa = d->cbuf_gpa, .len = (uint32_t)(2 + len)},
+                               {.gpa = d->cbuf_gpa + CTRL_ACK_OFF, .len = 1}};
+    if (vhd_drv_vq_add(&d->ctrl.dq, b, 1, 1, false, d) < 0)
+        return -EIO; /* one command at a time: the ring cannot be full */
+    vhd_drv_vq_publish(&d->ctrl.dq);
+    uint64_t one = 1;
+    ssize_t wr = write(d->ctrl.kick_fd, &one, sizeof(one));
+    (void)wr;
+
+    /* Wait for the used element: the call eventfd, re-checked after enabling (the usual race). */
+    int64_t deadline = now_ms() + d->o.timeout_ms;
+    for (;;) {
+        void *ck;
+        uint32_t used_len;
+        int rc = vhd_drv_vq_get_used(&d->ctrl.dq, &ck, &used_len);
+        if (rc < 0) {
+            d->ctrl_broken = true;
+            return -EIO;
+        }
+        if (rc == 1) {
+            vhd_drv_vq_disable_cb(&d->ctrl.dq);
+            drain_eventfd(d->ctrl.call_fd);
+            if (used_len < 1)
+                return -EIO; /* the device gave the command back unanswered */
+            return d->cbuf[CTRL_ACK_OFF] == VIRTIO_NET_OK ? 0 : -EINVAL;
+        }
+        if (vhd_drv_vq_enable_cb(&d->ctrl.dq))
+            continue;
+        int64_t left = deadline - now_ms();
+        if (left <= 0) {
+            d->ctrl_broken = true;
+            return -ETIMEDOUT;
+        }
+        struct pollfd pf = {.fd = d->ctrl.call_fd, .events = POLLIN};
+        (void)poll(&pf, 1, left > 100 ? 100 : (int)left);
+        drain_eventfd(d->ctrl.call_fd);
+    }
+}
+
+int vhd_netdrv_read_config(struct vhd_netdrv *d)
+{
+    struct vhd_netdrv_info *in = &d->info;
+    struct virtio_net_config cfg;
+
+    if (!vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_CONFIG))
+        return -ENOTSUP;
+    int rc = vhd_vuf_get_config(&d->vuf, 0, &cfg, offsetof(struct virtio_net_config, mtu));
+    if (rc < 0)
+        return rc;
+    if (in->features & BIT(VIRTIO_NET_F_MAC))
+        memcpy(in->mac, cfg.mac, sizeof(in->mac));
+    if (in->features & BIT(VIRTIO_NET_F_STATUS))
+        in->status = vhd_le16(cfg.status);
+    return 0;
+}
+
+/*
+ * Back-end requests on our end of the channel: answer each that asks for a
+ * reply (REPLY_ACK: u64 0 for a config change, 1 for anything we do not
+ * handle), note config changes. Returns 1 when a config change came, 0
+ * when none (yet), or -errno when the channel is gone.
+ */
+static int backend_drain(struct vhd_netdrv *d, struct vu_rx *rx)
+{
+    int seen = 0;
+    for (;;) {
+        int rc = vu_rx_read(rx, d->backend_fd);
+        if (rc <= 0)
+            return rc < 0 ? rc : seen;
+        for (unsigned k = 0; k < rx->nfds; k++)
+            close(rx->fds[k]); /* no back-end request we handle carries fds */
+        bool change = rx->hdr.request == VHOST_USER_BACKEND_CONFIG_CHANGE_MSG;
+        if (change)
+            seen = 1;
+        if (rx->hdr.flags & VHOST_USER_NEED_REPLY_MASK) {
+            struct vu_hdr h = {.request = rx->hdr.request,
+                               .flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK,
+                               .size = sizeof(uint64_t)};
+            uint64_t v = change ? 0 : 1;
+            rc = vu_send(d->backend_fd, &h, &v, NULL, 0, d->o.timeout_ms);
+            if (rc < 0)
+                return rc;
+        }
+        vu_rx_next(rx);
+    }
+}
+
+int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
+{
+    struct vu_rx rx;
+    int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+
+    if (d->backend_fd < 0)
+        return -ENOTSUP;
+    vu_rx_init(&rx);
+    for (;;) {
+        int rc = backend_drain(d, &rx);
+        if (rc != 0) {
+            vu_rx_reset(&rx);
+            if (rc < 0)
+                return rc;
+            rc = vhd_netdrv_read_config(d);
+            return rc < 0 ? rc : 1;
+        }
+        int left = -1;
+        if (timeout_ms >= 0) {
+            int64_t l = deadline - now_ms();
+            if (l <= 0) {
+                vu_rx_reset(&rx);
+                return 0;
+            }
+            left = (int)l;
+        }
+        struct pollfd pf = {.fd = d->backend_fd, .events = POLLIN};
+        if (poll(&pf, 1, left) < 0 && errno != EINTR) {
+            vu_rx_reset(&rx);
+            return -errno;
+        }
+    }
+}
+
+int vhd_netdrv_send_rarp(struct vhd_netdrv *d, const uint8_t mac[6])
+{
+    int rc = vhd_vuf_send_rarp(&d->vuf, mac);
+    if (rc < 0)
+        dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
+    return rc;
 }

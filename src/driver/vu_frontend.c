@@ -377,6 +377,22 @@ static int set_vring_fd(struct vhd_vuf *f, uint32_t req, uint32_t index, int fd)
     return call_noreply(f, req, &v, sizeof(v), fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0);
 }
 
+int vhd_vuf_set_backend_req_fd(struct vhd_vuf *f, int fd)
+{
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ))
+        return fail(f, -ENOTSUP, "SET_BACKEND_REQ_FD: BACKEND_REQ not negotiated");
+    return call_noreply(f, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0, &fd, 1);
+}
+
+int vhd_vuf_send_rarp(struct vhd_vuf *f, const uint8_t mac[6])
+{
+    uint64_t v = 0;
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_RARP))
+        return fail(f, -ENOTSUP, "SEND_RARP: RARP not negotiated");
+    memcpy(&v, mac, 6);
+    return call_noreply(f, VHOST_USER_SEND_RARP, &v, sizeof(v), NULL, 0);
+}
+
 int vhd_vuf_ring_enable(struct vhd_vuf *f, uint32_t index, bool enable)
 {
     if (!f->has_proto)

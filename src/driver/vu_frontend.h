@@ -109,6 +109,20 @@ int vhd_vuf_set_mem_table(struct vhd_vuf *f, const struct vhd_guestmem *gm);
  */
 int vhd_vuf_ring_start(struct vhd_vuf *f, const struct vhd_vuf_ring *r);
 
+/*
+ * vhd_vuf_set_backend_req_fd - SET_BACKEND_REQ_FD: give the back-end fd,
+ * one end of a socket pair, for its own requests (config change
+ * notifications). Needs the BACKEND_REQ protocol feature (-ENOTSUP). The fd
+ * stays ours; the back-end receives a copy.
+ */
+int vhd_vuf_set_backend_req_fd(struct vhd_vuf *f, int fd);
+
+/*
+ * vhd_vuf_send_rarp - SEND_RARP for mac (what a front-end sends after a
+ * migration). Needs the RARP protocol feature (-ENOTSUP).
+ */
+int vhd_vuf_send_rarp(struct vhd_vuf *f, const uint8_t mac[6]);
+
 /* SET_VRING_ENABLE (needs protocol features: -ENOTSUP otherwise). */
 int vhd_vuf_ring_enable(struct vhd_vuf *f, uint32_t index, bool enable);
 

@@ -187,13 +187,20 @@ struct vhd_dev {
     char name[64];       /* for logs: the device's name or socket */
     uint32_t num_queues; /* queues configured (upper bound for the front-end) */
     struct vhd_queue *queues;
-    int *queue_worker;              /* queue index -> worker index (default round robin) */
-    struct vhd_rt *rt;              /* runtime whose workers run the queues */
-    struct vhd_mem *mem;            /* current memory table, or NULL */
-    uint64_t features;              /* negotiated virtio features */
-    uint64_t protocol_features;     /* negotiated vhost-user protocol features */
-    uint8_t status;                 /* SET_STATUS value; NEEDS_RESET added when broken */
-    bool broken;                    /* a queue broke: NEEDS_RESET reported */
+    int *queue_worker;          /* queue index -> worker index (default round robin) */
+    struct vhd_rt *rt;          /* runtime whose workers run the queues */
+    struct vhd_mem *mem;        /* current memory table, or NULL */
+    uint64_t features;          /* negotiated virtio features */
+    uint64_t protocol_features; /* negotiated vhost-user protocol features */
+    uint8_t status;             /* SET_STATUS value; NEEDS_RESET added when broken */
+    bool broken;                /* a queue broke: NEEDS_RESET reported */
+    /*
+     * Set by the device (control thread, inside an ops call) when its config
+     * space changed on its own (net: VIRTIO_NET_S_ANNOUNCE); the transport
+     * sends a config change notification once the current message is
+     * handled, and clears it.
+     */
+    bool config_changed;
     bool allow_split, allow_packed; /* ring layouts allowed (daemon option) */
     void *priv;                     /* device-type state */
 };

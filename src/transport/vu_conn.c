@@ -892,6 +892,10 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
     rc = info->handler(c, &r);
     if (rc < 0)
         goto fail;
+    if (c->dev->config_changed) { /* the device changed its config space (dev.h) */
+        c->dev->config_changed = false;
+        (void)vhd_vu_conn_config_changed(c);
+    }
     req_close_fds(&r); /* fds the handler did not keep */
     if (info->reply) {
         rc = send_reply_fd(c, req, &r.reply, r.reply_size, r.reply_fd);

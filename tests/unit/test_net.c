@@ -948,6 +948,48 @@ VHD_TEST(ctrl_commands)
     tb_fini(&t);
 }
 
+/*
+ * A session that resumes a ring an earlier one used (a front-end or vhostd
+ * reconnect) asks the guest to announce itself once its control queue runs:
+ * VIRTIO_NET_S_ANNOUNCE plus dev->config_changed (the transport's cue for a
+ * config change notification); the driver's ack clears it. SEND_RARP with
+ * the control queue running asks for an announcement instead of a RARP.
+ */
+VHD_TEST(resumed_session_announces)
+{
+    struct tb t;
+    struct tb_opts o = {.pairs = 1};
+    struct virtio_net_config cfg;
+
+    tb_init(&t, &o);
+    VHD_CHECK(!t.dev->config_changed);
+    /* the transmit ring restarts at avail index 7: it carried traffic before */
+    tq_detach(&t, 1);
+    struct vhd_queue *q = t.tq[1].q;
+    t.dev->ops->queue_fini(t.dev, q);
+    VHD_CHECK_EQ(vhd_vq_set_base(&q->vq, 7), 0);
+    VHD_CHECK_EQ(t.dev->ops->queue_init(t.dev, q), 0);
+    VHD_CHECK(!t.dev->config_changed); /* no control queue yet: nobody could ack */
+    tq_setup(&t, t.ctrl);
+    VHD_CHECK(t.dev->config_changed);
+    VHD_CHECK_EQ(t.dev->ops->get_config(t.dev, &cfg, 0, sizeof(cfg)), 0);
+    VHD_CHECK_EQ(vhd_le16(cfg.status), VIRTIO_NET_S_LINK_UP | VIRTIO_NET_S_ANNOUNCE);
+    t.dev->config_changed = false; /* what the transport does after notifying */
+    tq_attach(&t, t.ctrl);
+    VHD_CHECK_EQ(CTRL(&t, VIRTIO_NET_CTRL_ANNOUNCE, VIRTIO_NET_CTRL_ANNOUNCE_ACK, NULL, 0),
+                 VIRTIO_NET_OK);
+    VHD_CHECK_EQ(t.dev->ops->get_config(t.dev, &cfg, 0, sizeof(cfg)), 0);
+    VHD_CHECK_EQ(vhd_le16(cfg.status), VIRTIO_NET_S_LINK_UP);
+
+    /* SEND_RARP: the guest is asked to announce itself */
+    static const uint8_t mac[6] = {0x52, 0x54, 0x00, 0x01, 0x02, 0x03};
+    VHD_CHECK_EQ(t.dev->ops->send_rarp(t.dev, mac), 0);
+    VHD_CHECK(t.dev->config_changed);
+    VHD_CHECK_EQ(t.dev->ops->get_config(t.dev, &cfg, 0, sizeof(cfg)), 0);
+    VHD_CHECK_EQ(vhd_le16(cfg.status), VIRTIO_NET_S_LINK_UP | VIRTIO_NET_S_ANNOUNCE);
+    tb_fini(&t);
+}
+
 /* Without MQ the control queue is queue 2 and only pair 0 exists (5.1.2). */
 VHD_TEST(ctrl_queue_without_mq)
 {

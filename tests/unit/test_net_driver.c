@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/compiler.h"
+#include "dev/virtio_net.h"
 #include "harness.h"
 #include "vhostd/net_driver.h"
 
@@ -457,4 +459,162 @@ VHD_TEST(idle_cpu_never_switch)
 VHD_TEST(idle_cpu_adaptive_switch)
 {
     idle_cpu("adaptive", "switch,switch=idle");
+}
+
+/* Send one frame on pair pi; true when it came back on that pair within ms. */
+static bool echo_one(struct vhd_netdrv *d, uint32_t pi, uint32_t k, unsigned ms)
+{
+    struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, pi);
+    uint8_t f[100], got[128];
+    make_frame(f, sizeof(f), pi, k);
+    struct iovec io = {f, sizeof(f)};
+    VHD_CHECK_EQ(vhd_netdrv_tx_burst(p, &io, 1), 1);
+    uint64_t t0 = ms_now();
+    for (;;) {
+        int n = vhd_netdrv_rx_copy(p, got, sizeof(got));
+        VHD_CHECK(n >= 0);
+        if (n > 0)
+            return n == (int)sizeof(f) && memcmp(f, got, sizeof(f)) == 0;
+        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        if (ms_now() - t0 > ms)
+            return false;
+        sleep_ms(1);
+    }
+}
+
+static struct vhd_netdrv *connect_ctrl(struct daemon *dm, unsigned pairs)
+{
+    struct vhd_netdrv_opts o = {
+        .socket_path = dm->sock, .num_pairs = pairs, .queue_size = 64, .ctrl_vq = true};
+    struct vhd_netdrv *d;
+    char err[256];
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
+    VHD_CHECK(in->ctrl_vq);
+    VHD_CHECK(in->config_notify);
+    VHD_CHECK(in->features & (1ull << VIRTIO_NET_F_CTRL_VQ));
+    VHD_CHECK(in->features & (1ull << VIRTIO_NET_F_GUEST_ANNOUNCE));
+    return d;
+}
+
+/*
+ * Control-queue commands end to end: the driver's control queue against the
+ * daemon. Pairs in use follow VQ_PAIRS_SET (out-of-range values refused,
+ * frames on a pair not in use go nowhere); RX mode, MAC table and MAC
+ * address commands, malformed ones refused; the new MAC shows in config.
+ */
+VHD_TEST(ctrl_commands_end_to_end)
+{
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 2, "");
+    struct vhd_netdrv *d = connect_ctrl(&dm, 2);
+    unsigned k = 0;
+
+    /* connect said VQ_PAIRS_SET 2: both pairs carry traffic */
+    VHD_CHECK(echo_one(d, 0, k++, WAIT_MS));
+    VHD_CHECK(echo_one(d, 1, k++, WAIT_MS));
+    uint16_t bad[] = {0, 3, 0x8000, 0xffff};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint16_t n = vhd_le16(bad[i]);
+        VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, &n, 2),
+                     -EINVAL);
+    }
+    VHD_CHECK(echo_one(d, 1, k++, WAIT_MS)); /* refusals changed nothing */
+    uint16_t one = vhd_le16(1), two = vhd_le16(2);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, &one, 2),
+                 0);
+    VHD_CHECK(!echo_one(d, 1, k++, 200)); /* pair 1 not in use: dropped */
+    VHD_CHECK(echo_one(d, 0, k++, WAIT_MS));
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, &two, 2),
+                 0);
+    VHD_CHECK(echo_one(d, 1, k++, WAIT_MS));
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MQ, VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET, &two, 1),
+                 -EINVAL); /* short */
+
+    /* RX mode: promisc and allmulti on and off; a wrong length or an unoffered mode refused */
+    uint8_t on = 1, off = 0;
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, &on, 1), 0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_ALLMULTI, &on, 1), 0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, &off, 1), 0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_ALLMULTI, &off, 1), 0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, &two, 2),
+                 -EINVAL);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_NOBCAST, &on, 1),
+                 -EINVAL);
+
+    /* MAC table: 1 unicast + 2 multicast entries; counts that do not match the data refused */
+    uint8_t tbl[4 + 6 + 4 + 12] = {1, 0,    0, 0,    0x52, 0x54, 0, 1,    2,    3, 2, 0, 0,
+                                   0, 0x01, 0, 0x5e, 0,    0,    1, 0x33, 0x33, 0, 0, 0, 1};
+    VHD_CHECK_EQ(
+        vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET, tbl, sizeof(tbl)),
+        0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET, tbl,
+                                 sizeof(tbl) - 6),
+                 -EINVAL);
+    tbl[0] = 200;
+    VHD_CHECK_EQ(
+        vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET, tbl, sizeof(tbl)),
+        -EINVAL);
+
+    /* MAC address: the new one in config space; multicast and short refused */
+    uint8_t mac[6] = {0x02, 0x00, 0x00, 0x0a, 0x0b, 0x0c}, mc[6] = {0x01, 0, 0x5e, 0, 0, 9};
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET, mac, 6), 0);
+    VHD_CHECK_EQ(vhd_netdrv_read_config(d), 0);
+    VHD_CHECK(memcmp(vhd_netdrv_get_info(d)->mac, mac, 6) == 0);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET, mc, 6),
+                 -EINVAL);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_ADDR_SET, mac, 5),
+                 -EINVAL);
+    VHD_CHECK_EQ(vhd_netdrv_read_config(d), 0);
+    VHD_CHECK(memcmp(vhd_netdrv_get_info(d)->mac, mac, 6) == 0);
+
+    /* unknown class, VLAN (not offered), oversized: refused, the queue keeps working */
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, 77, 0, NULL, 0), -EINVAL);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_VLAN, VIRTIO_NET_CTRL_VLAN_ADD, &two, 2),
+                 -EINVAL);
+    static uint8_t big[VHD_NETDRV_CTRL_MAX + 1];
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_MAC, 0, big, sizeof(big)), -E2BIG);
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, &off, 1), 0);
+    VHD_CHECK(echo_one(d, 0, k++, WAIT_MS));
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * GUEST_ANNOUNCE end to end: a fresh session is not asked to announce; a
+ * SEND_RARP from the front-end makes the daemon set VIRTIO_NET_S_ANNOUNCE
+ * and send a config change notification on the back-end channel; the
+ * driver's ANNOUNCE_ACK clears the bit.
+ */
+VHD_TEST(announce_end_to_end)
+{
+    struct daemon dm;
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 1, "");
+    struct vhd_netdrv *d = connect_ctrl(&dm, 1);
+    const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
+
+    VHD_CHECK_EQ(vhd_netdrv_config_wait(d, 100), 0);
+    VHD_CHECK(!(in->status & VIRTIO_NET_S_ANNOUNCE));
+    VHD_CHECK_EQ(vhd_netdrv_send_rarp(d, in->mac), 0);
+    VHD_CHECK_EQ(vhd_netdrv_config_wait(d, WAIT_MS), 1);
+    VHD_CHECK(in->status & VIRTIO_NET_S_ANNOUNCE);
+    VHD_CHECK(in->status & VIRTIO_NET_S_LINK_UP);
+    /* the guest's part: gratuitous frames (here one frame) then the ack */
+    VHD_CHECK(echo_one(d, 0, 1, WAIT_MS));
+    VHD_CHECK_EQ(
+        vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_ANNOUNCE, VIRTIO_NET_CTRL_ANNOUNCE_ACK, NULL, 0), 0);
+    VHD_CHECK_EQ(vhd_netdrv_read_config(d), 0);
+    VHD_CHECK(!(in->status & VIRTIO_NET_S_ANNOUNCE));
+    /* an ack with data is malformed */
+    VHD_CHECK_EQ(vhd_netdrv_ctrl(d, VIRTIO_NET_CTRL_ANNOUNCE, VIRTIO_NET_CTRL_ANNOUNCE_ACK, "x", 1),
+                 -EINVAL);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
 }
