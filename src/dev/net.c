@@ -313,33 +313,16 @@ static void csum_fill(const struct iovec *iov, uint32_t cnt, size_t base, uint32
 /*
  * Undoing pops. A packet that turns out not to fit (no buffers left for
  * the rest of it, or a size limit) must leave the receive ring as it found
- * it: the buffers stay with the device for the next packet. The engine has
- * no verb for this yet; a pop writes nothing to the ring, it only advances
- * the queue's own last_avail_idx (packed: and the avail wrap counter) and
- * its in-flight count, so restoring those three fields puts the chains back
- * exactly as they were. Valid only when nothing was pushed on the queue in
- * between (packed used slots are counted up to last_avail_idx), which
- * vhd_net_deliver guarantees. A vhd_vq_unpop() in src/core would be the
- * proper home for this.
+ * it: the buffers stay with the device for the next packet. vhd_vq_unpop
+ * gives the chains back, latest first; nothing is pushed on the receive
+ * queue between the pops and this (what unpop requires of packed rings).
+ * An unpop that fails breaks the queue (the engine reports it).
  */
-struct net_vq_mark {
-    uint16_t last_avail_idx;
-    uint16_t inflight;
-    bool avail_wrap;
-};
-
-static void vq_mark(const struct vhd_vq *vq, struct net_vq_mark *m)
+static void rx_unpop(struct vhd_queue *q, const struct net_queue *rq, uint32_t nbufs)
 {
-    m->last_avail_idx = vq->last_avail_idx;
-    m->inflight = vq->inflight;
-    m->avail_wrap = vq->avail_wrap;
-}
-
-static void vq_rewind(struct vhd_vq *vq, const struct net_vq_mark *m)
-{
-    vq->last_avail_idx = m->last_avail_idx;
-    vq->inflight = m->inflight;
-    vq->avail_wrap = m->avail_wrap;
+    while (nbufs > 0)
+        if (vhd_unlikely(vhd_vq_unpop(&q->vq, &rq->chains[--nbufs]) < 0))
+            return;
 }
 
 /* ---- backends ---- */
@@ -410,11 +393,9 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
      */
     uint32_t total = HDR_LEN + f->len, nbufs = 0, niov = 0;
     uint64_t room = 0;
-    struct net_vq_mark mark;
-    vq_mark(&q->vq, &mark);
     do {
         if (vhd_unlikely(nbufs == VHD_NET_RX_MAX_BUFS || rq->niov - niov < VHD_NET_CHAIN_IOV)) {
-            vq_rewind(&q->vq, &mark);
+            rx_unpop(q, rq, nbufs);
             STAT_ADD(rq->st.drops, 1);
             return -EMSGSIZE;
         }
@@ -422,7 +403,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
         int rc = vhd_vq_pop(&q->vq, rq->iov + niov, VHD_NET_CHAIN_IOV, c);
         if (rc == 0) {
             /* Out of buffers: drop, as a NIC does; the buffers taken so far stay posted. */
-            vq_rewind(&q->vq, &mark);
+            rx_unpop(q, rq, nbufs);
             STAT_ADD(rq->st.drops, 1);
             return -ENOBUFS;
         }
@@ -434,7 +415,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
         /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a header.
          */
         if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
-            vq_rewind(&q->vq, &mark);
+            rx_unpop(q, rq, nbufs + 1);
             STAT_ADD(rq->st.drops, 1);
             return rx_break(q, rq,
                             c->nr ? "receive buffer with device-readable descriptors"
@@ -446,7 +427,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
     } while (rq->mrg && room < total);
     if (vhd_unlikely(room < total)) {
         /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next. */
-        vq_rewind(&q->vq, &mark);
+        rx_unpop(q, rq, nbufs);
         STAT_ADD(rq->st.drops, 1);
         return -EMSGSIZE;
     }
@@ -466,7 +447,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
     if (h.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) {
         if ((uint32_t)cs + co + 2u > f->len) {
             /* The sender's offsets do not fit the frame (a backend's bug): not passed on. */
-            vq_rewind(&q->vq, &mark);
+            rx_unpop(q, rq, nbufs);
             STAT_ADD(rq->st.drops, 1);
             return -EMSGSIZE;
         }
