@@ -449,8 +449,10 @@ VHD_TEST(loopback_burst)
         VHD_CHECK_EQ(ulen, HDR + 128);
         VHD_CHECK(memcmp(r->p + HDR, frames[k], 128) == 0);
     }
+    /* IN_ORDER (negotiated here: the bed takes every offered bit): TX used in avail order too. */
+    VHD_CHECK(t.features & BIT(VIRTIO_F_IN_ORDER));
     for (unsigned k = 0; k < 200; k++)
-        VHD_CHECK(tq_wait(&t, 1, &ulen) != NULL);
+        VHD_CHECK(tq_wait(&t, 1, &ulen) == (void *)(uintptr_t)(k + 1));
     tb_fini(&t);
 }
 
@@ -1021,12 +1023,13 @@ VHD_TEST(config_space_and_features)
 
     tb_init(&t, &o);
     uint64_t f = t.dev->ops->features(t.dev);
-    uint64_t want =
-        BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_RING_PACKED) | BIT(VIRTIO_F_INDIRECT_DESC) |
-        BIT(VIRTIO_F_EVENT_IDX) | BIT(VIRTIO_NET_F_MRG_RXBUF) | BIT(VIRTIO_NET_F_MQ) |
-        BIT(VIRTIO_NET_F_CTRL_VQ) | BIT(VIRTIO_NET_F_CTRL_RX) | BIT(VIRTIO_NET_F_CTRL_MAC_ADDR) |
-        BIT(VIRTIO_NET_F_STATUS) | BIT(VIRTIO_NET_F_MAC) | BIT(VIRTIO_NET_F_MTU) |
-        BIT(VIRTIO_NET_F_GUEST_ANNOUNCE) | BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM);
+    uint64_t want = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_RING_PACKED) |
+                    BIT(VIRTIO_F_INDIRECT_DESC) | BIT(VIRTIO_F_EVENT_IDX) |
+                    BIT(VIRTIO_NET_F_MRG_RXBUF) | BIT(VIRTIO_NET_F_MQ) | BIT(VIRTIO_NET_F_CTRL_VQ) |
+                    BIT(VIRTIO_NET_F_CTRL_RX) | BIT(VIRTIO_NET_F_CTRL_MAC_ADDR) |
+                    BIT(VIRTIO_NET_F_STATUS) | BIT(VIRTIO_NET_F_MAC) | BIT(VIRTIO_NET_F_MTU) |
+                    BIT(VIRTIO_NET_F_GUEST_ANNOUNCE) | BIT(VIRTIO_NET_F_CSUM) |
+                    BIT(VIRTIO_NET_F_GUEST_CSUM) | BIT(VIRTIO_F_IN_ORDER);
     VHD_CHECK_EQ(f, want);
     VHD_CHECK_EQ(t.dev->ops->config_size, 24);
     VHD_CHECK_EQ(t.dev->ops->get_config(t.dev, &cfg, 0, sizeof(cfg)), 0);
