@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "core/inflight.h"
+#include "core/memguard.h"
 #include "core/virtio.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
@@ -44,6 +45,7 @@ struct vhd_vu_conn {
     uint64_t inflight_size;
     uint16_t inflight_num_queues;
     uint16_t inflight_queue_size;
+    int inflight_guard; /* its vhd_memguard slot (a truncated file cannot kill us), or -1 */
 };
 
 /* ---- the request table ---- */
@@ -485,6 +487,8 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
 /* Drop the inflight area. No started ring may be using it. */
 static void inflight_unmap(struct vhd_vu_conn *c)
 {
+    vhd_memguard_remove(c->inflight_guard);
+    c->inflight_guard = -1;
     if (c->inflight)
         munmap(c->inflight, c->inflight_size);
     c->inflight = NULL;
@@ -525,6 +529,7 @@ int vhd_vu_conn_new(struct vhd_dev *dev, int fd, struct vhd_vu_conn **out)
     c->dev = dev;
     c->fd = fd;
     c->backend_fd = -1;
+    c->inflight_guard = -1;
     c->detach_timeout_ms = VHD_VU_DETACH_TIMEOUT_MS;
     vu_rx_init(&c->rx);
     for (uint32_t i = 0; i < dev->num_queues; i++)
@@ -702,6 +707,11 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
     if (vhd_mem_faulted(c->dev->mem)) {
         /* The rings may read zeros now (memguard.h); the front-end must reset. */
         conn_mark_broken(c, "guest memory was truncated by the front-end (SIGBUS absorbed)", true);
+        found = true;
+    }
+    if (c->inflight_guard >= 0 && vhd_memguard_faulted(c->inflight_guard)) {
+        conn_mark_broken(c, "the inflight area was truncated by the front-end (SIGBUS absorbed)",
+                         true);
         found = true;
     }
     return found;
@@ -1753,7 +1763,18 @@ static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "cannot map the inflight area";
         return err;
     }
+    /*
+     * An area that is not our sealed memfd could be truncated by the
+     * front-end later: guard it like guest memory (memguard.h).
+     */
+    int guard = vhd_memguard_add(p, in->mmap_size, (size_t)page);
+    if (guard < 0) {
+        munmap(p, in->mmap_size);
+        r->why = "cannot guard the inflight area";
+        return guard;
+    }
     inflight_unmap(c);
+    c->inflight_guard = guard;
     c->inflight = p;
     c->inflight_size = in->mmap_size;
     c->inflight_num_queues = in->num_queues;
