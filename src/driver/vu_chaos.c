@@ -179,11 +179,16 @@ static void nap_ms(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
-/* ---- driver-side memory access (window-0 offsets), mirrored into the snapshot ---- */
+/*
+ * ---- driver-side memory access, mirrored into the snapshot ----
+ * Offsets run over the windows back to back: window w holds offsets
+ * [w * VHD_CHAOS_WIN_SIZE, (w + 1) * VHD_CHAOS_WIN_SIZE). A range never
+ * spans two windows (they are apart in our mapping).
+ */
 
 uint8_t *vhd_chaos__hva(struct vhd_chaos_sess *s, size_t off)
 {
-    return s->m->win[0].hva + off;
+    return s->m->win[(off / VHD_CHAOS_WIN_SIZE) % VHD_CHAOS_WINDOWS].hva + off % VHD_CHAOS_WIN_SIZE;
 }
 
 uint64_t vhd_chaos__uva(struct vhd_chaos_sess *s, size_t off)
@@ -193,6 +198,8 @@ uint64_t vhd_chaos__uva(struct vhd_chaos_sess *s, size_t off)
 
 uint64_t vhd_chaos__gpa(struct vhd_chaos_sess *s, size_t off)
 {
+    if (off >= VHD_CHAOS_WIN_SIZE)
+        return s->r1_gpa + (off - VHD_CHAOS_WIN_SIZE);
     return s->r0_gpa + (off - s->r0_off);
 }
 
@@ -452,7 +459,7 @@ void vhd_chaos__close(struct vhd_chaos_sess *s)
         close(s->fd);
     if (s->be_fd >= 0)
         close(s->be_fd);
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < VHD_CHAOS_NRINGS; i++) {
         if (s->kick[i] >= 0)
             close(s->kick[i]);
         if (s->call[i] >= 0)
@@ -468,10 +475,12 @@ int vhd_chaos__open(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s)
     s->ctx = ctx;
     s->m = ctx->mem;
     s->fd = s->be_fd = -1;
-    s->kick[0] = s->kick[1] = s->call[0] = s->call[1] = -1;
+    for (int i = 0; i < VHD_CHAOS_NRINGS; i++)
+        s->kick[i] = s->call[i] = -1;
     s->tmo = ctx->timeout_ms > 0 ? ctx->timeout_ms : 2000;
     s->r0_gpa = s->m->win[0].gpa;
     s->r0_off = 0;
+    s->r1_gpa = s->m->win[1].gpa;
     uint64_t t0 = now_ms();
     int rc;
     for (;;) {
@@ -601,15 +610,15 @@ int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off)
                              "SET_VRING_ADDR");
     if (rc)
         return rc;
-    if (s->call[q & 1] < 0)
-        s->call[q & 1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->kick[q & 1] < 0)
-        s->kick[q & 1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->call[q & 1] < 0 || s->kick[q & 1] < 0)
+    if (s->call[q % VHD_CHAOS_NRINGS] < 0)
+        s->call[q % VHD_CHAOS_NRINGS] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->kick[q % VHD_CHAOS_NRINGS] < 0)
+        s->kick[q % VHD_CHAOS_NRINGS] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->call[q % VHD_CHAOS_NRINGS] < 0 || s->kick[q % VHD_CHAOS_NRINGS] < 0)
         return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
-    return vhd_chaos__must(s,
-                           vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, s->call[q & 1]),
-                           "SET_VRING_CALL");
+    return vhd_chaos__must(
+        s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, s->call[q % VHD_CHAOS_NRINGS]),
+        "SET_VRING_CALL");
 }
 
 int vhd_chaos__ring_start(struct vhd_chaos_sess *s, uint32_t q, size_t off)
@@ -617,7 +626,8 @@ int vhd_chaos__ring_start(struct vhd_chaos_sess *s, uint32_t q, size_t off)
     int rc = vhd_chaos__ring_prepare(s, q, off);
     if (!rc)
         rc = vhd_chaos__must(
-            s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, s->kick[q & 1]),
+            s,
+            vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, s->kick[q % VHD_CHAOS_NRINGS]),
             "SET_VRING_KICK");
     if (!rc)
         rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, q, 1),
@@ -691,7 +701,7 @@ int vhd_chaos__needs_reset(struct vhd_chaos_sess *s)
 void vhd_chaos__kick(struct vhd_chaos_sess *s, uint32_t q)
 {
     uint64_t one = 1;
-    if (write(s->kick[q & 1], &one, sizeof(one)) < 0) {
+    if (write(s->kick[q % VHD_CHAOS_NRINGS], &one, sizeof(one)) < 0) {
         /* EAGAIN: a kick is already pending, which is all we want. */
     }
 }

@@ -46,8 +46,9 @@ enum vhd_chaos_category {
 
 /* The kind of device a case needs. */
 enum vhd_chaos_dev {
-    VHD_CHAOS_DEV_BLK, /* virtio-blk (any backend) */
-    VHD_CHAOS_DEV_NET, /* virtio-net with a loopback backend */
+    VHD_CHAOS_DEV_BLK,      /* virtio-blk (any backend) */
+    VHD_CHAOS_DEV_BLK_DATA, /* virtio-blk that keeps what is written (reads it back) */
+    VHD_CHAOS_DEV_NET,      /* virtio-net with a loopback backend */
 };
 
 #define VHD_CHAOS_WINDOWS   2          /* guest memory regions (windows of one memfd) */

@@ -16,6 +16,7 @@
 
 #include "core/compiler.h"
 #include "dev/virtio_blk.h"
+#include "dev/virtio_net.h"
 #include "vu_chaos_int.h"
 
 /* ======================= cases: descriptor chains (blk) ======================= */
@@ -339,6 +340,159 @@ static int c_ind_not_negotiated(struct vhd_chaos_ctx *ctx)
     return chain_case(ctx, false, false, b_ind_control);
 }
 
+/* ---- more blk requests ---- */
+
+/* An IN request whose data buffer is device-readable: nothing may be written into it. */
+static void b_in_readonly_data(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_NEXT, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* An OUT request whose data buffer is device-writable (no data to write at all). */
+static void b_out_writable_data(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_OUT, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_DATA, 4096);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* GET_ID into a 4-byte buffer: at most those 4 bytes (and the status) are written. */
+static void b_get_id_short(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_GET_ID, 0);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_DATA, 4);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+/* A read of 250 segments of 512 bytes through an indirect table (more than seg_max). */
+static void b_many_segments(struct vhd_chaos_sess *s)
+{
+    enum { NSEG = 250 };
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 0);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_DATA, NSEG * 512u);
+    vhd_chaos__sdesc(s, OFF_IND, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    for (uint16_t i = 1; i <= NSEG; i++)
+        vhd_chaos__sdesc(s, OFF_IND, i, vhd_chaos__gpa(s, OFF_DATA) + 512u * (i - 1u), 512,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, (uint16_t)(i + 1));
+    vhd_chaos__sdesc(s, OFF_IND, NSEG + 1, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 16u * (NSEG + 2),
+                     VRING_DESC_F_INDIRECT, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static int c_in_readonly_data(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_in_readonly_data);
+}
+static int c_out_writable_data(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_out_writable_data);
+}
+static int c_get_id_short(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_get_id_short);
+}
+static int c_many_segments(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, true, b_many_segments);
+}
+
+/* The ring starts at avail index 1000 while the driver's avail->idx says 1. */
+static int c_base_ahead(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 1000),
+                             "SET_VRING_BASE");
+    if (!rc)
+        rc = vhd_chaos__must(&s,
+                             vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+                             "SET_VRING_KICK");
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                             "SET_VRING_ENABLE");
+    if (!rc) {
+        b_control(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * One 8 KiB buffer across the boundary of the two regions (adjacent in
+ * guest-physical space, apart in ours): written from it, read back into
+ * one ordinary buffer, compared.
+ */
+static int c_crosses_regions(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (rc) {
+        vhd_chaos__close(&s);
+        return rc;
+    }
+    const size_t lo = VHD_CHAOS_WIN_SIZE - 4096, hi = VHD_CHAOS_WIN_SIZE; /* the two halves */
+    uint8_t *a = vhd_chaos__hva(&s, lo), *b = vhd_chaos__hva(&s, hi),
+            *r = vhd_chaos__hva(&s, OFF_DATA);
+    for (unsigned i = 0; i < 4096; i++) {
+        a[i] = (uint8_t)(i * 5 + 1);
+        b[i] = (uint8_t)(i * 11 + 7);
+    }
+    vhd_chaos__mirror(&s, lo, 4096);
+    vhd_chaos__mirror(&s, hi, 4096);
+    vhd_chaos__blk_hdr(&s, 0, VIRTIO_BLK_T_OUT, 128);
+    vhd_chaos__blk_hdr(&s, 1, VIRTIO_BLK_T_IN, 128);
+    vhd_chaos__allow(&s, OFF_STAT, 65);
+    vhd_chaos__allow(&s, OFF_DATA, 8192);
+    vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(&s, OFF_R0, 1, vhd_chaos__gpa(&s, lo), 8192, VRING_DESC_F_NEXT, 2);
+    vhd_chaos__sdesc(&s, OFF_R0, 2, vhd_chaos__gpa(&s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__sdesc(&s, OFF_R0, 3, vhd_chaos__gpa(&s, OFF_HDR + 64), 16, VRING_DESC_F_NEXT, 4);
+    vhd_chaos__sdesc(&s, OFF_R0, 4, vhd_chaos__gpa(&s, OFF_DATA), 8192,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 5);
+    vhd_chaos__sdesc(&s, OFF_R0, 5, vhd_chaos__gpa(&s, OFF_STAT + 64), 1, VRING_DESC_F_WRITE, 0);
+    struct vhd_chaos_used u0, u1;
+    vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+    vhd_chaos__kick(&s, 0);
+    rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u0, s.tmo);
+    if (!rc && u0.got) {
+        vhd_chaos__split_publish(&s, OFF_R0, 3, 2);
+        vhd_chaos__kick(&s, 0);
+        rc = vhd_chaos__await_used(&s, OFF_R0, 1, &u1, s.tmo);
+        bool same = memcmp(r, a, 4096) == 0 && memcmp(r + 4096, b, 4096) == 0;
+        if (!rc && u1.got && vhd_chaos__blk_status(&s, 0) == 0 &&
+            vhd_chaos__blk_status(&s, 1) == 0 && same)
+            ctx->observed |= VHD_CHAOS_SERVED;
+        else if (!rc)
+            vhd_chaos__note(&s, 0, "status %u/%u, data %s", vhd_chaos__blk_status(&s, 0),
+                            vhd_chaos__blk_status(&s, 1), same ? "same" : "differs");
+    } else if (!rc) {
+        vhd_chaos__note(&s, 0, "write not completed");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -606,6 +760,95 @@ static int c_net_rx_tiny(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* A transmit frame of 70000 bytes (more than any frame) from window 1. */
+static int c_net_tx_oversize(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__net(ctx, &s);
+    if (!rc) {
+        net_frame(&s, true);
+        vhd_chaos__sdesc(&s, OFF_R1, 0, vhd_chaos__gpa(&s, VHD_CHAOS_WIN_SIZE), 70000, 0, 0);
+        rc = net_go(&s, true);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ---- net control queue (ring 2, CTRL_VQ and CTRL_RX negotiated) ---- */
+
+#define OFF_CMD (OFF_DATA + 0x3000u) /* command bytes (readable) */
+#define OFF_ACK (OFF_DATA + 0x3800u) /* ack byte (writable) */
+
+/*
+ * Post one control command of cmd_len bytes (class, command, data) with an
+ * ack byte (or none) and classify: ack OK is served, ack ERR or a command
+ * given back unanswered is a failed request.
+ */
+static int net_ctrl(struct vhd_chaos_ctx *ctx, const uint8_t *cmd, uint32_t cmd_len, bool ack)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, BIT(VIRTIO_NET_F_CTRL_VQ) | BIT(VIRTIO_NET_F_CTRL_RX));
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 1, OFF_R1);
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 2, OFF_R2);
+    if (!rc) {
+        uint8_t ff = 0xff;
+        vhd_chaos__put(&s, OFF_CMD, cmd, cmd_len);
+        vhd_chaos__put(&s, OFF_ACK, &ff, 1);
+        if (ack)
+            vhd_chaos__allow(&s, OFF_ACK, 1);
+        vhd_chaos__sdesc(&s, OFF_R2, 0, vhd_chaos__gpa(&s, OFF_CMD), cmd_len,
+                         ack ? VRING_DESC_F_NEXT : 0, 1);
+        vhd_chaos__sdesc(&s, OFF_R2, 1, vhd_chaos__gpa(&s, OFF_ACK), 1, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(&s, OFF_R2, 0, 1);
+        vhd_chaos__kick(&s, 2);
+        struct vhd_chaos_used u;
+        rc = vhd_chaos__await_used(&s, OFF_R2, 0, &u, s.tmo);
+        uint8_t a = *vhd_chaos__hva(&s, OFF_ACK);
+        if (!rc && u.got) {
+            if (u.len >= 1 && a == VIRTIO_NET_OK)
+                ctx->observed |= VHD_CHAOS_SERVED;
+            else if ((u.len >= 1 && a == VIRTIO_NET_ERR) || (u.len == 0 && a == 0xff))
+                ctx->observed |= VHD_CHAOS_REQ_ERROR;
+            else
+                vhd_chaos__note(&s, 0, "used length %u, ack byte 0x%02x", u.len, a);
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_net_ctrl_control(struct vhd_chaos_ctx *ctx)
+{
+    static const uint8_t cmd[] = {VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, 1};
+    return net_ctrl(ctx, cmd, sizeof(cmd), true);
+}
+
+/* One byte: no class and command. */
+static int c_net_ctrl_short(struct vhd_chaos_ctx *ctx)
+{
+    static const uint8_t cmd[] = {VIRTIO_NET_CTRL_RX};
+    return net_ctrl(ctx, cmd, sizeof(cmd), true);
+}
+
+/* MAC_TABLE_SET whose first table claims 2^28 entries. */
+static int c_net_ctrl_mac_table(struct vhd_chaos_ctx *ctx)
+{
+    static const uint8_t cmd[] = {
+        VIRTIO_NET_CTRL_MAC, VIRTIO_NET_CTRL_MAC_TABLE_SET, 0, 0, 0, 0x10, 1, 2, 3, 4, 5, 6};
+    return net_ctrl(ctx, cmd, sizeof(cmd), true);
+}
+
+/* A command without an ack byte: it cannot be answered. */
+static int c_net_ctrl_no_ack(struct vhd_chaos_ctx *ctx)
+{
+    static const uint8_t cmd[] = {VIRTIO_NET_CTRL_RX, VIRTIO_NET_CTRL_RX_PROMISC, 1};
+    return net_ctrl(ctx, cmd, sizeof(cmd), false);
+}
+
 /* ======================= table ======================= */
 
 const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
@@ -625,6 +868,12 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(sector_oob, CHAINS, E),
     BLK(len_unaligned, CHAINS, E),
     BLK(bad_type, CHAINS, E),
+    BLK(in_readonly_data, CHAINS, E | B | S),
+    BLK(out_writable_data, CHAINS, E | B | S),
+    BLK(get_id_short, CHAINS, S | E),
+    BLK(many_segments, CHAINS, E | B | S),
+    BLK(base_ahead, CHAINS, B),
+    BLKD(crosses_regions, CHAINS, S),
     BLK(ind_control, CHAINS, S),
     BLK(ind_nested, CHAINS, B),
     BLK(ind_with_next, CHAINS, B),
@@ -646,5 +895,10 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     NET(net_tx_loop, CHAINS, B),
     NET(net_rx_readonly, CHAINS, B),
     NET(net_rx_tiny, CHAINS, E),
+    NET(net_tx_oversize, CHAINS, E),
+    NET(net_ctrl_control, CHAINS, S),
+    NET(net_ctrl_short, CHAINS, E),
+    NET(net_ctrl_mac_table, CHAINS, E),
+    NET(net_ctrl_no_ack, CHAINS, E),
 };
 const unsigned vhd_chaos__chain_ncases = VHD_ARRAY_SIZE(vhd_chaos__chain_cases);

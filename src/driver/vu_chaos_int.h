@@ -38,6 +38,7 @@
 #define RING_AVAIL 0x1000u  /* split avail ring / packed driver event area */
 #define RING_USED  0x2000u  /* split used ring / packed device event area */
 #define OFF_IND    0x7000u  /* indirect tables */
+#define OFF_R2     0xa000u  /* ring 2 (net control queue) */
 #define OFF_HDR    0x8000u  /* request headers, 64 bytes apart */
 #define OFF_STAT   0x9000u  /* status bytes, 64 bytes apart */
 #define OFF_DATA   0x10000u /* 4 KiB data buffers */
@@ -53,6 +54,9 @@
      BIT(VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS) | BIT(VHOST_USER_PROTOCOL_F_STATUS) | \
      BIT(VHOST_USER_PROTOCOL_F_RESET_DEVICE))
 
+/* Rings a case may start (net: receive, transmit, control). */
+#define VHD_CHAOS_NRINGS 3
+
 /* One raw session of a case. */
 struct vhd_chaos_sess {
     struct vhd_chaos_ctx *ctx;
@@ -64,7 +68,8 @@ struct vhd_chaos_sess {
     bool packed;
     uint64_t r0_gpa; /* guest address of window-0 offset r0_off (region 0 start) */
     uint64_t r0_off;
-    int kick[2], call[2]; /* eventfds of rings 0 and 1 (index & 1) */
+    uint64_t r1_gpa;                                    /* guest address of window 1 */
+    int kick[VHD_CHAOS_NRINGS], call[VHD_CHAOS_NRINGS]; /* eventfds of rings 0..2 */
 };
 
 /* A used element as the driver sees it. */
@@ -249,6 +254,10 @@ extern const unsigned vhd_chaos__chain_ncases;
 #define BLK(name, cat, expect)                                        \
     {                                                                 \
 #name, VHD_CHAOS_##cat, VHD_CHAOS_DEV_BLK, (expect), c_##name \
+    }
+#define BLKD(name, cat, expect)                                            \
+    {                                                                      \
+#name, VHD_CHAOS_##cat, VHD_CHAOS_DEV_BLK_DATA, (expect), c_##name \
     }
 #define NET(name, cat, expect)                                        \
     {                                                                 \

@@ -13,6 +13,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/compiler.h"
@@ -532,6 +533,25 @@ static int c_packed_base_oob(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* A packed ring whose base names a used slot beyond the ring. */
+static int c_packed_base_used_oob(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, BIT(VIRTIO_F_RING_PACKED));
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    if (!rc)
+        rc = vhd_chaos__must(
+            &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0x80008000u | (100u << 16)),
+            "SET_VRING_BASE");
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+            "start with used slot 100 of 8");
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ======================= cases: memory tables ======================= */
 
 static int mem_case(struct vhd_chaos_ctx *ctx, struct vu_mem_region *r, unsigned n,
@@ -663,6 +683,7 @@ static int c_mmap_unaligned_exact(struct vhd_chaos_ctx *ctx)
     r[0].size -= 512;
     r[1].gpa = r[0].gpa + r[0].size;
     s.r0_off = 512;
+    s.r1_gpa = r[1].gpa;
     int fds[2] = {s.m->fd, s.m->fd};
     rc = vhd_chaos__must(&s, vhd_chaos__mem_table(&s, r, 2, fds, 2), "SET_MEM_TABLE (offset 512)");
     if (!rc)
@@ -736,6 +757,43 @@ static int c_rem_unknown(struct vhd_chaos_ctx *ctx)
         rc = vhd_chaos__observe(&s,
                                 vhd_chaos__ack(&s, VHOST_USER_REM_MEM_REG, &m, sizeof(m), NULL, 0),
                                 "REM_MEM_REG of a region that does not exist");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * ADD_MEM_REG until the table is full: one 4 KiB region per page of both
+ * windows, without a SET_MEM_TABLE; the one past the advertised slot count
+ * must be refused, and all of it unmapped when the session ends.
+ */
+static int c_add_until_full(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t slots = 0;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__call_u64(&s, VHOST_USER_GET_MAX_MEM_SLOTS, &slots),
+                             "GET_MAX_MEM_SLOTS");
+    const unsigned per_win = VHD_CHAOS_WIN_SIZE / 4096;
+    if (!rc && slots >= (uint64_t)VHD_CHAOS_WINDOWS * per_win)
+        rc = vhd_chaos__note(&s, -ENOSPC, "%llu slots: more than this case can fill",
+                             (unsigned long long)slots);
+    for (unsigned i = 0; !rc && i <= slots; i++) {
+        unsigned w = i / per_win, pg = i % per_win;
+        struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, w)};
+        m.region.gpa += 4096ull * pg;
+        m.region.uva += 4096ull * pg;
+        m.region.mmap_offset += 4096ull * pg;
+        m.region.size = 4096;
+        int fd = s.m->fd;
+        int a = vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &fd, 1);
+        if (i < slots)
+            rc = vhd_chaos__must(&s, a, "ADD_MEM_REG below the slot count");
+        else
+            rc = vhd_chaos__observe(&s, a, "ADD_MEM_REG past the slot count");
     }
     vhd_chaos__close(&s);
     return rc;
@@ -1026,6 +1084,229 @@ static int c_rem_data_region(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* ======================= cases: more unsupported and hostile requests ======================= */
+
+/* SET_INFLIGHT_FD (not offered) with an fd: refused, the fd closed. */
+static int c_set_inflight_fd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_inflight in = {.mmap_size = 4096, .num_queues = 1, .queue_size = QSZ};
+        int fd = memfd_create("chaos-inflight", MFD_CLOEXEC);
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in), &fd, 1),
+            "SET_INFLIGHT_FD");
+        close(fd);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* GET_INFLIGHT_FD (not offered): has a reply but no error form: the session ends. */
+static int c_get_inflight_fd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_inflight in = {.mmap_size = 0, .num_queues = 1, .queue_size = QSZ};
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__call(&s, VHOST_USER_GET_INFLIGHT_FD, &in, sizeof(in), &h, &p),
+            "GET_INFLIGHT_FD");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* An IOTLB message without IOMMU_PLATFORM. */
+static int c_iotlb_msg(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        struct vu_iotlb t = {
+            .iova = 0, .size = 4096, .uva = vhd_chaos__uva(&s, 0), .perm = 3, .type = 2};
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__call(&s, VHOST_USER_IOTLB_MSG, &t, sizeof(t), &h, &p);
+        if (rc == 0)
+            rc = h.size == 8 && p.u64 ? VHD_CHAOS_NACK : 0;
+        rc = vhd_chaos__observe(&s, rc, "IOTLB_MSG");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* SET_CONFIG of the read-only capacity field. */
+static int c_set_config_ro(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc) {
+        struct vu_config c;
+        memset(&c, 0xff, sizeof(c));
+        c.offset = 0;
+        c.size = 8;
+        c.flags = VHOST_USER_CONFIG_FLAG_FRONTEND;
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_CONFIG, &c, VU_CONFIG_HDR_SIZE + 8, NULL, 0),
+            "SET_CONFIG of the capacity");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * The back-end channel is a memfd, not a socket; then a ring start that
+ * breaks the device makes the back-end try to notify on it.
+ */
+static int c_backend_fd_memfd(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t p = 0;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__must(
+            &s, vhd_chaos__call_u64(&s, VHOST_USER_GET_PROTOCOL_FEATURES, &s.proto_offered),
+            "GET_PROTOCOL_FEATURES");
+    if (!rc) {
+        p = s.proto_offered & WANT_PROTO;
+        rc = vhd_chaos__must(&s,
+                             vhd_chaos__send_raw(&s, VHOST_USER_SET_PROTOCOL_FEATURES,
+                                                 VHOST_USER_VERSION, 8, &p, 8, NULL, 0),
+                             "SET_PROTOCOL_FEATURES");
+        s.proto = p;
+    }
+    if (!rc) {
+        int fd = memfd_create("chaos-backend", MFD_CLOEXEC);
+        int a = vhd_chaos__ack(&s, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0, &fd, 1);
+        close(fd);
+        if (a > 0)
+            rc = vhd_chaos__observe(&s, a, "SET_BACKEND_REQ_FD with a memfd");
+        else if (a < 0)
+            rc = a;
+        else
+            rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                                 "SET_FEATURES");
+        if (!a && !rc)
+            rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE");
+        if (!a && !rc)
+            rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+        if (!a && !rc)
+            rc = vhd_chaos__must(&s, vhd_chaos__set_addr(&s, 0, 0x10000, 0x20000, 0x30000),
+                                 "SET_VRING_ADDR");
+        if (!a && !rc) {
+            rc = vhd_chaos__observe(
+                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+                "start a ring outside memory");
+            if (!rc && vhd_chaos__needs_reset(&s) == 1)
+                ctx->observed |= VHD_CHAOS_BROKEN;
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ======================= cases: control messages while I/O is in flight ======================= */
+
+/* A 1 MiB read into window 1 (all of it) as request 0, published and kicked. */
+static void big_read(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 0);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, VHD_CHAOS_WIN_SIZE, VHD_CHAOS_WIN_SIZE);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, VHD_CHAOS_WIN_SIZE), VHD_CHAOS_WIN_SIZE,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    vhd_chaos__kick(s, 0);
+}
+
+/*
+ * GET_VRING_BASE right after the kick: the reply may come only after every
+ * request the back-end took is completed and published, so the base it
+ * answers equals used->idx at that moment.
+ */
+static int c_base_mid_io(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        big_read(&s);
+        struct vu_vring_state st = {.index = 0};
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__call(&s, VHOST_USER_GET_VRING_BASE, &st, sizeof(st), &h, &p);
+        if (rc == 0) {
+            struct vhd_vring_used *u = (void *)vhd_chaos__hva(&s, OFF_R0 + RING_USED);
+            uint16_t used = vhd_le16(vhd_load_acquire(&u->idx));
+            uint8_t status = vhd_chaos__blk_status(&s, 0);
+            if (h.size == 8 && p.state.num == used && (used == 0 || status == VIRTIO_BLK_S_OK))
+                ctx->observed |= VHD_CHAOS_SERVED;
+            else
+                vhd_chaos__note(&s, 0, "GET_VRING_BASE %u with used->idx %u, status %u",
+                                p.state.num, used, status);
+        } else {
+            rc = vhd_chaos__observe(&s, rc, "GET_VRING_BASE");
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* The same memory table again while a 1 MiB read runs: the read completes, into the right place. */
+static int c_mem_table_mid_io(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        big_read(&s);
+        int a = vhd_chaos__mem_default(&s);
+        struct vhd_chaos_used u;
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, s.tmo);
+        if (!rc && a == 0 && u.got && vhd_chaos__blk_status(&s, 0) == VIRTIO_BLK_S_OK)
+            ctx->observed |= VHD_CHAOS_SERVED;
+        else if (!rc)
+            rc = vhd_chaos__observe(&s, a, "SET_MEM_TABLE during I/O");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * The front-end goes away while a 1 MiB read runs: the back-end must finish
+ * (or drop) it before it unmaps the memory. Served when the status byte is
+ * then OK or untouched, never anything else.
+ */
+static int c_disconnect_mid_io(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    if (!rc) {
+        big_read(&s);
+        vhd_chaos__close(&s);
+        /* Nothing to ask any more: give the back-end time to finish, then look. */
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+        uint8_t st = vhd_chaos__blk_status(&s, 0);
+        if (st == VIRTIO_BLK_S_OK || st == 0xff)
+            ctx->observed |= VHD_CHAOS_SERVED;
+        else
+            vhd_chaos__note(&s, 0, "status byte 0x%02x after the disconnect", st);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ======================= table ======================= */
 
 const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
@@ -1039,6 +1320,9 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(unknown_request, FRAMING, N),
     BLK(unknown_request_noack, FRAMING, C),
     BLK(unsupported_request, FRAMING, N),
+    BLK(set_inflight_fd, FRAMING, N),
+    BLK(get_inflight_fd, FRAMING, C),
+    BLK(iotlb_msg, FRAMING, C | N),
 
     BLK(kick_missing_fd, FDS, N),
     BLK(extra_fds, FDS, N),
@@ -1048,6 +1332,7 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(mem_fd_count, FDS, N),
     BLK(kick_memfd, FDS, N | B),
     BLK(add_reg_pipe, FDS, N),
+    BLK(backend_fd_memfd, FDS, N | B),
 
     BLK(features_unoffered, FEATURES, N),
     BLK(proto_unoffered, FEATURES, C),
@@ -1061,6 +1346,8 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(status_bad, FEATURES, N),
     BLK(config_oob, FEATURES, N),
     BLK(packed_base_oob, FEATURES, N),
+    BLK(packed_base_used_oob, FEATURES, N),
+    BLK(set_config_ro, FEATURES, N),
 
     BLK(overlap_gpa, MEMORY, N),
     BLK(overlap_uva, MEMORY, N),
@@ -1072,9 +1359,10 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(mmap_unaligned_beyond, MEMORY, N),
     BLK(mmap_offset_wraps, MEMORY, N),
     BLK(nine_regions, MEMORY, N | C),
-    BLK(mmap_unaligned_exact, MEMORY, S),
+    BLKD(mmap_unaligned_exact, MEMORY, S),
     BLK(add_overlap, MEMORY, N),
     BLK(rem_unknown, MEMORY, N),
+    BLK(add_until_full, MEMORY, N),
 
     BLK(desc_outside, RINGS, N | B),
     BLK(used_outside, RINGS, N | B),
@@ -1095,5 +1383,8 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(table_drops_ring, ORDER, N),
     BLK(add_reg_not_negotiated, ORDER, N),
     BLK(rem_data_region, ORDER, N | S | B),
+    BLK(base_mid_io, ORDER, S),
+    BLK(mem_table_mid_io, ORDER, S),
+    BLK(disconnect_mid_io, ORDER, S),
 };
 const unsigned vhd_chaos__msg_ncases = VHD_ARRAY_SIZE(vhd_chaos__msg_cases);
