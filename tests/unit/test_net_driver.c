@@ -6,10 +6,13 @@
  * process, sends frames through the driver and checks that each comes back
  * byte-identical on the same queue pair: split and packed rings, with and
  * without MRG_RXBUF, one and two pairs, frames spanning several receive
- * buffers, polled and interrupt-driven completion. Daemons die with the test
+ * buffers, polled and interrupt-driven completion; GET_QUEUE_NUM, idle CPU,
+ * control-queue commands and announce end to end, two ports with two pairs
+ * on a switch, a two-queue TAP in a namespace of its own. Daemons die with the test
  * (PR_SET_PDEATHSIG, atexit); every wait is bounded.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -616,5 +619,350 @@ VHD_TEST(announce_end_to_end)
                  -EINVAL);
     vhd_netdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* ======================= switch and TAP with several pairs ======================= */
+
+/* Start vhostd with the argument list given (after the binary), optionally inside netns ns. */
+static void vhostd_start_args(struct daemon *dm, const char *ns, const char *const *args)
+{
+    const char *bin = vhostd_path();
+    char *argv[24];
+    unsigned n = 0;
+    if (!bin)
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    if (ns) {
+        argv[n++] = "/bin/ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = (char *)ns;
+    }
+    argv[n++] = (char *)bin;
+    for (; *args && n < 23; args++)
+        argv[n++] = (char *)*args;
+    argv[n] = NULL;
+    daemon_spawn(dm, argv);
+}
+
+/* An Ethernet frame from src to dst, ethertype 0x88b5 (local experimental), payload tagged. */
+static void eth_frame(uint8_t *f, uint32_t len, const uint8_t *dst, const uint8_t *src,
+                      uint8_t pair, uint32_t k)
+{
+    memset(f, 0, len);
+    memcpy(f, dst, 6);
+    memcpy(f + 6, src, 6);
+    f[12] = 0x88;
+    f[13] = 0xb5;
+    f[14] = pair;
+    memcpy(f + 15, &k, sizeof(k));
+}
+
+/* Wait for one frame on p (bounded); its length, 0 on timeout. */
+static int rx_wait(struct vhd_netdrv_pair *p, uint8_t *buf, size_t len, unsigned ms)
+{
+    uint64_t t0 = ms_now();
+    for (;;) {
+        int n = vhd_netdrv_rx_copy(p, buf, len);
+        VHD_CHECK(n >= 0);
+        if (n > 0)
+            return n;
+        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        if (ms_now() - t0 > ms)
+            return 0;
+        sleep_ms(1);
+    }
+}
+
+/*
+ * Two devices with two queue pairs each on one switch (two workers): frames
+ * from pair i of one port arrive on pair i of the other, both ways, on
+ * every pair, nothing strays to another pair; the per-pair counters add up.
+ */
+VHD_TEST(switch_two_ports_two_pairs)
+{
+    enum { PAIRS = 2, PER_PAIR = 40 };
+    struct daemon dm;
+    char spec_a[PATH_MAX], spec_b[PATH_MAX], sock_b[256];
+    daemon_prepare(&dm);
+    snprintf(sock_b, sizeof(sock_b), "%s/b.sock", dm.dir);
+    snprintf(spec_a, sizeof(spec_a), "socket=%s,backend=switch,switch=mp,queues=%d", dm.sock,
+             PAIRS);
+    snprintf(spec_b, sizeof(spec_b), "socket=%s,backend=switch,switch=mp,queues=%d", sock_b, PAIRS);
+    const char *args[] = {"--log-level", "warn",  "--workers", "2", "--net",
+                          spec_a,        "--net", spec_b,      NULL};
+    vhostd_start_args(&dm, NULL, args);
+
+    struct vhd_netdrv *d[2];
+    char err[256];
+    const char *socks[2] = {dm.sock, sock_b};
+    for (int i = 0; i < 2; i++) {
+        struct vhd_netdrv_opts o = {.socket_path = socks[i], .num_pairs = PAIRS, .queue_size = 128};
+        int rc = vhd_netdrv_connect(&o, &d[i], err, sizeof(err));
+        if (rc < 0)
+            fprintf(stderr, "  connect %d: %s\n", i, err);
+        VHD_CHECK_EQ(rc, 0);
+    }
+    const uint8_t *mac[2] = {vhd_netdrv_get_info(d[0])->mac, vhd_netdrv_get_info(d[1])->mac};
+    VHD_CHECK(memcmp(mac[0], mac[1], 6) != 0);
+
+    uint8_t f[128], got[256];
+    for (int from = 0; from < 2; from++) {
+        int to = 1 - from;
+        for (uint32_t pi = 0; pi < PAIRS; pi++) {
+            struct vhd_netdrv_pair *tx = vhd_netdrv_get_pair(d[from], pi);
+            struct vhd_netdrv_pair *rx = vhd_netdrv_get_pair(d[to], pi);
+            for (uint32_t k = 0; k < PER_PAIR; k++) {
+                eth_frame(f, 60 + k, mac[to], mac[from], (uint8_t)pi, k);
+                struct iovec io = {f, 60 + k};
+                VHD_CHECK_EQ(vhd_netdrv_tx_burst(tx, &io, 1), 1);
+                int n = rx_wait(rx, got, sizeof(got), WAIT_MS);
+                if (n != (int)(60 + k) || memcmp(got, f, 60 + k) != 0) {
+                    fprintf(stderr, "  port %d pair %u frame %u: %d bytes at port %d\n", from, pi,
+                            k, n, to);
+                    VHD_CHECK(!"frame not delivered whole on the same pair");
+                }
+            }
+            /* nothing on the other pairs of either port */
+            for (uint32_t pj = 0; pj < PAIRS; pj++) {
+                VHD_CHECK_EQ(vhd_netdrv_rx_copy(vhd_netdrv_get_pair(d[from], pj), got, 256), 0);
+                if (pj != pi)
+                    VHD_CHECK_EQ(vhd_netdrv_rx_copy(vhd_netdrv_get_pair(d[to], pj), got, 256), 0);
+            }
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        for (uint32_t pi = 0; pi < PAIRS; pi++) {
+            struct vhd_netdrv_pair_stats st;
+            vhd_netdrv_pair_stats(vhd_netdrv_get_pair(d[i], pi), &st);
+            VHD_CHECK_EQ(st.tx_packets, PER_PAIR);
+            VHD_CHECK_EQ(st.rx_packets, PER_PAIR);
+            VHD_CHECK_EQ(st.rx_errors, 0);
+        }
+        vhd_netdrv_disconnect(d[i]);
+    }
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    unlink(sock_b);
+    test_done();
+}
+
+/* ---- TAP in a network namespace the test creates ---- */
+
+static char g_ns[32];
+
+static void ns_cleanup(void)
+{
+    if (g_ns[0]) {
+        char cmd[96];
+        snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null", g_ns);
+        if (system(cmd) != 0) {
+            /* already gone */
+        }
+        g_ns[0] = 0;
+    }
+}
+
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    int rc = system(cmd);
+    if (rc != 0)
+        fprintf(stderr, "  '%s': status %d\n", cmd, rc);
+    return rc;
+}
+
+/* A fresh netns (vhd-nd-PID); skipped without root or ip(8). Deleted at exit. */
+static void ns_create(void)
+{
+    if (geteuid() != 0)
+        vhd_test_skip("needs root (network namespace, TAP)");
+    if (system("ip netns list >/dev/null 2>&1") != 0)
+        vhd_test_skip("ip netns not available");
+    snprintf(g_ns, sizeof(g_ns), "vhd-nd-%d", (int)getpid());
+    atexit(ns_cleanup);
+    VHD_CHECK_EQ(sh("ip netns add %s && ip -n %s link set lo up", g_ns, g_ns), 0);
+}
+
+static uint16_t csum16(const uint8_t *p, size_t len)
+{
+    uint32_t s = 0;
+    for (size_t i = 0; i + 1 < len; i += 2)
+        s += (uint32_t)p[i] << 8 | p[i + 1];
+    if (len & 1)
+        s += (uint32_t)p[len - 1] << 8;
+    while (s >> 16)
+        s = (s & 0xffff) + (s >> 16);
+    return (uint16_t)~s;
+}
+
+/*
+ * A TCP SYN from 192.0.2.<src_ip>:sport to 192.0.2.<dst_ip>:dport (IPv4, checksums
+ * filled). 54 bytes; padded to 60.
+ */
+static uint32_t tcp_syn(uint8_t *f, const uint8_t *dmac, const uint8_t *smac, uint8_t src_ip,
+                        uint8_t dst_ip, uint16_t sport, uint16_t dport, uint32_t seq)
+{
+    memset(f, 0, 60);
+    memcpy(f, dmac, 6);
+    memcpy(f + 6, smac, 6);
+    f[12] = 0x08;
+    uint8_t *ip = f + 14;
+    ip[0] = 0x45;
+    ip[3] = 40;   /* total length */
+    ip[6] = 0x40; /* DF */
+    ip[8] = 64;   /* TTL */
+    ip[9] = 6;    /* TCP */
+    const uint8_t net[3] = {192, 0, 2};
+    memcpy(ip + 12, net, 3);
+    ip[15] = src_ip;
+    memcpy(ip + 16, net, 3);
+    ip[19] = dst_ip;
+    uint16_t c = csum16(ip, 20);
+    ip[10] = (uint8_t)(c >> 8);
+    ip[11] = (uint8_t)c;
+    uint8_t *t = ip + 20;
+    t[0] = (uint8_t)(sport >> 8);
+    t[1] = (uint8_t)sport;
+    t[2] = (uint8_t)(dport >> 8);
+    t[3] = (uint8_t)dport;
+    t[4] = (uint8_t)(seq >> 24);
+    t[5] = (uint8_t)(seq >> 16);
+    t[6] = (uint8_t)(seq >> 8);
+    t[7] = (uint8_t)seq;
+    t[12] = 5 << 4; /* data offset: 20 bytes */
+    t[13] = 0x02;   /* SYN */
+    t[14] = 0xff;   /* window */
+    /* checksum over the pseudo header (addresses, protocol, length) and the segment */
+    uint8_t ph[12 + 20];
+    memcpy(ph, ip + 12, 8);
+    ph[8] = 0;
+    ph[9] = 6;
+    ph[10] = 0;
+    ph[11] = 20;
+    memcpy(ph + 12, t, 20);
+    c = csum16(ph, sizeof(ph));
+    t[16] = (uint8_t)(c >> 8);
+    t[17] = (uint8_t)c;
+    return 60;
+}
+
+/*
+ * A multi-queue TAP (two queue pairs) in a namespace of our own, the host
+ * side at 192.0.2.1: pair 0 sends TCP SYNs from 192.0.2.2, pair 1 from
+ * 192.0.2.3, to a closed port. Every SYN reaches the kernel through its
+ * pair's TAP queue and every RST comes back, on the queue the TAP picks
+ * by flow hash: frames cross both ways on both pairs.
+ */
+VHD_TEST(tap_two_pairs_in_netns)
+{
+    enum { PAIRS = 2, PINGS = 20 };
+    ns_create();
+    struct daemon dm;
+    char spec[PATH_MAX];
+    daemon_prepare(&dm);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=tap,tap=vhdmq0,queues=%d", dm.sock, PAIRS);
+    const char *args[] = {"--log-level", "warn",  "--workers", "2", "--sandbox",
+                          "off",         "--net", spec,        NULL};
+    vhostd_start_args(&dm, g_ns, args);
+
+    struct vhd_netdrv *d;
+    char err[256];
+    struct vhd_netdrv_opts o = {.socket_path = dm.sock, .num_pairs = PAIRS, .queue_size = 128};
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    const uint8_t *mac = vhd_netdrv_get_info(d)->mac;
+    char macs[32];
+    snprintf(macs, sizeof(macs), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3],
+             mac[4], mac[5]);
+    /* Static neighbours: no ARP, whose replies the TAP could send on either queue. */
+    VHD_CHECK_EQ(sh("ip -n %s addr add 192.0.2.1/24 dev vhdmq0 && ip -n %s link set vhdmq0 up && "
+                    "ip -n %s neigh replace 192.0.2.2 lladdr %s dev vhdmq0 nud permanent && "
+                    "ip -n %s neigh replace 192.0.2.3 lladdr %s dev vhdmq0 nud permanent",
+                    g_ns, g_ns, g_ns, macs, g_ns, macs),
+                 0);
+    uint8_t tapmac[6];
+    char path[128], line[64];
+    snprintf(path, sizeof(path), "ip netns exec %s cat /sys/class/net/vhdmq0/address", g_ns);
+    FILE *pf = popen(path, "r");
+    VHD_CHECK(pf != NULL);
+    VHD_CHECK(fgets(line, sizeof(line), pf) != NULL);
+    pclose(pf);
+    VHD_CHECK_EQ(sscanf(line, "%hhx:%hhx:%hhx:%hhx:%hhx:%hhx", &tapmac[0], &tapmac[1], &tapmac[2],
+                        &tapmac[3], &tapmac[4], &tapmac[5]),
+                 6);
+
+    /*
+     * Every SYN (its own source port: its own flow) must be answered; the
+     * TAP picks the queue of each RST by the flow's hash, so with 2 * PINGS
+     * flows both pairs receive some (all on one: 2^-39).
+     */
+    uint8_t f[128], got[2048];
+    bool answered[PAIRS][PINGS + 1];
+    unsigned rst_on[PAIRS] = {0}, nanswered = 0;
+    memset(answered, 0, sizeof(answered));
+    for (uint16_t k = 1; k <= PINGS; k++) {
+        for (uint32_t pi = 0; pi < PAIRS; pi++) {
+            uint32_t len = tcp_syn(f, tapmac, mac, (uint8_t)(2 + pi), 1,
+                                   (uint16_t)(40000 + 100 * pi + k), 9, 1000u * k);
+            struct iovec io = {f, len};
+            VHD_CHECK_EQ(vhd_netdrv_tx_burst(vhd_netdrv_get_pair(d, pi), &io, 1), 1);
+        }
+    }
+    uint64_t t0 = ms_now();
+    while (nanswered < PAIRS * PINGS && ms_now() - t0 < WAIT_MS) {
+        bool any = false;
+        for (uint32_t pj = 0; pj < PAIRS; pj++) {
+            struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, pj);
+            VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+            int n = vhd_netdrv_rx_copy(p, got, sizeof(got));
+            VHD_CHECK(n >= 0);
+            if (n == 0)
+                continue;
+            any = true;
+            const uint8_t *ip = got + 14, *t = got + 34;
+            /* RSTs from 192.0.2.1 to .2 / .3; anything else (IPv6 noise) is skipped */
+            if (n < 54 || got[12] != 0x08 || got[13] != 0 || ip[9] != 6 || !(t[13] & 0x04) ||
+                ip[19] < 2 || ip[19] >= 2 + PAIRS)
+                continue;
+            uint32_t from = ip[19] - 2u;
+            unsigned k = (unsigned)((t[2] << 8 | t[3]) - 40000 - 100 * from);
+            if (k < 1 || k > PINGS || answered[from][k])
+                continue;
+            answered[from][k] = true;
+            nanswered++;
+            rst_on[pj]++;
+        }
+        if (!any)
+            sleep_ms(1);
+    }
+    if (nanswered != PAIRS * PINGS)
+        fprintf(stderr, "  %u of %u SYNs answered\n", nanswered, PAIRS * PINGS);
+    VHD_CHECK_EQ(nanswered, PAIRS * PINGS);
+    for (uint32_t pi = 0; pi < PAIRS; pi++) {
+        struct vhd_netdrv_pair_stats st;
+        vhd_netdrv_pair_stats(vhd_netdrv_get_pair(d, pi), &st);
+        if (rst_on[pi] == 0)
+            fprintf(stderr, "  no RST arrived on pair %u\n", pi);
+        VHD_CHECK(rst_on[pi] > 0);
+        VHD_CHECK_EQ(st.tx_packets, PINGS);
+        VHD_CHECK(st.rx_packets >= rst_on[pi]);
+    }
+    /* the kernel's view: PAIRS * PINGS requests in, as many replies out */
+    snprintf(path, sizeof(path), "ip netns exec %s cat /sys/class/net/vhdmq0/statistics/rx_packets",
+             g_ns);
+    pf = popen(path, "r");
+    VHD_CHECK(pf != NULL && fgets(line, sizeof(line), pf) != NULL);
+    pclose(pf);
+    VHD_CHECK(strtoull(line, NULL, 10) >= PAIRS * PINGS);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    ns_cleanup();
     test_done();
 }
