@@ -348,6 +348,7 @@ int main(int argc, char **argv)
             .user = d.opts.user,
             .chown_paths = socks,
             .nchown = nsocks,
+            .client_mode = nsocks < (unsigned)d.ndev, /* a device without a listening socket */
         };
         if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
             fprintf(stderr, "vhostd: sandbox: %s\n", err);

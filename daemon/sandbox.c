@@ -30,8 +30,9 @@
  * code and confirmed by running the guest test matrix and the demo under
  * strace -f and under --sandbox=log (see docs/USER-GUIDE.md, "Sandboxing").
  * Not here, on purpose: open/openat/creat (every file is open before the
- * filter), socket other than AF_UNIX stream, bind/listen (listening sockets
- * exist), clone/clone3/fork/vfork/execve (workers exist; nothing is
+ * filter), socket and connect unless a device is in client mode (then
+ * AF_UNIX stream sockets only), bind/listen (listening sockets exist),
+ * clone/clone3/fork/vfork/execve (workers exist; nothing is
  * spawned), io_uring_setup/io_uring_register (rings exist), ptrace, kill,
  * prctl, setuid and friends, mount and namespaces, bpf, perf_event_open.
  *
@@ -53,11 +54,18 @@
         .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
         .mask = (msk), .value = (val), .why = reason                                     \
     }
-#define ARG_MASKED_AND_MASKED(sys, argi, msk, val, argj, mskj, valj, reason)             \
+/* Two argument conditions, both required; only: 0 or the VHD_SANDBOX_F_* flag that installs it. */
+#define ARG_MASKED_AND_MASKED(sys, argi, msk, val, argj, mskj, valj, only, reason)       \
     {                                                                                    \
         .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
         .mask = (msk), .value = (val), .why = reason, .has_and = true, .and_arg = argj,  \
-        .and_mask = (mskj), .and_value = (valj)                                          \
+        .and_mask = (mskj), .and_value = (valj), .only_with = (only)                     \
+    }
+/* Any arguments, installed only with VHD_SANDBOX_F_CLIENT. */
+#define CLIENT_ANY(sys, reason)                                      \
+    {                                                                \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason, \
+        .only_with = VHD_SANDBOX_F_CLIENT                            \
     }
 #define ARG_SELF_PID(sys, argi, reason)                                                 \
     {                                                                                   \
@@ -100,11 +108,16 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(recvmsg, "vhost-user messages, with fds (SCM_RIGHTS)"),
     ANY(sendmsg, "vhost-user replies and back-end requests, with fds"),
     ANY(poll, "a reply waits (bounded) for room in the socket buffer"),
-    /* ---- client mode (vu_client.c): connect to the front-end, retry on a timer ---- */
+    /*
+     * ---- client mode (vu_client.c): connect to the front-end, retry on a timer ----
+     * Installed only when a device is in client mode: a daemon that only listens
+     * keeps connect forbidden.
+     */
     ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_UNIX, 1, SOCK_TYPE_BITS, SOCK_STREAM,
-                          "client mode: a Unix stream socket for the front-end (nothing else)"),
-    ANY(connect, "client mode: connect to the front-end's listening Unix socket"),
-    ANY(timerfd_settime, "client mode: arm the reconnect back-off timer"),
+                          VHD_SANDBOX_F_CLIENT,
+                          "client mode: a Unix stream socket for the front-end (no other)"),
+    CLIENT_ANY(connect, "client mode: connect to the front-end's listening Unix socket"),
+    CLIENT_ANY(timerfd_settime, "client mode: arm the reconnect back-off timer"),
     ANY(close, "fds of ended sessions, replaced ring fds, region fds after mmap"),
     ARG_EQ(fcntl, 1, F_GETFL, "read the flags of a session, kick or back-end fd"),
     ARG_EQ(fcntl, 1, F_SETFL, "O_NONBLOCK on session, kick and back-end-channel fds"),
@@ -167,6 +180,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
 #undef ARG_MASKED
 #undef ARG_SELF_PID
 #undef ARG_MASKED_AND_MASKED
+#undef CLIENT_ANY
 
 const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n)
 {
@@ -203,6 +217,11 @@ static void prime_libc(void)
 
 int vhd_sandbox_apply(enum vhd_sandbox_mode mode)
 {
+    return vhd_sandbox_apply_with(mode, 0);
+}
+
+int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags)
+{
     uint32_t deny;
     size_t n;
     int rc;
@@ -238,6 +257,8 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode)
 
         if (r->nr < 0)
             continue; /* not a syscall on this architecture (libseccomp's pseudo number) */
+        if (r->only_with && !(r->only_with & flags))
+            continue; /* a feature not in use */
         if (r->arg >= 0) {
             cmp[0].arg = (unsigned)r->arg;
             switch (r->op) {
@@ -425,14 +446,16 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
     }
     if (o->mode != VHD_SANDBOX_OFF)
         sanitizer_before_filter();
-    rc = vhd_sandbox_apply(o->mode);
+    rc = vhd_sandbox_apply_with(o->mode, o->client_mode ? VHD_SANDBOX_F_CLIENT : 0);
     if (rc < 0)
         return set_err(err, errlen, rc, "seccomp filter: %s%s", strerror(-rc),
                        rc == -EINVAL || rc == -ENOSYS
                            ? " (no seccomp filter support in this kernel? --sandbox=off)"
                            : "");
-    size_t n;
-    vhd_sandbox_rules(&n);
+    size_t n = 0, all;
+    const struct vhd_sandbox_rule *rules = vhd_sandbox_rules(&all);
+    for (size_t i = 0; i < all; i++)
+        n += !rules[i].only_with || (o->client_mode && rules[i].only_with == VHD_SANDBOX_F_CLIENT);
     if (o->mode == VHD_SANDBOX_ON)
         vhd_log(VHD_LOG_INFO, "sandbox: seccomp filter on (%zu rules): other syscalls kill vhostd",
                 n);

@@ -25,6 +25,8 @@ struct vhd_sandbox_opts {
     /* Files handed to that user first (our listening sockets, so its front-end can connect). */
     const char *const *chown_paths;
     unsigned nchown;
+    /* A device is in client mode: allow its rows (VHD_SANDBOX_F_CLIENT). */
+    bool client_mode;
 };
 
 /*
@@ -53,6 +55,14 @@ int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned n
  */
 int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
 
+/*
+ * Rows that only a feature needs, installed only when it is in use:
+ * VHD_SANDBOX_F_CLIENT: client mode connects out (socket, connect, the back-off timer).
+ * vhd_sandbox_apply(mode) is vhd_sandbox_apply_with(mode, 0).
+ */
+#define VHD_SANDBOX_F_CLIENT 1u
+int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags);
+
 /* One row of the allow table: syscall, optional argument condition, and why. */
 struct vhd_sandbox_rule {
     const char *name;    /* syscall name */
@@ -67,6 +77,7 @@ struct vhd_sandbox_rule {
     bool has_and;
     int and_arg;
     unsigned long and_mask, and_value;
+    unsigned only_with; /* 0: always; else the VHD_SANDBOX_F_* flag that installs this row */
 };
 
 #define VHD_SANDBOX_ARG_EQ        0 /* argument == value */

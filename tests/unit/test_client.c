@@ -359,12 +359,15 @@ VHD_TEST(client_connects_once_the_frontend_listens)
 
     prepare(&dm, true);
     start_client(&dm, "reconnect-max=400");
-    /* Nobody listens yet: attempts fail and space out (50, 100, 200, 400, 400 ms ...). */
-    sleep_ms(700);
+    /*
+     * Nobody listens yet: attempts fail and space out (after 50, 100, 200, 400,
+     * 400 ms ...): 4 or 5 in the first 800 ms (fewer on a loaded machine).
+     */
+    sleep_ms(800);
     check_alive(&dm);
     long a = attempts(&dm);
-    VHD_CHECK(a >= 3 && a <= 8);
-    VHD_CHECK(log_count(&dm, "No such file or directory", NULL) >= 3);
+    VHD_CHECK(a >= 2 && a <= 6);
+    VHD_CHECK(log_count(&dm, "No such file or directory", NULL) >= 2);
 
     struct vhd_blkdrv *d = listen_and_wait(dm.sock);
     wait_log(&dm, "connected to the front-end", 1);
@@ -460,7 +463,7 @@ VHD_TEST(client_unreachable_path_backs_off)
     if (getenv("VHD_TEST_DEBUG"))
         fprintf(stderr, "  %ld attempts and %ld ticks in 3 s\n", a, cpu);
     /* 3000 ms at one attempt per 400 ms: 7 or 8; a busy loop would make thousands. */
-    VHD_CHECK(a >= 5 && a <= 10);
+    VHD_CHECK(a >= 4 && a <= 10);
     VHD_CHECK(cpu * 1000 / hz < 300); /* < 10% of one CPU, even under a sanitizer */
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
@@ -468,14 +471,29 @@ VHD_TEST(client_unreachable_path_backs_off)
 
 /* ======================= hostile front-ends (server mode) ======================= */
 
+/*
+ * Connect to the daemon's socket. The socket file appears at bind(), a
+ * moment before listen(): a refusal then is retried (bounded).
+ */
 static int cli_connect(const char *path)
 {
     struct sockaddr_un sa;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    VHD_CHECK(fd >= 0);
+    uint64_t t0 = ms_now();
+
     sun_of(&sa, path);
-    VHD_CHECK_EQ(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    return fd;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        VHD_CHECK(fd >= 0);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+            return fd;
+        int err = errno;
+        close(fd);
+        if (err != ECONNREFUSED || ms_now() - t0 > WAIT_MS) {
+            fprintf(stderr, "  connect %s: %s\n", path, strerror(err));
+            VHD_CHECK(!"connect");
+        }
+        sleep_ms(2);
+    }
 }
 
 /*

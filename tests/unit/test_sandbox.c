@@ -189,12 +189,17 @@ VHD_TEST(table_socket_only_unix_stream)
         VHD_CHECK_EQ(r[i].op, VHD_SANDBOX_ARG_MASKED_EQ);
         VHD_CHECK_EQ(r[i].mask & 0xffffffffUL, 0xffffffffUL);
         VHD_CHECK_EQ(r[i].value, AF_UNIX);
+        VHD_CHECK_EQ(r[i].only_with, VHD_SANDBOX_F_CLIENT);
         VHD_CHECK(r[i].has_and); /* ... and the type, flags aside */
         VHD_CHECK_EQ(r[i].and_arg, 1);
         VHD_CHECK_EQ(r[i].and_mask, 0xffffffffUL & ~(unsigned long)(SOCK_NONBLOCK | SOCK_CLOEXEC));
         VHD_CHECK_EQ(r[i].and_value, SOCK_STREAM);
     }
     VHD_CHECK_EQ(rows, 1);
+    /* connect and the timer exist for client mode only. */
+    VHD_CHECK(find_rule("connect") && find_rule("connect")->only_with == VHD_SANDBOX_F_CLIENT);
+    VHD_CHECK(find_rule("timerfd_settime") &&
+              find_rule("timerfd_settime")->only_with == VHD_SANDBOX_F_CLIENT);
 }
 
 /* =====================================================================
@@ -225,32 +230,8 @@ static void allowed_ops_child(void *arg)
     CHILD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int tfd = mkstemp(tmpl);
     CHILD_CHECK(tfd >= 0);
-    /* Client mode: a front-end's listening socket, and the reconnect timer. */
-    char lpath[sizeof(tmpl) + 8];
-    snprintf(lpath, sizeof(lpath), "%s.sock", tmpl);
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    CHILD_CHECK(strlen(lpath) < sizeof(sa.sun_path));
-    strcpy(sa.sun_path, lpath);
-    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    CHILD_CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-    CHILD_CHECK(listen(lfd, 1) == 0);
-    int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    CHILD_CHECK(timer >= 0);
 
     CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
-
-    /* Client mode: a Unix stream socket connects to the front-end; the back-off timer. */
-    int cfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    CHILD_CHECK(cfd >= 0);
-    CHILD_CHECK(connect(cfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
-    CHILD_CHECK(close(cfd) == 0);
-    struct itimerspec its = {.it_value = {.tv_nsec = 1000000}};
-    CHILD_CHECK(timerfd_settime(timer, 0, &its, NULL) == 0);
-    uint64_t expired = 0;
-    struct pollfd tp = {.fd = timer, .events = POLLIN};
-    CHILD_CHECK(poll(&tp, 1, 1000) == 1);
-    CHILD_CHECK(read(timer, &expired, sizeof(expired)) == 8 && expired == 1);
-    CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlink(lpath) == 0);
 
     /* epoll + eventfd: a kick wakes a loop. */
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = efd}, out[4];
@@ -453,6 +434,57 @@ static void probe_open_new_file(void)
     }
 }
 
+/*
+ * Client mode (VHD_SANDBOX_F_CLIENT): a Unix stream socket connects to the
+ * front-end's listening socket; the back-off timer is armed and fires.
+ * Without the flag (arg NULL) the first socket() must kill the child.
+ */
+static void client_ops_child(void *arg)
+{
+    bool client = arg != NULL;
+    char tmpl[] = "/tmp/vhd-sandbox-cl-XXXXXX";
+    int tfd = mkstemp(tmpl);
+    CHILD_CHECK(tfd >= 0);
+    close(tfd);
+    unlink(tmpl);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    CHILD_CHECK(strlen(tmpl) < sizeof(sa.sun_path));
+    strcpy(sa.sun_path, tmpl);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    CHILD_CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHILD_CHECK(listen(lfd, 1) == 0);
+    int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    CHILD_CHECK(timer >= 0);
+
+    CHILD_CHECK(vhd_sandbox_apply_with(VHD_SANDBOX_ON, client ? VHD_SANDBOX_F_CLIENT : 0) == 0);
+
+    int cfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    CHILD_CHECK(cfd >= 0);
+    CHILD_CHECK(connect(cfd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    CHILD_CHECK(close(cfd) == 0);
+    struct itimerspec its = {.it_value = {.tv_nsec = 1000000}};
+    CHILD_CHECK(timerfd_settime(timer, 0, &its, NULL) == 0);
+    uint64_t expired = 0;
+    struct pollfd tp = {.fd = timer, .events = POLLIN};
+    CHILD_CHECK(poll(&tp, 1, 1000) == 1);
+    CHILD_CHECK(read(timer, &expired, sizeof(expired)) == 8 && expired == 1);
+    CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlink(tmpl) == 0);
+}
+
+/* The client-mode rows are there with the flag, and only with it. */
+VHD_TEST(client_mode_rows_only_with_the_flag)
+{
+    char d[64];
+    int st = run_child(client_ops_child, (void *)1);
+    if (!exited_ok(st))
+        fprintf(stderr, "  client mode: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+    st = run_child(client_ops_child, NULL);
+    if (!killed_by_sigsys(st))
+        fprintf(stderr, "  without client mode: %s, expected SIGSYS\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(killed_by_sigsys(st));
+}
+
 static void probe_open_existing_file(void)
 {
     int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
@@ -623,24 +655,25 @@ static const struct probe {
 
 struct probe_run {
     enum vhd_sandbox_mode mode;
+    unsigned flags;
     const struct probe *p;
 };
 
 static void probe_child(void *arg)
 {
     const struct probe_run *r = arg;
-    CHILD_CHECK(vhd_sandbox_apply(r->mode) == 0);
+    CHILD_CHECK(vhd_sandbox_apply_with(r->mode, r->flags) == 0);
     r->p->fn();
 }
 
 /* Run every probe under mode; count those whose outcome is not the expected one. */
-static int run_probes(enum vhd_sandbox_mode mode, bool expect_sigsys)
+static int run_probes_with(enum vhd_sandbox_mode mode, unsigned flags, bool expect_sigsys)
 {
     int bad = 0;
     char d[64];
 
     for (size_t i = 0; i < NPROBES; i++) {
-        struct probe_run r = {.mode = mode, .p = &probes[i]};
+        struct probe_run r = {.mode = mode, .flags = flags, .p = &probes[i]};
         int st = run_child(probe_child, &r);
         bool ok = expect_sigsys ? killed_by_sigsys(st) : exited_ok(st);
         if (!ok) {
@@ -652,9 +685,16 @@ static int run_probes(enum vhd_sandbox_mode mode, bool expect_sigsys)
     return bad;
 }
 
+static int run_probes(enum vhd_sandbox_mode mode, bool expect_sigsys)
+{
+    return run_probes_with(mode, 0, expect_sigsys);
+}
+
 VHD_TEST(forbidden_syscalls_kill_with_sigsys)
 {
     VHD_CHECK_EQ(run_probes(VHD_SANDBOX_ON, true), 0);
+    /* Client mode's rows let nothing else through (other sockets, socketpair). */
+    VHD_CHECK_EQ(run_probes_with(VHD_SANDBOX_ON, VHD_SANDBOX_F_CLIENT, true), 0);
 }
 
 VHD_TEST(forbidden_syscalls_are_harmless_without_filter)
