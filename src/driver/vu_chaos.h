@@ -75,6 +75,7 @@ struct vhd_chaos_mem {
 /* One run of one case. */
 struct vhd_chaos_ctx {
     const char *socket_path; /* in: the device's socket */
+    const char *probe_path;  /* in: another idle device's socket (NULL: not probed) */
     int timeout_ms;          /* in: bound on every wait (0: 2000) */
     struct vhd_chaos_mem *mem;
     /* out */

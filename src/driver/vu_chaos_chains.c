@@ -493,6 +493,56 @@ static int c_crosses_regions(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * Region 1 at the top of the guest-physical space (it ends 4 KiB below
+ * 2^64): a read into its last 4 KiB must be served; a buffer that runs past
+ * its end (where the next byte is 2^64 - 4096, in no region) must break the
+ * queue, never wrap to guest address 0.
+ */
+static int gpa_top(struct vhd_chaos_ctx *ctx, uint64_t back, uint32_t len)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    if (!rc) {
+        struct vu_mem_region r[2] = {vhd_chaos__win_region(&s, 0), vhd_chaos__win_region(&s, 1)};
+        r[1].gpa = 0ull - 4096 - VHD_CHAOS_WIN_SIZE;
+        s.r1_gpa = r[1].gpa;
+        int fds[2] = {s.m->fd, s.m->fd};
+        rc = vhd_chaos__must(&s, vhd_chaos__mem_table(&s, r, 2, fds, 2), "SET_MEM_TABLE (top)");
+    }
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc) {
+        const size_t end = 2u * VHD_CHAOS_WIN_SIZE; /* offset just past window 1 */
+        vhd_chaos__blk_hdr(&s, 0, VIRTIO_BLK_T_IN, 8);
+        vhd_chaos__allow(&s, OFF_STAT, 1);
+        vhd_chaos__allow(&s, end - back, back < len ? back : len);
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+        vhd_chaos__sdesc(&s, OFF_R0, 1, s.r1_gpa + VHD_CHAOS_WIN_SIZE - back, len,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+        vhd_chaos__sdesc(&s, OFF_R0, 2, vhd_chaos__gpa(&s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_gpa_top(struct vhd_chaos_ctx *ctx)
+{
+    return gpa_top(ctx, 4096, 4096);
+}
+
+static int c_gpa_top_past_end(struct vhd_chaos_ctx *ctx)
+{
+    return gpa_top(ctx, 2048, 8192);
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -874,6 +924,8 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(many_segments, CHAINS, E | B | S),
     BLK(base_ahead, CHAINS, B),
     BLKD(crosses_regions, CHAINS, S),
+    BLK(gpa_top, CHAINS, S),
+    BLK(gpa_top_past_end, CHAINS, B | E),
     BLK(ind_control, CHAINS, S),
     BLK(ind_nested, CHAINS, B),
     BLK(ind_with_next, CHAINS, B),

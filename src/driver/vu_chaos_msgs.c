@@ -173,6 +173,93 @@ static int c_unsupported_request(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+static uint64_t mono_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* Longest stall of another device's control plane a case tolerates. */
+#define STALL_MAX_MS 250
+
+/*
+ * A front-end that sends requests and never reads the replies. The
+ * back-end must not block on its full socket: its control thread serves
+ * every device, so while it waits, no other front-end is answered (probed
+ * on ctx->probe_path). It may close the session, or serve it all.
+ */
+static int c_never_reads(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s, probe;
+    struct vhd_chaos_ctx pctx = *ctx;
+    int rc = vhd_chaos__open(ctx, &s);
+    bool have_probe = false;
+    if (!rc && ctx->probe_path) {
+        pctx.socket_path = ctx->probe_path;
+        rc = vhd_chaos__open(&pctx, &probe);
+        if (rc)
+            vhd_chaos__note(&s, rc, "probe session: %s", pctx.note);
+        have_probe = rc == 0;
+    }
+    if (rc) {
+        vhd_chaos__close(&s);
+        return rc;
+    }
+    enum { BATCH = 512 };
+    struct vu_hdr h[BATCH];
+    for (unsigned i = 0; i < BATCH; i++)
+        h[i] = (struct vu_hdr){.request = VHOST_USER_GET_FEATURES, .flags = VHOST_USER_VERSION};
+    const uint8_t *buf = (const uint8_t *)h;
+    size_t off = 0, total = 0;
+    bool closed = false;
+    uint64_t t0 = mono_ms(), last = t0, stall = 0;
+    /* Bounded: 4 s, or 1.5 s without progress, or 4 MiB of requests. */
+    while (total < (4u << 20) && mono_ms() - t0 < 4000 && mono_ms() - last < 1500) {
+        ssize_t n = send(s.fd, buf + off, sizeof(h) - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n > 0) {
+            off = (off + (size_t)n) % sizeof(h);
+            total += (size_t)n;
+            last = mono_ms();
+        } else if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+            closed = true;
+            break;
+        } else if (have_probe) {
+            /* Stuck: is the back-end still serving another device? */
+            uint64_t tp = mono_ms(), v;
+            if (vhd_chaos__call_u64(&probe, VHOST_USER_GET_FEATURES, &v) != 0)
+                stall = UINT64_MAX;
+            else if (mono_ms() - tp > stall)
+                stall = mono_ms() - tp;
+        } else {
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    /* Now read: the replies that were sent, then EOF if the back-end gave up on us. */
+    if (!closed) {
+        struct vu_hdr r;
+        union vu_payload p;
+        int got;
+        while ((got = vhd_chaos__recv(&s, &r, &p)) == 1)
+            ;
+        closed = got == -ECONNRESET;
+    }
+    if (closed)
+        ctx->observed |= VHD_CHAOS_CLOSED;
+    else if (off == 0 && vhd_chaos__call_u64(&s, VHOST_USER_GET_FEATURES, &s.offered) == 0)
+        ctx->observed |= VHD_CHAOS_SERVED; /* every reply delivered, session still fine */
+    vhd_chaos__note(&s, 0, "%zu bytes of requests, another device waited up to %llu ms%s", total,
+                    (unsigned long long)stall,
+                    ctx->observed ? "" : "; session neither closed nor usable");
+    if (stall > STALL_MAX_MS)
+        ctx->observed = 0; /* the other devices were not served meanwhile: not survived */
+    if (have_probe)
+        vhd_chaos__close(&probe);
+    vhd_chaos__close(&s);
+    return 0;
+}
+
 /* ======================= cases: file descriptors ======================= */
 
 /* SET_VRING_KICK without NOFD and without an fd. */
@@ -1323,6 +1410,7 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(set_inflight_fd, FRAMING, N),
     BLK(get_inflight_fd, FRAMING, C),
     BLK(iotlb_msg, FRAMING, C | N),
+    BLK(never_reads, FRAMING, C | S),
 
     BLK(kick_missing_fd, FDS, N),
     BLK(extra_fds, FDS, N),

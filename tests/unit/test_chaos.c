@@ -355,7 +355,10 @@ static void run_cases(struct chaos_daemon *cd, struct workload *w, struct vhd_ch
             continue;
         if (cs->dev == VHD_CHAOS_DEV_BLK_DATA && t != T_A)
             continue; /* reads back what it wrote: not on the null backend */
-        struct vhd_chaos_ctx ctx = {.socket_path = sock, .timeout_ms = 2000, .mem = mem};
+        struct vhd_chaos_ctx ctx = {.socket_path = sock,
+                                    .probe_path = t == T_NULL ? cd->dm.sock : cd->sock_n,
+                                    .timeout_ms = 2000,
+                                    .mem = mem};
         char why[256] = "", exp[64], got[64];
         bool ok = true;
 
