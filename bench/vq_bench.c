@@ -8,8 +8,12 @@
  * `valgrind --tool=callgrind` with a small --requests for instructions per
  * request (repeatable on a noisy machine).
  *
+ * --inflight tracks the queue in an inflight area (vhost-user
+ * INFLIGHT_SHMFD: a record per pop, cleared after each flush), to measure
+ * what crash-safe resubmission costs per request.
+ *
  * Usage: vq-bench [--requests N] [--layout split|packed|both] [--batch B]...
- *                 [--indirect] [--size QSIZE]
+ *                 [--indirect] [--size QSIZE] [--inflight]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -29,6 +33,7 @@ struct bench {
     struct vhd_vq vq;
     uint64_t hdr_gpa; /* per-id 16-byte headers */
     uint64_t st_gpa;  /* per-id status bytes */
+    void *inflight;   /* --inflight: the queue's region, or NULL */
 };
 
 static double now_ns(void)
@@ -38,7 +43,7 @@ static double now_ns(void)
     return ts.tv_sec * 1e9 + ts.tv_nsec;
 }
 
-static int setup(struct bench *b, uint32_t qsize, bool packed, bool indirect)
+static int setup(struct bench *b, uint32_t qsize, bool packed, bool indirect, bool inflight)
 {
     struct vhd_mem_region_desc d[1];
     int rc = vhd_guestmem_init(&b->gm, 1, 64ull << 20, 0x100000, 0);
@@ -75,6 +80,19 @@ static int setup(struct bench *b, uint32_t qsize, bool packed, bool indirect)
     rc = vhd_vq_init(&b->vq, &vp, b->mem);
     if (rc < 0)
         return rc;
+    if (inflight) {
+        size_t len = vhd_inflight_queue_size(packed, qsize);
+        b->inflight = aligned_alloc(64, len);
+        if (!b->inflight)
+            return -ENOMEM;
+        memset(b->inflight, 0, len);
+        /* Packed: a ring position as a front-end sends it (both wrap counters 1). */
+        if (packed)
+            (void)vhd_vq_set_base(&b->vq, 1u << 15 | 1u << 31);
+        rc = vhd_vq_set_inflight(&b->vq, b->inflight, qsize);
+        if (rc < 0)
+            return rc;
+    }
     rc = vhd_vq_start(&b->vq);
     if (rc < 0)
         return rc;
@@ -85,6 +103,8 @@ static int setup(struct bench *b, uint32_t qsize, bool packed, bool indirect)
 
 static void teardown(struct bench *b)
 {
+    vhd_vq_fini(&b->vq);
+    free(b->inflight);
     vhd_drv_vq_fini(&b->dq);
     vhd_mem_free(b->mem);
     vhd_guestmem_fini(&b->gm);
@@ -137,7 +157,7 @@ int main(int argc, char **argv)
     uint32_t batches[8] = {1, 16, 64};
     int nbatches = 3, user_batches = 0;
     int layouts = 3; /* bit 0 split, bit 1 packed */
-    bool indirect = false;
+    bool indirect = false, inflight = false;
     uint32_t qsize = 256;
 
     for (int i = 1; i < argc; i++) {
@@ -154,17 +174,19 @@ int main(int argc, char **argv)
             layouts = !strcmp(argv[i], "split") ? 1 : !strcmp(argv[i], "packed") ? 2 : 3;
         } else if (!strcmp(argv[i], "--indirect")) {
             indirect = true;
+        } else if (!strcmp(argv[i], "--inflight")) {
+            inflight = true;
         } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             qsize = (uint32_t)strtoul(argv[++i], NULL, 0);
         } else {
             fprintf(stderr,
                     "usage: %s [--requests N] [--layout split|packed|both] [--batch B]... "
-                    "[--indirect] [--size QSIZE]\n",
+                    "[--indirect] [--size QSIZE] [--inflight]\n",
                     argv[0]);
             return 2;
         }
     }
-    printf("%-8s %-6s %-9s %12s\n", "layout", "batch", "indirect", "ns/request");
+    printf("%-8s %-6s %-9s %-9s %12s\n", "layout", "batch", "indirect", "inflight", "ns/request");
     for (int l = 0; l < 2; l++) {
         if (!(layouts & (1 << l)))
             continue;
@@ -176,7 +198,7 @@ int main(int argc, char **argv)
             }
             struct bench b;
             memset(&b, 0, sizeof(b));
-            int rc = setup(&b, qsize, l == 1, indirect);
+            int rc = setup(&b, qsize, l == 1, indirect, inflight);
             if (rc < 0) {
                 fprintf(stderr, "setup failed: %s\n", strerror(-rc));
                 return 1;
@@ -187,8 +209,8 @@ int main(int argc, char **argv)
                         vhd_vq_strerror(b.vq.error));
                 return 1;
             }
-            printf("%-8s %-6u %-9s %12.1f\n", l ? "packed" : "split", batch,
-                   indirect ? "yes" : "no", ns);
+            printf("%-8s %-6u %-9s %-9s %12.1f\n", l ? "packed" : "split", batch,
+                   indirect ? "yes" : "no", inflight ? "yes" : "no", ns);
             teardown(&b);
         }
     }

@@ -258,30 +258,14 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
  *    device (2.8.7), so it is accepted;
  *  - readable before writable, length and iovec limits: vhd_vq__map_desc.
  */
-int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
-                       struct vhd_vq_chain *c)
+static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, struct iovec *iov,
+                                                            uint32_t max_iov,
+                                                            struct vhd_vq_chain *c, bool tracked)
 {
     struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
     uint32_t size = vq->size;
-    struct vhd_inflight_packed *inf = vq->inf.packed;
+    struct vhd_inflight_packed *inf = tracked ? vq->inf.packed : NULL;
 
-    if (vhd_unlikely(inf != NULL)) {
-        if (vq->inf_resubmit_n != 0) {
-            if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
-                return packed_pop_resubmit(vq, iov, max_iov, c);
-            /* All popped again: from now on an unpop concerns new chains only. */
-            vq->inf_resubmit_n = 0;
-            vq->inf_resubmit_pos = 0;
-        }
-        /*
-         * The spec's record keeping assumes a pop never falls between the
-         * pushes of a batch and its publication (free_head == old_free_head
-         * when a pop starts): publish what is pending first. Publishing
-         * early is always allowed; need_notify still sees it.
-         */
-        if (vq->batch_npending)
-            vhd_vq__packed_flush(vq);
-    }
     uint16_t slot = vq->last_avail_idx;
     bool wrap = vq->avail_wrap;
 
@@ -312,7 +296,7 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
      * the free list, is cleared there).
      */
     uint16_t head_rec = 0, rec = 0, last_rec = 0;
-    if (vhd_unlikely(inf != NULL)) {
+    if (tracked) {
         head_rec = rec = inf->free_head;
         if (vhd_unlikely(rec >= vq->inf_desc_num))
             return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
@@ -336,7 +320,7 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
         int rc = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total);
         if (vhd_unlikely(rc < 0))
             return rc;
-        if (vhd_unlikely(inf != NULL)) {
+        if (tracked) {
             if (vhd_unlikely(rec >= vq->inf_desc_num))
                 return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT); /* free list too short */
             struct vhd_inflight_packed_desc *r =
@@ -372,7 +356,7 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     /* The caller indexes its per-request state with the id: clamp it. */
     c->id = (uint16_t)vhd_index_nospec(id, size);
     c->ndescs = (uint16_t)n; /* n <= room <= size <= 32768 */
-    if (vhd_unlikely(inf != NULL)) {
+    if (tracked) {
         struct vhd_inflight_packed_desc *h =
             &inf->desc[vhd_index_nospec(head_rec, vq->inf_desc_num)];
         h->last = last_rec;
@@ -386,6 +370,37 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     vq->avail_wrap = wrap;
     vq->inflight++; /* at most one per owned slot, so <= 32768 */
     return 1;
+}
+
+/* Pop with inflight tracking: chains to pop again first, then new ones, recorded. */
+static __attribute__((noinline)) int packed_pop_tracked(struct vhd_vq *vq, struct iovec *iov,
+                                                        uint32_t max_iov, struct vhd_vq_chain *c)
+{
+    if (vq->inf_resubmit_n != 0) {
+        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+            return packed_pop_resubmit(vq, iov, max_iov, c);
+        /* All popped again: from now on an unpop concerns new chains only. */
+        vq->inf_resubmit_n = 0;
+        vq->inf_resubmit_pos = 0;
+    }
+    /*
+     * The spec's record keeping assumes a pop never falls between the
+     * pushes of a batch and its publication (free_head == old_free_head
+     * when a pop starts): publish what is pending first. Publishing early
+     * is always allowed; need_notify still sees it.
+     */
+    if (vq->batch_npending)
+        vhd_vq__packed_flush(vq);
+    return packed_pop(vq, iov, max_iov, c, true);
+}
+
+/* The body is instantiated twice so the untracked path pays one pointer test. */
+int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                       struct vhd_vq_chain *c)
+{
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return packed_pop_tracked(vq, iov, max_iov, c);
+    return packed_pop(vq, iov, max_iov, c, false);
 }
 
 /*

@@ -244,18 +244,11 @@ static int split_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t max
  * entry unconsumed as far as the next start is concerned (it counts the
  * marked records), so the chain is popped again from the ring.
  */
-int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
-                      struct vhd_vq_chain *c)
+static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, struct iovec *iov,
+                                                           uint32_t max_iov, struct vhd_vq_chain *c,
+                                                           bool tracked)
 {
     uint16_t last = vq->last_avail_idx;
-
-    if (vhd_unlikely(vq->inf.any != NULL) && vhd_unlikely(vq->inf_resubmit_n != 0)) {
-        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
-            return split_pop_resubmit(vq, iov, max_iov, c);
-        /* All popped again: from now on an unpop concerns new chains only. */
-        vq->inf_resubmit_n = 0;
-        vq->inf_resubmit_pos = 0;
-    }
 
     /*
      * Only touch the shared avail->idx cache line when everything seen so far
@@ -290,7 +283,7 @@ int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     if (vhd_unlikely(rc < 0))
         return rc;
 
-    if (vhd_unlikely(vq->inf.any != NULL)) {
+    if (tracked) {
         struct vhd_inflight_split_desc *r = &vq->inf.split->desc[vhd_index_nospec(head, vq->size)];
         r->counter = vq->inf_counter++;
         /* Compiler barrier: the counter is in memory before the mark (crash order). */
@@ -300,6 +293,29 @@ int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     vq->last_avail_idx = (uint16_t)(last + 1);
     vq->inflight++;
     return 1;
+}
+
+/* Pop with inflight tracking: chains to pop again first, then new ones, recorded. */
+static __attribute__((noinline)) int split_pop_tracked(struct vhd_vq *vq, struct iovec *iov,
+                                                       uint32_t max_iov, struct vhd_vq_chain *c)
+{
+    if (vq->inf_resubmit_n != 0) {
+        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+            return split_pop_resubmit(vq, iov, max_iov, c);
+        /* All popped again: from now on an unpop concerns new chains only. */
+        vq->inf_resubmit_n = 0;
+        vq->inf_resubmit_pos = 0;
+    }
+    return split_pop(vq, iov, max_iov, c, true);
+}
+
+/* The body is instantiated twice so the untracked path pays one pointer test. */
+int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
+                      struct vhd_vq_chain *c)
+{
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return split_pop_tracked(vq, iov, max_iov, c);
+    return split_pop(vq, iov, max_iov, c, false);
 }
 
 /*
