@@ -34,6 +34,18 @@
  */
 #define SPLIT_MAX_IOV UINT16_MAX
 
+/*
+ * Pop prefetches the descriptor of the chain this many avail entries ahead
+ * (when the driver has published it): the driver wrote it on its own CPU,
+ * so reading it is a cache-line transfer, and starting that early overlaps
+ * it with the work on the chains in between instead of stalling on it.
+ * Measured (perf, io loopback against DPDK's virtio-user on the other CPU):
+ * receive-ring pops took 66% of the datapath samples with no prefetch and
+ * with 4 ahead, 15% with 16 ahead (a receive pop sits between two frames of
+ * work, so the transfer needs that many pops of lead).
+ */
+#define SPLIT_PREFETCH_AHEAD 16u
+
 /* A descriptor copied out of guest memory, fields in host byte order. */
 struct split_desc {
     uint64_t addr;  /* buffer (or indirect table) guest-physical address */
@@ -278,6 +290,16 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
     uint16_t head = vhd_le16(vhd_load_relaxed(&vq->ring.split.avail->ring[last & vq->mask]));
     if (vhd_unlikely(head >= vq->size))
         return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+    if ((uint16_t)(vq->avail_shadow - last) > SPLIT_PREFETCH_AHEAD) {
+        /*
+         * A published entry (covered by the acquire of avail->idx); its head
+         * is only a hint here, clamped into the table, and is read and
+         * checked again when that chain is popped.
+         */
+        uint16_t ahead = vhd_le16(vhd_load_relaxed(
+            &vq->ring.split.avail->ring[(uint16_t)(last + SPLIT_PREFETCH_AHEAD) & vq->mask]));
+        __builtin_prefetch(&vq->ring.split.desc[vhd_index_nospec(ahead, vq->size)]);
+    }
 
     int rc = split_walk(vq, head, iov, max_iov, c);
     if (vhd_unlikely(rc < 0))
