@@ -16,12 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/inflight.h"
 #include "dev/blk.h"
+#include "dev/virtio_blk.h"
 #include "runtime/rt.h"
 #include "transport/vu_conn.h"
 #include "transport/vu_msg.h"
@@ -651,7 +654,9 @@ struct tvu {
     struct vu_rx rx;
 };
 
-static void tvu_setup(struct tvu *t, uint32_t nqueues, bool allow_packed, uint64_t proto)
+/* A blk device: null backend, or uring on image when given. */
+static void tvu_setup_image(struct tvu *t, uint32_t nqueues, bool allow_packed, uint64_t proto,
+                            const char *image)
 {
     char err[256];
     struct vhd_blk_opts bo = {0};
@@ -661,8 +666,9 @@ static void tvu_setup(struct tvu *t, uint32_t nqueues, bool allow_packed, uint64
     memset(t, 0, sizeof(*t));
     vhd_log_set_level(VHD_LOG_ERROR);
     bo.name = "tinf";
-    bo.backend = "null";
-    bo.size = 1 << 20;
+    bo.backend = image ? "uring" : "null";
+    bo.image = image;
+    bo.size = image ? 0 : 1 << 20;
     bo.num_queues = nqueues;
     bo.allow_packed = allow_packed;
     VHD_CHECK_EQ(vhd_blk_new(&bo, &t->dev, err, sizeof(err)), 0);
@@ -678,6 +684,11 @@ static void tvu_setup(struct tvu *t, uint32_t nqueues, bool allow_packed, uint64
         .request = VHOST_USER_SET_PROTOCOL_FEATURES, .flags = VHOST_USER_VERSION, .size = 8};
     VHD_CHECK_EQ(vu_send(t->cli, &h, &proto, NULL, 0, 1000), 0);
     VHD_CHECK_EQ(vhd_vu_conn_process(t->c), 0);
+}
+
+static void tvu_setup(struct tvu *t, uint32_t nqueues, bool allow_packed, uint64_t proto)
+{
+    tvu_setup_image(t, nqueues, allow_packed, proto, NULL);
 }
 
 static void tvu_teardown(struct tvu *t)
@@ -901,4 +912,329 @@ VHD_TEST(corrupt_packed_chains)
         expect_start_fails(&t);
         ifx_teardown(&t);
     }
+}
+
+/* =====================================================================
+ * A virtio-blk device restarted after a crash: the first back-end is the
+ * bare engine on the rings and the area (it pops, completes some, and
+ * dies); the second is the real blk device (uring backend on an image)
+ * started through a vhost-user session with the same area. The requests
+ * not completed must be executed (their data lands in the image), the
+ * completed ones must not be executed again (their sectors stay zero).
+ * ===================================================================== */
+
+#define BQS   16
+#define NREQ  6
+#define SECT  512
+#define GBASE 0x100000ull
+
+struct breq {
+    struct virtio_blk_outhdr hdr;
+    uint8_t data[SECT];
+    uint8_t status;
+};
+
+/* A request with NEED_REPLY: returns the ack (0 = done). */
+static uint64_t tvu_msg(struct tvu *t, uint32_t req, const void *payload, uint32_t size, int fd)
+{
+    struct vu_hdr h = {
+        .request = req, .flags = VHOST_USER_VERSION | VHOST_USER_NEED_REPLY_MASK, .size = size};
+    union vu_payload p;
+    int rfd;
+    VHD_CHECK_EQ(vu_send(t->cli, &h, payload, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, 1000), 0);
+    VHD_CHECK_EQ(vhd_vu_conn_process(t->c), 0);
+    VHD_CHECK_EQ(tvu_reply(t, req, &p, &rfd), 8);
+    VHD_CHECK_EQ(rfd, -1);
+    return p.u64;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void blk_crash(bool packed)
+{
+    char image[256];
+    const char *dir = getenv("TMPDIR");
+    snprintf(image, sizeof(image), "%s/vhd-test-inflight-XXXXXX", dir && *dir ? dir : "/var/tmp");
+    int img = mkstemp(image);
+    VHD_CHECK(img >= 0);
+    VHD_CHECK_EQ(ftruncate(img, 1 << 20), 0);
+
+    struct tvu t;
+    tvu_setup_image(&t, 1, packed, PROTO_INFLIGHT, image);
+    unlink(image);
+    uint64_t f = vhd_vu_offered_features(t.dev);
+    if (!packed)
+        f &= ~BIT(VIRTIO_F_RING_PACKED);
+    VHD_CHECK(!packed || (f & BIT(VIRTIO_F_RING_PACKED)));
+    bool event_idx = (f & BIT(VIRTIO_F_EVENT_IDX)) != 0;
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_FEATURES, &f, 8, -1), 0);
+
+    /* Guest memory, given to the device. */
+    struct vhd_guestmem gm;
+    struct vhd_mem_region_desc md;
+    VHD_CHECK_EQ(vhd_guestmem_init(&gm, 1, 4 << 20, GBASE, 0), 0);
+    vhd_guestmem_descs(&gm, &md);
+    struct vu_mem_table mt = {.nregions = 1};
+    mt.regions[0] = (struct vu_mem_region){
+        .gpa = md.gpa, .size = md.size, .uva = md.uva, .mmap_offset = md.mmap_offset};
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_MEM_TABLE, &mt, 8 + 32, md.fd), 0);
+
+    /* The driver's ring and requests. */
+    struct vhd_drv_vq dq;
+    void *ring;
+    size_t ring_len = vhd_drv_vq_area_size(BQS, packed, 0);
+    uint64_t ring_gpa = vhd_guestmem_alloc(&gm, ring_len, 4096, &ring);
+    struct vhd_drv_vq_params dp = {.size = BQS,
+                                   .packed = packed,
+                                   .event_idx = event_idx,
+                                   .area = ring,
+                                   .area_gpa = ring_gpa,
+                                   .area_len = ring_len};
+    VHD_CHECK_EQ(vhd_drv_vq_init(&dq, &dp), 0);
+    struct breq *rq;
+    uint64_t rq_gpa = vhd_guestmem_alloc(&gm, sizeof(struct breq) * (NREQ + 2), 64, (void **)&rq);
+
+    /* The inflight area, as a front-end gets and keeps it. */
+    struct vu_inflight a;
+    int afd = tvu_get(&t, 1, BQS, &a);
+    VHD_CHECK(afd >= 0);
+    void *area = mmap(NULL, a.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    VHD_CHECK(area != MAP_FAILED);
+    VHD_CHECK_EQ(tvu_set(&t, &a, afd), 0);
+
+    /* ---- back-end #1: pops all, completes 1 and 4, dies ---- */
+    struct vhd_mem *mem1;
+    VHD_CHECK_EQ(vhd_mem_new(&md, 1, &mem1), 0);
+    struct vhd_vq vq1;
+    struct vhd_vq_params vp = {.size = BQS,
+                               .packed = packed,
+                               .event_idx = event_idx,
+                               .addr_is_gpa = true,
+                               .desc = dq.desc_gpa,
+                               .avail = dq.avail_gpa,
+                               .used = dq.used_gpa};
+    VHD_CHECK_EQ(vhd_vq_init(&vq1, &vp, mem1), 0);
+    VHD_CHECK_EQ(vhd_vq_set_base(&vq1, packed ? (1u << 15 | 1u << 31) : 0), 0);
+    VHD_CHECK_EQ(vhd_vq_set_inflight(&vq1, area, BQS), 0);
+    VHD_CHECK_EQ(vhd_vq_start(&vq1), 0);
+
+    for (uint32_t i = 0; i < NREQ + 2; i++) {
+        rq[i].hdr.type = VIRTIO_BLK_T_OUT;
+        rq[i].hdr.sector = i;
+        memset(rq[i].data, 0x40 + (int)i, SECT);
+        rq[i].status = 0xff;
+    }
+    for (uint32_t i = 0; i < NREQ; i++) {
+        uint64_t g = rq_gpa + i * sizeof(struct breq);
+        struct vhd_drv_buf b[2] = {{g, 16 + SECT}, {g + 16 + SECT, 1}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&dq);
+    struct vhd_vq_chain ch[NREQ];
+    struct iovec iov[4];
+    for (uint32_t i = 0; i < NREQ; i++) {
+        VHD_CHECK_EQ(vhd_vq_pop(&vq1, iov, 4, &ch[i]), 1);
+        if (i == 1 || i == 4) {
+            *(uint8_t *)iov[ch[i].nr].iov_base = VIRTIO_BLK_S_OK; /* "completed" */
+            VHD_CHECK_EQ(vhd_vq_push(&vq1, &ch[i], 1), 0);
+        }
+    }
+    vhd_vq_flush(&vq1);
+    vhd_vq_fini(&vq1); /* the crash: nothing else completes */
+    vhd_mem_free(mem1);
+
+    bool seen[NREQ + 2] = {false};
+    void *ck;
+    uint32_t len;
+    for (int k = 0; k < 2; k++) {
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&dq, &ck, &len), 1);
+        seen[(uintptr_t)ck - 1] = true;
+    }
+    VHD_CHECK(seen[1] && seen[4]);
+
+    /* ---- back-end #2: the blk device, started like QEMU restarts a ring ---- */
+    struct vu_vring_state st = {.index = 0, .num = BQS};
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), -1), 0);
+    struct vu_vring_addr va = {.index = 0,
+                               .desc = vhd_guestmem_uva(&gm, dq.desc_gpa),
+                               .avail = vhd_guestmem_uva(&gm, dq.avail_gpa),
+                               .used = vhd_guestmem_uva(&gm, dq.used_gpa)};
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ADDR, &va, sizeof(va), -1), 0);
+    /* Split: QEMU's base after a crash is used->idx; packed: stale (the area knows). */
+    st.num = packed ? 0 : vhd_le16(dq.ring.split.used->idx);
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), -1), 0);
+    int callfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), kickfd = eventfd(0, EFD_CLOEXEC);
+    VHD_CHECK(callfd >= 0 && kickfd >= 0);
+    uint64_t idx = 0;
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_CALL, &idx, 8, callfd), 0);
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_KICK, &idx, 8, kickfd), 0);
+    st.num = 1;
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), -1), 0);
+
+    /* The four left are executed once each, without a kick. */
+    uint32_t got = 0;
+    for (uint64_t t0 = mono_ms(); got < 4 && mono_ms() - t0 < 5000;) {
+        int rc = vhd_drv_vq_get_used(&dq, &ck, &len);
+        VHD_CHECK(rc >= 0);
+        if (rc == 0) {
+            usleep(1000);
+            continue;
+        }
+        uint32_t tag = (uint32_t)(uintptr_t)ck - 1;
+        VHD_CHECK(tag < NREQ && !seen[tag]);
+        seen[tag] = true;
+        VHD_CHECK_EQ(rq[tag].status, VIRTIO_BLK_S_OK);
+        got++;
+    }
+    VHD_CHECK_EQ(got, 4);
+
+    /* New requests run as usual after them. */
+    for (uint32_t i = NREQ; i < NREQ + 2; i++) {
+        uint64_t g = rq_gpa + i * sizeof(struct breq);
+        struct vhd_drv_buf b[2] = {{g, 16 + SECT}, {g + 16 + SECT, 1}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&dq);
+    eventfd_write(kickfd, 1);
+    for (uint64_t t0 = mono_ms(); got < 6 && mono_ms() - t0 < 5000;) {
+        int rc = vhd_drv_vq_get_used(&dq, &ck, &len);
+        VHD_CHECK(rc >= 0);
+        if (rc == 0) {
+            usleep(1000);
+            continue;
+        }
+        uint32_t tag = (uint32_t)(uintptr_t)ck - 1;
+        VHD_CHECK(tag < NREQ + 2 && !seen[tag]);
+        seen[tag] = true;
+        got++;
+    }
+    VHD_CHECK_EQ(got, 6);
+
+    /* GET_VRING_BASE stops the ring with nothing left in flight in the area. */
+    struct vu_vring_state gs = {.index = 0};
+    struct vu_hdr gh = {
+        .request = VHOST_USER_GET_VRING_BASE, .flags = VHOST_USER_VERSION, .size = sizeof(gs)};
+    union vu_payload rp;
+    int rfd;
+    VHD_CHECK_EQ(vu_send(t.cli, &gh, &gs, NULL, 0, 1000), 0);
+    VHD_CHECK_EQ(vhd_vu_conn_process(t.c), 0);
+    VHD_CHECK_EQ(tvu_reply(&t, VHOST_USER_GET_VRING_BASE, &rp, &rfd), sizeof(gs));
+    VHD_CHECK_EQ(rfd, -1);
+    if (!packed)
+        VHD_CHECK_EQ(rp.state.num, vhd_le16(dq.ring.split.used->idx));
+
+    /* The image: written exactly for the requests executed by back-end #2. */
+    for (uint32_t i = 0; i < NREQ + 2; i++) {
+        uint8_t buf[SECT];
+        VHD_CHECK_EQ(pread(img, buf, SECT, (off_t)i * SECT), SECT);
+        uint8_t want = (i == 1 || i == 4) ? 0 : (uint8_t)(0x40 + i);
+        for (uint32_t k = 0; k < SECT; k++)
+            VHD_CHECK_EQ(buf[k], want);
+    }
+    if (packed) {
+        struct vhd_inflight_packed *p = area;
+        for (uint32_t i = 0; i < BQS; i++)
+            VHD_CHECK_EQ(p->desc[i].inflight, 0);
+    } else {
+        struct vhd_inflight_split *sp = area;
+        for (uint32_t i = 0; i < BQS; i++)
+            VHD_CHECK_EQ(sp->desc[i].inflight, 0);
+        VHD_CHECK_EQ(sp->used_idx, vhd_le16(dq.ring.split.used->idx));
+    }
+
+    munmap(area, a.mmap_size);
+    close(afd);
+    tvu_teardown(&t);
+    close(callfd);
+    close(kickfd);
+    close(img);
+    vhd_drv_vq_fini(&dq);
+    vhd_guestmem_fini(&gm);
+}
+
+VHD_TEST(blk_crash_resubmit_split)
+{
+    blk_crash(false);
+}
+
+VHD_TEST(blk_crash_resubmit_packed)
+{
+    blk_crash(true);
+}
+
+/*
+ * A corrupt area fails the ring's start (nack) and marks the device broken
+ * (NEEDS_RESET); a new area from GET_INFLIGHT_FD lets the ring start. A
+ * ring beyond the area's num_queues is refused as well.
+ */
+VHD_TEST(transport_corrupt_area_fails_ring)
+{
+    struct tvu t;
+    tvu_setup(&t, 2, false, PROTO_INFLIGHT);
+    uint64_t f = vhd_vu_offered_features(t.dev) & ~BIT(VIRTIO_F_RING_PACKED);
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_FEATURES, &f, 8, -1), 0);
+    struct vhd_guestmem gm;
+    struct vhd_mem_region_desc md;
+    VHD_CHECK_EQ(vhd_guestmem_init(&gm, 1, 1 << 20, GBASE, 0), 0);
+    vhd_guestmem_descs(&gm, &md);
+    struct vu_mem_table mt = {.nregions = 1};
+    mt.regions[0] = (struct vu_mem_region){
+        .gpa = md.gpa, .size = md.size, .uva = md.uva, .mmap_offset = md.mmap_offset};
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_MEM_TABLE, &mt, 8 + 32, md.fd), 0);
+    void *ring;
+    size_t ring_len = vhd_drv_vq_area_size(BQS, false, 0);
+    uint64_t ring_gpa = vhd_guestmem_alloc(&gm, ring_len, 4096, &ring);
+    memset(ring, 0, ring_len);
+
+    for (uint32_t q = 0; q < 2; q++) {
+        struct vu_vring_state st = {.index = q, .num = BQS};
+        VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_NUM, &st, sizeof(st), -1), 0);
+        struct vu_vring_addr va = {.index = q,
+                                   .desc = vhd_guestmem_uva(&gm, ring_gpa),
+                                   .avail = vhd_guestmem_uva(&gm, ring_gpa + 16 * BQS),
+                                   .used = vhd_guestmem_uva(&gm, ring_gpa + 2048)};
+        VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ADDR, &va, sizeof(va), -1), 0);
+    }
+
+    struct vu_inflight a;
+    int afd = tvu_get(&t, 1, BQS, &a); /* one queue only */
+    VHD_CHECK(afd >= 0);
+    struct vhd_inflight_split *area =
+        mmap(NULL, a.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
+    VHD_CHECK(area != MAP_FAILED);
+    area->version = 5;
+    VHD_CHECK_EQ(tvu_set(&t, &a, afd), 0);
+
+    uint64_t kick0 = 0 | VHOST_USER_VRING_NOFD_MASK, kick1 = 1 | VHOST_USER_VRING_NOFD_MASK;
+    VHD_CHECK(!t.dev->broken);
+    VHD_CHECK(tvu_msg(&t, VHOST_USER_SET_VRING_KICK, &kick0, 8, -1) != 0);
+    VHD_CHECK(t.dev->broken);
+    VHD_CHECK(!t.dev->queues[0].started);
+    /* Ring 1 has no region in a one-queue area. */
+    VHD_CHECK(tvu_msg(&t, VHOST_USER_SET_VRING_KICK, &kick1, 8, -1) != 0);
+    VHD_CHECK(!t.dev->queues[1].started);
+
+    /* A new area: the ring starts and the area is initialised. */
+    munmap(area, a.mmap_size);
+    close(afd);
+    afd = tvu_get(&t, 2, BQS, &a);
+    VHD_CHECK(afd >= 0);
+    VHD_CHECK_EQ(tvu_set(&t, &a, afd), 0);
+    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_KICK, &kick0, 8, -1), 0);
+    VHD_CHECK(t.dev->queues[0].started);
+    /* ...and SET_INFLIGHT_FD is refused while a ring runs on the area. */
+    VHD_CHECK_EQ(tvu_set(&t, &a, afd), (uint64_t)EBUSY);
+    area = mmap(NULL, a.mmap_size, PROT_READ, MAP_SHARED, afd, 0);
+    VHD_CHECK(area != MAP_FAILED);
+    VHD_CHECK_EQ(area->version, VHD_INFLIGHT_VERSION);
+    VHD_CHECK_EQ(area->desc_num, BQS);
+    munmap(area, a.mmap_size);
+    close(afd);
+    tvu_teardown(&t);
+    vhd_guestmem_fini(&gm);
 }
