@@ -287,7 +287,7 @@ int vhd_chaos__send_raw(struct vhd_chaos_sess *s, uint32_t req, uint32_t flags, 
 }
 
 /* Read exactly len bytes within the timeout. 1, -ECONNRESET (EOF/reset), -ETIMEDOUT. */
-static int read_full(int fd, void *buf, size_t len, int tmo)
+static int read_full(int fd, void *buf, size_t len, int tmo, int *keep)
 {
     uint64_t t0 = now_ms();
     size_t got = 0;
@@ -313,14 +313,17 @@ static int read_full(int fd, void *buf, size_t len, int tmo)
         }
         if (n == 0)
             return -ECONNRESET;
-        /* A back-end never sends us fds: close any. */
+        /* Keep the first fd when asked to (GET_INFLIGHT_FD), close any other. */
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
                 int nf = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
                 for (int i = 0; i < nf; i++) {
                     int f;
                     memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-                    close(f);
+                    if (keep && *keep < 0)
+                        *keep = f;
+                    else
+                        close(f);
                 }
             }
         }
@@ -331,23 +334,34 @@ static int read_full(int fd, void *buf, size_t len, int tmo)
 
 int vhd_chaos__recv(struct vhd_chaos_sess *s, struct vu_hdr *h, union vu_payload *p)
 {
-    int rc = read_full(s->fd, h, sizeof(*h), s->tmo);
+    return vhd_chaos__recv_fd(s, h, p, NULL);
+}
+
+int vhd_chaos__recv_fd(struct vhd_chaos_sess *s, struct vu_hdr *h, union vu_payload *p, int *keep)
+{
+    int rc = read_full(s->fd, h, sizeof(*h), s->tmo, keep);
     if (rc < 0)
         return rc;
     if (h->size > sizeof(*p))
         return -EPROTO;
-    return h->size ? read_full(s->fd, p, h->size, s->tmo) : 1;
+    return h->size ? read_full(s->fd, p, h->size, s->tmo, keep) : 1;
 }
 
 int vhd_chaos__call(struct vhd_chaos_sess *s, uint32_t req, const void *pl, uint32_t size,
                     struct vu_hdr *h, union vu_payload *p)
+{
+    return vhd_chaos__call_fd(s, req, pl, size, h, p, NULL);
+}
+
+int vhd_chaos__call_fd(struct vhd_chaos_sess *s, uint32_t req, const void *pl, uint32_t size,
+                       struct vu_hdr *h, union vu_payload *p, int *fd)
 {
     int rc = vhd_chaos__send_raw(s, req, VHOST_USER_VERSION, size, pl, size, NULL, 0);
     if (rc == -EPIPE || rc == -ECONNRESET)
         return VHD_CHAOS_CLOSED;
     if (rc < 0)
         return rc;
-    rc = vhd_chaos__recv(s, h, p);
+    rc = vhd_chaos__recv_fd(s, h, p, fd);
     if (rc == -ECONNRESET)
         return VHD_CHAOS_CLOSED;
     if (rc < 0)
@@ -675,8 +689,8 @@ static void cs_drain_backend(struct vhd_chaos_sess *s)
             return;
         struct vu_hdr h;
         union vu_payload pl;
-        if (read_full(s->be_fd, &h, sizeof(h), s->tmo) < 0 || h.size > sizeof(pl) ||
-            (h.size && read_full(s->be_fd, &pl, h.size, s->tmo) < 0)) {
+        if (read_full(s->be_fd, &h, sizeof(h), s->tmo, NULL) < 0 || h.size > sizeof(pl) ||
+            (h.size && read_full(s->be_fd, &pl, h.size, s->tmo, NULL) < 0)) {
             close(s->be_fd);
             s->be_fd = -1;
             return;
@@ -822,12 +836,7 @@ uint8_t vhd_chaos__blk_status(struct vhd_chaos_sess *s, unsigned k)
     return *vhd_chaos__hva(s, OFF_STAT + 64u * k);
 }
 
-/*
- * Classify a blk request after await_used: served (status OK), failed with
- * an error status, or given back unanswered (used length 0: nothing to
- * record; the device should also be broken).
- */
-static void blk_classify(struct vhd_chaos_sess *s, const struct vhd_chaos_used *u, unsigned k)
+void vhd_chaos__blk_classify(struct vhd_chaos_sess *s, const struct vhd_chaos_used *u, unsigned k)
 {
     if (!u->got)
         return;
@@ -851,7 +860,7 @@ int vhd_chaos__blk_go(struct vhd_chaos_sess *s)
     int rc = vhd_chaos__await_used(s, OFF_R0, 0, &u, s->tmo);
     if (rc)
         return rc;
-    blk_classify(s, &u, 0);
+    vhd_chaos__blk_classify(s, &u, 0);
     return 0;
 }
 

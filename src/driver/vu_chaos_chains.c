@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/compiler.h"
+#include "core/inflight.h"
 #include "dev/virtio_blk.h"
 #include "dev/virtio_net.h"
 #include "vu_chaos_int.h"
@@ -543,6 +544,232 @@ static int c_gpa_top_past_end(struct vhd_chaos_ctx *ctx)
     return gpa_top(ctx, 2048, 8192);
 }
 
+/* ---- inflight I/O tracking (INFLIGHT_SHMFD) ---- */
+
+/*
+ * A blk session with an inflight area for ring 0: negotiated, asked for
+ * (GET_INFLIGHT_FD), handed to scribble() when given, and given back
+ * (SET_INFLIGHT_FD); then ring 0 is prepared (not started: the case starts
+ * it, as the start is where the area is read).
+ */
+static int inflight_session(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool packed,
+                            void (*scribble)(void *area, size_t len, bool packed))
+{
+    int rc = vhd_chaos__open(ctx, s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    if (!rc && !(s->proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)))
+        rc = vhd_chaos__note(s, -ENOTSUP, "INFLIGHT_SHMFD not offered");
+    if (!rc)
+        rc = vhd_chaos__must(
+            s,
+            vhd_chaos__set_features(s, BIT(VIRTIO_F_VERSION_1) |
+                                           (packed ? BIT(VIRTIO_F_RING_PACKED) : 0)),
+            "SET_FEATURES");
+    if (!rc)
+        rc = vhd_chaos__must(s, vhd_chaos__mem_default(s), "SET_MEM_TABLE");
+    struct vu_inflight in = {.num_queues = 1, .queue_size = QSZ}, out;
+    int fd = -1;
+    if (!rc) {
+        struct vu_hdr h;
+        union vu_payload p;
+        rc = vhd_chaos__must(
+            s, vhd_chaos__call_fd(s, VHOST_USER_GET_INFLIGHT_FD, &in, sizeof(in), &h, &p, &fd),
+            "GET_INFLIGHT_FD");
+        out = p.inflight;
+        if (!rc && (h.size != sizeof(out) || out.mmap_size == 0 || fd < 0))
+            rc = vhd_chaos__note(s, -EPROTO, "GET_INFLIGHT_FD: %u bytes, area %llu, fd %d", h.size,
+                                 (unsigned long long)out.mmap_size, fd);
+    }
+    if (!rc && scribble) {
+        void *a = mmap(NULL, out.mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       (off_t)out.mmap_offset);
+        if (a == MAP_FAILED) {
+            rc = vhd_chaos__note(s, -errno, "mmap of the inflight area: %s", strerror(errno));
+        } else {
+            scribble(a, out.mmap_size, packed);
+            munmap(a, out.mmap_size);
+        }
+    }
+    if (!rc)
+        rc = vhd_chaos__must(
+            s, vhd_chaos__ack(s, VHOST_USER_SET_INFLIGHT_FD, &out, sizeof(out), &fd, 1),
+            "SET_INFLIGHT_FD");
+    if (fd >= 0)
+        close(fd);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(s, 0, OFF_R0);
+    return rc;
+}
+
+/* Start ring 0 (prepared) and enable it; the start's answer is an outcome. */
+static int inflight_start(struct vhd_chaos_sess *s)
+{
+    int rc = vhd_chaos__observe(
+        s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]), "ring start");
+    if (!rc && !(s->ctx->observed & VHD_CHAOS_NACK))
+        rc = vhd_chaos__observe(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                                "enable");
+    return rc;
+}
+
+/* An untouched area, then an ordinary request: served. */
+static int c_inflight_control(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = inflight_session(ctx, &s, false, NULL);
+    if (!rc)
+        rc = inflight_start(&s);
+    if (!rc) {
+        ctx->observed = 0; /* the start being accepted is not the outcome here */
+        b_control(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * Every record of the area claims a chain in flight, with out-of-range
+ * links, counters, heads, ids, lengths and addresses; the header keeps a
+ * valid version and size so that the records themselves are read. The
+ * descriptor table behind them is all zeroes.
+ */
+static void scribble_records(void *area, size_t len, bool packed)
+{
+    if (packed) {
+        struct vhd_inflight_packed *r = area;
+        r->version = VHD_INFLIGHT_VERSION;
+        r->desc_num = QSZ;
+        r->free_head = r->old_free_head = 0xfffe;
+        r->used_idx = r->old_used_idx = 0x9999;
+        r->used_wrap_counter = r->old_used_wrap_counter = 7;
+        for (unsigned i = 0; i < QSZ; i++) {
+            struct vhd_inflight_packed_desc *d = &r->desc[i];
+            d->inflight = 1;
+            d->next = (uint16_t)(0xfff0 + i);
+            d->last = 0xffff;
+            d->num = 0x7fff;
+            d->counter = ~0ull - i;
+            d->id = 0xffff;
+            d->flags = 0xffff;
+            d->len = 0xffffffffu;
+            d->addr = ~0ull - 3;
+        }
+    } else {
+        struct vhd_inflight_split *r = area;
+        r->version = VHD_INFLIGHT_VERSION;
+        r->desc_num = QSZ;
+        r->last_batch_head = 0xfff0;
+        r->used_idx = 0x7777;
+        for (unsigned i = 0; i < QSZ; i++) {
+            r->desc[i].inflight = (uint8_t)(i + 1);
+            r->desc[i].next = 0xffff;
+            r->desc[i].counter = i & 1 ? ~0ull : 0;
+        }
+    }
+    (void)len;
+}
+
+/* All bytes 0xff: version, sizes, everything. */
+static void scribble_all(void *area, size_t len, bool packed)
+{
+    (void)packed;
+    memset(area, 0xff, len);
+}
+
+static int inflight_garbage(struct vhd_chaos_ctx *ctx, bool packed,
+                            void (*scribble)(void *area, size_t len, bool packed))
+{
+    struct vhd_chaos_sess s;
+    int rc = inflight_session(ctx, &s, packed, scribble);
+    if (!rc)
+        rc = inflight_start(&s);
+    if (!rc) {
+        /* The back-end may take the claimed chains at once: give it a kick and a moment. */
+        vhd_chaos__kick(&s, 0);
+        struct vhd_chaos_used u;
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, 300);
+        if (!rc && u.got)
+            vhd_chaos__note(&s, 0, "a used element for head %u (len %u)", u.id, u.len);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_inflight_records(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_garbage(ctx, false, scribble_records);
+}
+
+static int c_inflight_all_ff(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_garbage(ctx, false, scribble_all);
+}
+
+static int c_p_inflight_records(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_garbage(ctx, true, scribble_records);
+}
+
+static int c_p_inflight_all_ff(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_garbage(ctx, true, scribble_all);
+}
+
+/*
+ * A consistent area with one chain in flight (head 0, popped before a
+ * "restart": the ring base is 1); the back-end must submit it again when
+ * the ring starts. What the chain is, is the case's.
+ */
+static void scribble_one(void *area, size_t len, bool packed)
+{
+    struct vhd_inflight_split *r = area;
+    (void)len;
+    (void)packed;
+    r->version = VHD_INFLIGHT_VERSION;
+    r->desc_num = QSZ;
+    r->desc[0].inflight = 1;
+    r->desc[0].counter = 1;
+}
+
+static int inflight_resubmit(struct vhd_chaos_ctx *ctx, void (*build)(struct vhd_chaos_sess *s))
+{
+    struct vhd_chaos_sess s;
+    int rc = inflight_session(ctx, &s, false, scribble_one);
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 1),
+                             "SET_VRING_BASE 1");
+    if (!rc) {
+        build(&s); /* head 0, published at avail index 0: already taken per the base */
+        rc = inflight_start(&s);
+    }
+    if (!rc && !(ctx->observed & VHD_CHAOS_NACK)) {
+        ctx->observed &= ~(unsigned)VHD_CHAOS_NACK;
+        struct vhd_chaos_used u;
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, s.tmo);
+        if (!rc)
+            vhd_chaos__blk_classify(&s, &u, 0);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_inflight_resubmit(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_resubmit(ctx, b_control);
+}
+
+static int c_inflight_resubmit_loop(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_resubmit(ctx, b_loop);
+}
+
+static int c_inflight_resubmit_outside(struct vhd_chaos_ctx *ctx)
+{
+    return inflight_resubmit(ctx, b_addr_outside);
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -926,6 +1153,14 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLKD(crosses_regions, CHAINS, S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),
+    BLK(inflight_control, CHAINS, S),
+    BLK(inflight_records, CHAINS, N | B),
+    BLK(inflight_all_ff, CHAINS, N | B),
+    BLK(inflight_resubmit, CHAINS, S),
+    BLK(inflight_resubmit_loop, CHAINS, B),
+    BLK(inflight_resubmit_outside, CHAINS, B),
+    BLK(p_inflight_records, CHAINS, N | B),
+    BLK(p_inflight_all_ff, CHAINS, N | B),
     BLK(ind_control, CHAINS, S),
     BLK(ind_nested, CHAINS, B),
     BLK(ind_with_next, CHAINS, B),

@@ -118,9 +118,16 @@ int vhd_chaos__send_raw(struct vhd_chaos_sess *s, uint32_t req, uint32_t flags, 
 /* Receive one message: 1, -ECONNRESET, -ETIMEDOUT, -EPROTO (payload too big). */
 int vhd_chaos__recv(struct vhd_chaos_sess *s, struct vu_hdr *h, union vu_payload *p);
 
+/* vhd_chaos__recv, keeping the first fd that comes with the message in *fd (if still -1). */
+int vhd_chaos__recv_fd(struct vhd_chaos_sess *s, struct vu_hdr *h, union vu_payload *p, int *fd);
+
 /* A request with a reply of its own: 0 with the reply in *h and *p, VHD_CHAOS_CLOSED, or -errno. */
 int vhd_chaos__call(struct vhd_chaos_sess *s, uint32_t req, const void *pl, uint32_t size,
                     struct vu_hdr *h, union vu_payload *p);
+
+/* vhd_chaos__call, keeping the fd of the reply in *fd (GET_INFLIGHT_FD; caller closes it). */
+int vhd_chaos__call_fd(struct vhd_chaos_sess *s, uint32_t req, const void *pl, uint32_t size,
+                       struct vu_hdr *h, union vu_payload *p, int *fd);
 
 /* cs_call of a request whose reply is one u64. */
 int vhd_chaos__call_u64(struct vhd_chaos_sess *s, uint32_t req, uint64_t *out);
@@ -232,6 +239,13 @@ void vhd_chaos__packed_publish(struct vhd_chaos_sess *s, size_t off, const struc
 
 /* Header k at OFF_HDR + 64k; status byte k at OFF_STAT + 64k (0xff until written). */
 void vhd_chaos__blk_hdr(struct vhd_chaos_sess *s, unsigned k, uint32_t type, uint64_t sector);
+
+/*
+ * Classify a blk request after await_used: served (status OK), failed with
+ * an error status, or given back unanswered (used length 0: nothing to
+ * record; the device should also be broken).
+ */
+void vhd_chaos__blk_classify(struct vhd_chaos_sess *s, const struct vhd_chaos_used *u, unsigned k);
 
 /* The status byte of blk request k (0xff until the device writes it). */
 uint8_t vhd_chaos__blk_status(struct vhd_chaos_sess *s, unsigned k);

@@ -886,6 +886,115 @@ static int c_add_until_full(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* ======================= cases: inflight areas (INFLIGHT_SHMFD) ======================= */
+
+/* SET_INFLIGHT_FD of `in` with fd (a memfd of file_len bytes when fd < 0), after `started`. */
+static int inflight_msg(struct vhd_chaos_ctx *ctx, struct vu_inflight in, int fd, off_t file_len,
+                        bool started, const char *what)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    if (!rc && !(s.proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)))
+        rc = vhd_chaos__note(&s, -ENOTSUP, "INFLIGHT_SHMFD not offered");
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE");
+    if (!rc && started)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    int own = -1;
+    if (!rc && fd < 0) {
+        own = fd = memfd_create("chaos-inflight", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, file_len) < 0)
+            rc = vhd_chaos__note(&s, -errno, "memfd: %s", strerror(errno));
+    }
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in), &fd, 1), what);
+    if (own >= 0)
+        close(own);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* The split size of one ring of QSZ: 16 + 16 * QSZ, padded to 64. */
+#define INFL_SIZE 192u
+
+static int c_inflight_beyond_file(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 1, .queue_size = QSZ};
+    return inflight_msg(ctx, in, -1, 64, false, "inflight area past the end of its file");
+}
+
+static int c_inflight_offset_unaligned(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {
+        .mmap_size = INFL_SIZE, .mmap_offset = 100, .num_queues = 1, .queue_size = QSZ};
+    return inflight_msg(ctx, in, -1, 1 << 16, false, "inflight offset 100");
+}
+
+static int c_inflight_offset_wraps(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = INFL_SIZE,
+                             .mmap_offset = UINT64_MAX - 4095,
+                             .num_queues = 1,
+                             .queue_size = QSZ};
+    return inflight_msg(ctx, in, -1, 1 << 16, false, "inflight offset + size wraps");
+}
+
+static int c_inflight_size_huge(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = 1ull << 40, .num_queues = 1, .queue_size = QSZ};
+    return inflight_msg(ctx, in, -1, 1 << 16, false, "inflight area of 1 TiB");
+}
+
+static int c_inflight_shape(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 500, .queue_size = 0};
+    return inflight_msg(ctx, in, -1, 1 << 16, false, "inflight 500 queues of 0");
+}
+
+static int c_inflight_eventfd(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 1, .queue_size = QSZ};
+    int fd = eventfd(0, EFD_CLOEXEC);
+    int rc = inflight_msg(ctx, in, fd, 0, false, "inflight area in an eventfd");
+    close(fd);
+    return rc;
+}
+
+static int c_inflight_while_started(struct vhd_chaos_ctx *ctx)
+{
+    struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 1, .queue_size = QSZ};
+    return inflight_msg(ctx, in, -1, 1 << 16, true, "inflight area under a started ring");
+}
+
+/* GET_INFLIGHT_FD for more queues than the device has: answered with no area. */
+static int c_get_inflight_shape(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__open(ctx, &s);
+    if (!rc)
+        rc = vhd_chaos__negotiate(&s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    if (!rc) {
+        struct vu_inflight in = {.num_queues = 0xffff, .queue_size = 0xffff};
+        struct vu_hdr h;
+        union vu_payload p;
+        int fd = -1;
+        rc = vhd_chaos__call_fd(&s, VHOST_USER_GET_INFLIGHT_FD, &in, sizeof(in), &h, &p, &fd);
+        if (rc == 0)
+            rc = fd < 0 && h.size == sizeof(in) && p.inflight.mmap_size == 0 ? VHD_CHAOS_NACK : 0;
+        if (fd >= 0)
+            close(fd);
+        rc = vhd_chaos__observe(&s, rc, "GET_INFLIGHT_FD of 65535 queues of 65535");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ======================= cases: rings ======================= */
 
 /* Ring 0 with the given addresses; the start must be refused or break the device. */
@@ -1451,6 +1560,14 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(add_overlap, MEMORY, N),
     BLK(rem_unknown, MEMORY, N),
     BLK(add_until_full, MEMORY, N),
+    BLK(inflight_beyond_file, MEMORY, N),
+    BLK(inflight_offset_unaligned, MEMORY, N),
+    BLK(inflight_offset_wraps, MEMORY, N),
+    BLK(inflight_size_huge, MEMORY, N),
+    BLK(inflight_shape, MEMORY, N),
+    BLK(inflight_eventfd, MEMORY, N),
+    BLK(inflight_while_started, MEMORY, N),
+    BLK(get_inflight_shape, MEMORY, N),
 
     BLK(desc_outside, RINGS, N | B),
     BLK(used_outside, RINGS, N | B),
