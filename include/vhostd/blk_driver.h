@@ -76,6 +76,7 @@ struct vhd_blkdrv_opts {
      * socket file exists only while waiting.
      */
     bool listen;
+    bool no_inflight; /* do not negotiate INFLIGHT_SHMFD even when offered (see reconnect) */
 };
 
 /* What was negotiated and read from the device's configuration space. */
@@ -104,6 +105,7 @@ struct vhd_blkdrv_info {
     bool event_idx; /* VIRTIO_F_EVENT_IDX in use */
     bool indirect;  /* indirect descriptors in use */
     bool reply_ack; /* the session uses REPLY_ACK */
+    bool inflight;  /* the session uses INFLIGHT_SHMFD: a reconnect resumes the rings */
 };
 
 /* One finished request. */
@@ -122,11 +124,12 @@ struct vhd_blkdrv_queue_stats {
     uint64_t completed; /* completions returned */
     uint64_t kicks;     /* kick eventfd writes */
     uint64_t sleeps;    /* waits that blocked on the call eventfd */
+    uint64_t carried; /* requests outstanding when a session ended, kept for the next (inflight) */
 };
 
 /*
  * vhd_blkdrv_connect - create the shared memory, connect to the back-end,
- * negotiate (features, protocol features REPLY_ACK/MQ/CONFIG when offered,
+ * negotiate (features, protocol features REPLY_ACK/MQ/CONFIG/INFLIGHT_SHMFD when offered,
  * EVENT_IDX and INDIRECT_DESC when offered, packed when asked for), read the
  * config space and start every queue. On failure a one-line reason goes to
  * err (when not NULL) and nothing is left behind.
@@ -152,14 +155,30 @@ void vhd_blkdrv_disconnect(struct vhd_blkdrv *d);
  * from the pools stay valid) and the queues. Requests in flight are first
  * waited for (bounded) and, when the old session is still up, the rings are
  * stopped with GET_VRING_BASE; their completions are kept and returned by
- * the next poll/wait of their queue. Requests the old back-end never
- * completed come back with ret -ECONNRESET. The rings restart empty.
- * Works after the back-end went away too (a daemon restart). The device's
- * capacity and limits are re-read. 0 or -errno (message in
- * vhd_blkdrv_errmsg); after a failure the driver stays disconnected and
- * reconnect may be tried again.
+ * the next poll/wait of their queue. Works after the back-end went away too
+ * (a daemon restart, a crash). The device's capacity and limits are re-read.
+ *
+ * Requests the old back-end never completed: when both sessions use
+ * INFLIGHT_SHMFD (vhost-user "Inflight I/O tracking"; info.inflight) with
+ * the same ring layout, the rings are resumed as they are and those
+ * requests stay in flight: the new back-end resubmits the ones its
+ * predecessor had taken (from the inflight area the driver keeps for its
+ * lifetime) and takes the others from the ring; each completes normally,
+ * once. Otherwise they come back with ret -ECONNRESET and the rings restart
+ * empty.
+ *
+ * 0 or -errno (message in vhd_blkdrv_errmsg); after a failure the driver
+ * stays disconnected (submits say -ENOTCONN) and reconnect may be tried
+ * again; held requests stay held until a session resumes or gives them up.
  */
 int vhd_blkdrv_reconnect(struct vhd_blkdrv *d);
+
+/*
+ * vhd_blkdrv_session_alive - is the session up (connected, and its socket
+ * not closed by the back-end)? A non-blocking check that any thread may
+ * make while the queues run; false means a reconnect is due.
+ */
+bool vhd_blkdrv_session_alive(const struct vhd_blkdrv *d);
 
 /* One line describing the last control failure ("" when none). */
 const char *vhd_blkdrv_errmsg(const struct vhd_blkdrv *d);

@@ -106,6 +106,13 @@ struct vhd_blkdrv_queue {
     int kick_fd;
     int call_fd;
     uint32_t index;
+    /*
+     * The ring outlived its session (the session had negotiated
+     * INFLIGHT_SHMFD): its memory and outstanding requests are kept as they
+     * are for the next session to resume, from resume_base.
+     */
+    bool held;
+    uint32_t resume_base; /* SET_VRING_BASE value for the resumed ring */
 
     /* shared memory carved for this queue */
     void *area;
@@ -126,6 +133,14 @@ struct vhd_blkdrv {
     struct vhd_guestmem gm;
     struct vhd_vuf vuf;
     bool connected;
+    /*
+     * The inflight area (INFLIGHT_SHMFD), fetched with GET_INFLIGHT_FD by the
+     * first session that negotiates it and given to every later one, so
+     * that a back-end restarted after a crash finds the requests its
+     * predecessor had taken from the rings. Zeroed whenever the rings are
+     * laid out afresh: its content describes the rings as they are.
+     */
+    struct vhd_vuf_inflight inflight;
     struct vhd_blkdrv_info info;
     struct vhd_blkdrv_queue *q[MAX_QUEUES];
     char err[256];
@@ -735,36 +750,51 @@ static void fill_info(struct vhd_blkdrv *d, uint64_t f, const struct virtio_blk_
     in->packed = (f & BIT(VIRTIO_F_RING_PACKED)) != 0;
     in->event_idx = (f & BIT(VIRTIO_F_EVENT_IDX)) != 0;
     in->reply_ack = vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    in->inflight = vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
 }
 
-/* Lay the rings out afresh (zeroed) with what was negotiated, and start them on the back-end. */
-static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q)
+/*
+ * Start a queue's ring on the back-end. A held ring (resume) is started as
+ * it is, from its resume base, its outstanding requests left in place;
+ * otherwise the ring is laid out afresh (zeroed) with what was negotiated.
+ */
+static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q, bool resume)
 {
     const struct vhd_blkdrv_info *in = &d->info;
+    int rc;
 
-    vhd_drv_vq_fini(&q->dq);
-    q->indirect = in->indirect;
-    q->max_indirect = in->indirect ? in->seg_max + 2 : 0;
     q->seg_max = in->seg_max;
     q->size_max = in->size_max;
     q->features = in->features;
-    struct vhd_drv_vq_params p = {.size = in->queue_size,
-                                  .packed = in->packed,
-                                  .event_idx = in->event_idx,
-                                  .max_indirect = q->max_indirect,
-                                  .area = q->area,
-                                  .area_gpa = q->area_gpa,
-                                  .area_len = q->area_len};
-    int rc = vhd_drv_vq_init(&q->dq, &p);
-    if (rc < 0)
-        return dfail(d, rc, "queue %u: ring set-up: %s", q->index, strerror(-rc));
-    /* No notifications until someone waits (vhd_blkdrv_wait). */
-    vhd_drv_vq_disable_cb(&q->dq);
+    if (resume) {
+        /* The indirect tables keep the stride the ring was laid out with. */
+        q->max_indirect = in->indirect ? in->seg_max + 2 : 0;
+        if (q->max_indirect > q->dq.max_indirect)
+            q->max_indirect = q->dq.max_indirect;
+    } else {
+        vhd_drv_vq_fini(&q->dq);
+        q->indirect = in->indirect;
+        q->max_indirect = in->indirect ? in->seg_max + 2 : 0;
+        struct vhd_drv_vq_params p = {.size = in->queue_size,
+                                      .packed = in->packed,
+                                      .event_idx = in->event_idx,
+                                      .max_indirect = q->max_indirect,
+                                      .area = q->area,
+                                      .area_gpa = q->area_gpa,
+                                      .area_len = q->area_len};
+        rc = vhd_drv_vq_init(&q->dq, &p);
+        if (rc < 0)
+            return dfail(d, rc, "queue %u: ring set-up: %s", q->index, strerror(-rc));
+        /* No notifications until someone waits (vhd_blkdrv_wait). */
+        vhd_drv_vq_disable_cb(&q->dq);
+        q->broken = false;
+        q->plugged = false;
+        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
+        q->resume_base = in->packed ? 0x80008000u : 0;
+    }
     uint64_t v;
     while (read(q->call_fd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
     }
-    q->broken = false;
-    q->plugged = false;
 
     struct vhd_vuf_ring r = {
         .index = q->index,
@@ -772,8 +802,7 @@ static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q)
         .desc = vhd_guestmem_uva(&d->gm, q->dq.desc_gpa),
         .avail = vhd_guestmem_uva(&d->gm, q->dq.avail_gpa),
         .used = vhd_guestmem_uva(&d->gm, q->dq.used_gpa),
-        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
-        .base = in->packed ? 0x80008000u : 0,
+        .base = q->resume_base,
         .kick_fd = q->kick_fd,
         .call_fd = q->call_fd,
     };
@@ -784,6 +813,63 @@ static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q)
     return 0;
 }
 
+/*
+ * Where a ring resumes when its back-end gave no GET_VRING_BASE answer (it
+ * died): where the device's used ring stands, as QEMU does it (split:
+ * last_avail_idx := used->idx; packed: the used position, for the avail
+ * half too). The new back-end resubmits from the inflight area what its
+ * predecessor had taken beyond that and not completed. Call after reaping.
+ */
+static uint32_t ring_used_base(const struct vhd_blkdrv_queue *q)
+{
+    if (!q->dq.packed)
+        return q->dq.last_used_idx;
+    uint32_t pos = q->dq.last_used | (q->dq.used_wrap ? 0x8000u : 0);
+    return pos | pos << 16;
+}
+
+/*
+ * Can this session resume the held rings? It needs INFLIGHT_SHMFD (the new
+ * back-end finds in the area what its predecessor had taken from the rings)
+ * and the features that shape the rings as they were. All queues or none:
+ * the area's per-queue layout is the back-end's, so it can only be reset
+ * as a whole.
+ */
+static bool can_resume(const struct vhd_blkdrv *d)
+{
+    const uint64_t shape =
+        BIT(VIRTIO_F_RING_PACKED) | BIT(VIRTIO_F_EVENT_IDX) | BIT(VIRTIO_F_INDIRECT_DESC);
+
+    if (!vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD) || d->inflight.fd < 0)
+        return false;
+    for (uint32_t i = 0; i < d->o.num_queues; i++) {
+        const struct vhd_blkdrv_queue *q = d->q[i];
+        if (!q->held || q->broken || ((q->features ^ d->info.features) & shape))
+            return false;
+    }
+    return true;
+}
+
+/*
+ * The rings are to be laid out afresh: requests still outstanding in held
+ * rings are given up (-ECONNRESET, in slot order), and the inflight area is
+ * zeroed so that it describes no request (the back-end then initialises it).
+ */
+static void release_held(struct vhd_blkdrv *d)
+{
+    for (uint32_t i = 0; i < d->o.num_queues; i++) {
+        struct vhd_blkdrv_queue *q = d->q[i];
+        if (!q->held)
+            continue;
+        for (uint32_t s = 0; s < q->nslots; s++)
+            if (q->reqs[s].state == REQ_RING)
+                deferred_push(q, s, 0, -ECONNRESET);
+        q->held = false;
+    }
+    if (d->inflight.addr)
+        memset(d->inflight.addr, 0, d->inflight.mmap_size);
+}
+
 /* A new session on a new connection: negotiate, read config, memory table, start the rings. */
 static int session_open(struct vhd_blkdrv *d)
 {
@@ -791,12 +877,15 @@ static int session_open(struct vhd_blkdrv *d)
     struct virtio_blk_config cfg;
     const struct vhd_blkdrv_opts *o = &d->o;
 
+    uint64_t want_proto = BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                          BIT(VHOST_USER_PROTOCOL_F_CONFIG);
+    if (!o->no_inflight)
+        want_proto |= BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
+
     vhd_vuf_init(f, o->timeout_ms);
     int rc = o->listen ? vhd_vuf_accept(f, d->path) : vhd_vuf_connect(f, d->path);
     if (rc == 0)
-        rc = vhd_vuf_handshake(f, BIT(VHOST_USER_PROTOCOL_F_MQ) |
-                                      BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
-                                      BIT(VHOST_USER_PROTOCOL_F_CONFIG));
+        rc = vhd_vuf_handshake(f, want_proto);
     if (rc < 0)
         goto fail_vuf;
 
@@ -830,19 +919,42 @@ static int session_open(struct vhd_blkdrv *d)
                    o->num_queues, d->info.device_queues);
         goto fail;
     }
+    bool resume = can_resume(d);
+    if (!resume)
+        release_held(d);
     rc = vhd_vuf_set_features(f, feat);
+    /*
+     * As QEMU's vhost-user-blk: features first (the area's layout depends on
+     * the ring layout), GET_INFLIGHT_FD once, SET_INFLIGHT_FD every session,
+     * before the memory table and the rings.
+     */
+    if (rc == 0 && d->info.inflight && d->inflight.fd < 0)
+        rc = vhd_vuf_get_inflight_fd(f, (uint16_t)o->num_queues, (uint16_t)o->queue_size,
+                                     &d->inflight);
+    if (rc == 0 && d->info.inflight)
+        rc = vhd_vuf_set_inflight_fd(f, &d->inflight);
     if (rc == 0)
         rc = vhd_vuf_set_mem_table(f, &d->gm);
     if (rc < 0)
         goto fail_vuf;
     for (uint32_t i = 0; i < o->num_queues; i++) {
-        rc = queue_start(d, d->q[i]);
+        rc = queue_start(d, d->q[i], resume);
         if (rc < 0)
             goto fail;
     }
     rc = vhd_vuf_sync(f);
     if (rc < 0)
         goto fail_vuf;
+    for (uint32_t i = 0; i < o->num_queues; i++)
+        d->q[i]->held = false;
+    /*
+     * A resumed ring may hold requests made available while no back-end ran:
+     * kick, so the back-end looks at the ring (it resubmits what its area
+     * says was in flight on its own).
+     */
+    if (resume)
+        for (uint32_t i = 0; i < o->num_queues; i++)
+            kick(d->q[i]);
     d->connected = true;
     d->err[0] = 0;
     return 0;
@@ -851,16 +963,32 @@ fail_vuf:
     dfail(d, rc, "%s", vhd_vuf_strerror(f));
 fail:
     vhd_vuf_close(f);
-    for (uint32_t i = 0; i < o->num_queues; i++)
-        d->q[i]->dead = true;
+    for (uint32_t i = 0; i < o->num_queues; i++) {
+        struct vhd_blkdrv_queue *q = d->q[i];
+        /*
+         * Held rings stay held for the next attempt. This back-end may have
+         * run some of them before the session failed: collect what it
+         * completed and resume from there.
+         */
+        if (q->held && !q->dead && !q->broken) {
+            if (reap_to_deferred(q) < 0)
+                q->broken = true;
+            else
+                q->resume_base = ring_used_base(q);
+        }
+        q->dead = true;
+    }
     return rc;
 }
 
 /*
  * End the session. Wait (bounded) for the device to finish what is in
  * flight, stop each ring (GET_VRING_BASE: the back-end completes its
- * requests first), collect what was completed into the deferred lists, and
- * mark what never was with -ECONNRESET. The rings may then be reused.
+ * requests first) and collect what was completed into the deferred lists.
+ * What never was: with INFLIGHT_SHMFD negotiated the ring is held as it is
+ * (its requests stay outstanding and the next session resumes it, see
+ * can_resume); without, those requests are marked -ECONNRESET and the ring
+ * may be laid out afresh.
  * The drain comes before the stop because not every back-end finishes its
  * requests inside GET_VRING_BASE (libvhost-user, under qemu-storage-daemon,
  * answers at once): one that completes after the stop would write into the
@@ -871,6 +999,9 @@ static void session_end(struct vhd_blkdrv *d)
 {
     const struct vhd_blkdrv_opts *o = &d->o;
     bool alive = vhd_vuf_alive(&d->vuf);
+    bool keep = d->info.inflight && d->inflight.fd >= 0;
+    uint32_t base[MAX_QUEUES];
+    bool stopped[MAX_QUEUES] = {false};
 
     if (alive) {
         int64_t deadline = now_ms() + o->timeout_ms;
@@ -892,18 +1023,30 @@ static void session_end(struct vhd_blkdrv *d)
                 break;
             usleep(DRAIN_PAUSE_US);
         }
-        for (uint32_t i = 0; i < o->num_queues; i++)
-            if (!d->q[i]->dead && vhd_vuf_ring_stop(&d->vuf, i, NULL) < 0)
+        for (uint32_t i = 0; i < o->num_queues; i++) {
+            if (d->q[i]->dead)
+                continue;
+            if (vhd_vuf_ring_stop(&d->vuf, i, &base[i]) < 0)
                 break; /* the session is gone or refusing: nothing more to stop */
+            stopped[i] = true;
+        }
     }
     vhd_vuf_close(&d->vuf);
     for (uint32_t i = 0; i < o->num_queues; i++) {
         struct vhd_blkdrv_queue *q = d->q[i];
-        if (!q->dead && !q->broken && reap_to_deferred(q) < 0)
+        bool live = !q->dead;
+        if (live && !q->broken && reap_to_deferred(q) < 0)
             q->broken = true;
-        for (uint32_t s = 0; s < q->nslots; s++)
-            if (q->reqs[s].state == REQ_RING)
-                deferred_push(q, s, 0, -ECONNRESET);
+        if (keep && live && !q->broken) {
+            q->held = true;
+            q->resume_base = stopped[i] ? base[i] : ring_used_base(q);
+            for (uint32_t s = 0; s < q->nslots; s++)
+                q->stats.carried += q->reqs[s].state == REQ_RING;
+        } else if (!q->held) {
+            for (uint32_t s = 0; s < q->nslots; s++)
+                if (q->reqs[s].state == REQ_RING)
+                    deferred_push(q, s, 0, -ECONNRESET);
+        }
         q->dead = true;
     }
     d->connected = false;
@@ -930,6 +1073,7 @@ static void drv_free(struct vhd_blkdrv *d)
     for (uint32_t i = 0; i < MAX_QUEUES; i++)
         queue_free(d->q[i]);
     vhd_vuf_close(&d->vuf);
+    vhd_vuf_inflight_release(&d->inflight);
     vhd_guestmem_fini(&d->gm);
     free(d->path);
     free(d);
@@ -1003,6 +1147,7 @@ int vhd_blkdrv_connect(const struct vhd_blkdrv_opts *opts, struct vhd_blkdrv **o
         return -ENOMEM;
     }
     vhd_vuf_init(&d->vuf, opts->timeout_ms);
+    vhd_vuf_inflight_init(&d->inflight);
     d->o = *opts;
     struct vhd_blkdrv_opts *o = &d->o;
     if (!o->num_queues)
@@ -1088,6 +1233,11 @@ int vhd_blkdrv_reconnect(struct vhd_blkdrv *d)
         session_end(d);
     /* Slots parked in the deferred lists stay parked; the rings restart empty. */
     return session_open(d);
+}
+
+bool vhd_blkdrv_session_alive(const struct vhd_blkdrv *d)
+{
+    return d->connected && vhd_vuf_alive(&d->vuf);
 }
 
 const char *vhd_blkdrv_errmsg(const struct vhd_blkdrv *d)

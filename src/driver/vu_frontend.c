@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -71,6 +72,10 @@ static const char *req_name(uint32_t req)
         return "SET_VRING_ENABLE";
     case VHOST_USER_GET_CONFIG:
         return "GET_CONFIG";
+    case VHOST_USER_GET_INFLIGHT_FD:
+        return "GET_INFLIGHT_FD";
+    case VHOST_USER_SET_INFLIGHT_FD:
+        return "SET_INFLIGHT_FD";
     default:
         return "request";
     }
@@ -169,10 +174,11 @@ static int send_msg(struct vhd_vuf *f, uint32_t req, uint32_t flags, const void 
 
 /*
  * Receive the reply to req: the same request id, exactly version 1 plus the
- * reply flag, and a payload size accepted by size_ok(). Fds in a reply are
- * never expected: closed, and the reply refused.
+ * reply flag. At most max_fds fds may come with it (GET_INFLIGHT_FD's one;
+ * 0 for every other reply): more are closed and the reply refused. The
+ * caller owns rx->fds on success.
  */
-static int recv_reply(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx)
+static int recv_reply_fds(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx, unsigned max_fds)
 {
     struct timespec t0;
 
@@ -196,17 +202,24 @@ static int recv_reply(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx)
         if (poll(&p, 1, (int)left) < 0 && errno != EINTR)
             return broken(f, fail(f, -errno, "%s: poll: %s", req_name(req), strerror(errno)));
     }
-    if (rx->nfds) {
+    if (rx->nfds > max_fds) {
         vu_rx_reset(rx);
         return broken(f, fail(f, -EPROTO, "%s: reply carries file descriptors", req_name(req)));
     }
-    if (rx->hdr.request != req)
-        return broken(
-            f, fail(f, -EPROTO, "%s: reply is for request %u", req_name(req), rx->hdr.request));
-    if (rx->hdr.flags != (VHOST_USER_VERSION | VHOST_USER_REPLY_MASK))
-        return broken(f, fail(f, -EPROTO, "%s: reply flags 0x%x (expected 0x%x)", req_name(req),
-                              rx->hdr.flags, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK));
+    if (rx->hdr.request != req || rx->hdr.flags != (VHOST_USER_VERSION | VHOST_USER_REPLY_MASK)) {
+        int rc = fail(f, -EPROTO, "%s: reply for request %u with flags 0x%x (expected 0x%x)",
+                      req_name(req), rx->hdr.request, rx->hdr.flags,
+                      VHOST_USER_VERSION | VHOST_USER_REPLY_MASK);
+        vu_rx_reset(rx);
+        return broken(f, rc);
+    }
     return 0;
+}
+
+/* Receive the reply to req; no fds allowed (see recv_reply_fds). */
+static int recv_reply(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx)
+{
+    return recv_reply_fds(f, req, rx, 0);
 }
 
 /*
@@ -448,6 +461,79 @@ int vhd_vuf_ring_stop(struct vhd_vuf *f, uint32_t index, uint32_t *base)
     if (base)
         *base = out.num;
     return 0;
+}
+
+int vhd_vuf_get_inflight_fd(struct vhd_vuf *f, uint16_t num_queues, uint16_t queue_size,
+                            struct vhd_vuf_inflight *out)
+{
+    struct vu_inflight in = {.num_queues = num_queues, .queue_size = queue_size};
+    struct vu_rx rx;
+
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD))
+        return fail(f, -ENOTSUP, "GET_INFLIGHT_FD: INFLIGHT_SHMFD not negotiated");
+    int rc = send_msg(f, VHOST_USER_GET_INFLIGHT_FD, 0, &in, sizeof(in), NULL, 0);
+    if (rc == 0)
+        rc = recv_reply_fds(f, VHOST_USER_GET_INFLIGHT_FD, &rx, 1);
+    if (rc < 0)
+        return rc;
+    if (rx.hdr.size != sizeof(in) || rx.nfds != 1) {
+        rc = fail(f, -EPROTO, "GET_INFLIGHT_FD: reply of %u bytes with %u fds (expected %zu, 1)",
+                  rx.hdr.size, rx.nfds, sizeof(in));
+        vu_rx_reset(&rx);
+        return broken(f, rc);
+    }
+    int fd = rx.fds[0];
+    const struct vu_inflight *r = &rx.payload.inflight;
+    /* The area is the back-end's to size; a real one is a few pages per queue. */
+    if (r->mmap_size == 0 || r->mmap_size > VHD_VUF_INFLIGHT_MAX ||
+        r->mmap_offset > VHD_VUF_INFLIGHT_MAX || (r->mmap_offset & 4095)) {
+        close(fd);
+        return fail(f, -EPROTO, "GET_INFLIGHT_FD: area of %llu bytes at offset %llu",
+                    (unsigned long long)r->mmap_size, (unsigned long long)r->mmap_offset);
+    }
+    void *p =
+        mmap(NULL, r->mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)r->mmap_offset);
+    if (p == MAP_FAILED) {
+        rc = -errno;
+        close(fd);
+        return fail(f, rc, "GET_INFLIGHT_FD: mmap of %llu bytes: %s",
+                    (unsigned long long)r->mmap_size, strerror(-rc));
+    }
+    out->fd = fd;
+    out->addr = p;
+    out->mmap_size = r->mmap_size;
+    out->mmap_offset = r->mmap_offset;
+    out->num_queues = num_queues;
+    out->queue_size = queue_size;
+    return 0;
+}
+
+int vhd_vuf_set_inflight_fd(struct vhd_vuf *f, const struct vhd_vuf_inflight *in)
+{
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD))
+        return fail(f, -ENOTSUP, "SET_INFLIGHT_FD: INFLIGHT_SHMFD not negotiated");
+    if (in->fd < 0)
+        return fail(f, -EINVAL, "SET_INFLIGHT_FD: no area");
+    struct vu_inflight m = {.mmap_size = in->mmap_size,
+                            .mmap_offset = in->mmap_offset,
+                            .num_queues = in->num_queues,
+                            .queue_size = in->queue_size};
+    return call_noreply(f, VHOST_USER_SET_INFLIGHT_FD, &m, sizeof(m), &in->fd, 1);
+}
+
+void vhd_vuf_inflight_init(struct vhd_vuf_inflight *in)
+{
+    memset(in, 0, sizeof(*in));
+    in->fd = -1;
+}
+
+void vhd_vuf_inflight_release(struct vhd_vuf_inflight *in)
+{
+    if (in->addr)
+        munmap(in->addr, in->mmap_size);
+    if (in->fd >= 0)
+        close(in->fd);
+    vhd_vuf_inflight_init(in);
 }
 
 int vhd_vuf_sync(struct vhd_vuf *f)

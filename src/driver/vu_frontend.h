@@ -135,6 +135,44 @@ int vhd_vuf_ring_enable(struct vhd_vuf *f, uint32_t index, bool enable);
 int vhd_vuf_ring_stop(struct vhd_vuf *f, uint32_t index, uint32_t *base);
 
 /*
+ * The inflight area (protocol feature INFLIGHT_SHMFD, spec "Inflight I/O
+ * tracking"): shared memory the back-end allocates and fills with the state
+ * of the requests it has taken from the rings, kept by the front-end across
+ * sessions so that a restarted back-end can resubmit them. Its layout is
+ * the back-end's business; the front-end only keeps it and hands it back.
+ */
+struct vhd_vuf_inflight {
+    int fd;             /* -1: none */
+    void *addr;         /* our mapping of mmap_size bytes at mmap_offset */
+    uint64_t mmap_size; /* as the back-end gave them */
+    uint64_t mmap_offset;
+    uint16_t num_queues; /* what the area was asked for */
+    uint16_t queue_size;
+};
+
+/* Largest area accepted from a back-end: 1 GiB (spec sizes are ~16-48 bytes per ring entry). */
+#define VHD_VUF_INFLIGHT_MAX (1ull << 30)
+
+/* An empty (fd -1) inflight area. */
+void vhd_vuf_inflight_init(struct vhd_vuf_inflight *in);
+
+/*
+ * vhd_vuf_get_inflight_fd - GET_INFLIGHT_FD for num_queues rings of
+ * queue_size entries: the back-end allocates the area and replies with its
+ * fd, which is mapped (shared) into *out. Features must be set first (the
+ * layout depends on packed vs split). -ENOTSUP when INFLIGHT_SHMFD was not
+ * negotiated, -EPROTO on a malformed reply.
+ */
+int vhd_vuf_get_inflight_fd(struct vhd_vuf *f, uint16_t num_queues, uint16_t queue_size,
+                            struct vhd_vuf_inflight *out);
+
+/* vhd_vuf_set_inflight_fd - SET_INFLIGHT_FD: give the (kept) area to this session's back-end. */
+int vhd_vuf_set_inflight_fd(struct vhd_vuf *f, const struct vhd_vuf_inflight *in);
+
+/* Unmap and close the area (idempotent). */
+void vhd_vuf_inflight_release(struct vhd_vuf_inflight *in);
+
+/*
  * vhd_vuf_sync - make sure every message sent so far was handled: a no-op
  * with REPLY_ACK (each message was acknowledged), else a GET_FEATURES round
  * trip (the back-end handles messages in order), as QEMU does.
