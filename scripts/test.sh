@@ -67,6 +67,7 @@ unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_fro
     test_net test_net_switch test_net_driver test_memguard test_client test_chaos)
 unit_tests+=(test_inflight)
 unit_tests+=(test_net_gen)
+unit_tests+=(test_crash)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
@@ -87,7 +88,7 @@ note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
 for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch test_net_driver \
-    test_net_gen; do
+    test_net_gen test_crash; do
     if [ -x "build-tsan/$t" ]; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
     else
@@ -116,6 +117,7 @@ if [ -x build/vhostd ]; then
     run guest-vhostd-matrix bash tests/guest/vhostd-matrix.sh
     run guest-qsd-smoke bash tests/guest/qsd-smoke.sh
     run guest-net bash tests/guest/net-guests.sh
+    run guest-crash bash tests/guest/vhostd-crash.sh
 else
     failed=$((failed + 1)); echo "   build/vhostd not built: guest tests not run"
 fi

@@ -24,6 +24,8 @@ Disks (vda is read-write, vdb read-only):
   --ro-queues N         num-queues of the read-only device (default: --queues)
   --packed on|off       ask QEMU for a packed virtqueue (default off)
   --dev-opts STR        extra vhost-user-blk-pci properties, e.g. queue-size=256,event_idx=off
+  --reconnect SECS      QEMU reconnects to a back-end that went away, every SECS seconds
+                        (chardev reconnect=; default 0: a lost back-end is fatal)
 Network (optional; the guest sees it as eth0):
   --net-sock PATH       vhost-user-net socket: -netdev vhost-user + virtio-net-pci
   --mac MAC             the NIC's MAC address (default 52:54:00:12:34:56)
@@ -66,6 +68,7 @@ QUEUES=1
 RO_QUEUES=""
 PACKED=off
 DEV_OPTS=""
+RECONNECT=0
 NET_SOCK=""
 MAC=52:54:00:12:34:56
 NET_DEV_OPTS=vectors=0
@@ -108,6 +111,7 @@ while [ $# -gt 0 ]; do
     --ro-queues) need "$@"; RO_QUEUES=$2; shift ;;
     --packed) need "$@"; PACKED=$2; shift ;;
     --dev-opts) need "$@"; DEV_OPTS=$2; shift ;;
+    --reconnect) need "$@"; RECONNECT=$2; shift ;;
     --net-sock) need "$@"; NET_SOCK=$2; shift ;;
     --mac) need "$@"; MAC=$2; shift ;;
     --net-dev-opts) need "$@"; NET_DEV_OPTS=$2; shift ;;
@@ -154,7 +158,7 @@ die() {
 
 [ -n "$SOCK" ] || [ "$TEST" != blk ] || die "--sock is required"
 case "$PACKED" in on | off) ;; *) die "--packed must be on or off" ;; esac
-for n in "$QUEUES" "$SMP" "$TIMEOUT" "$WAIT_SOCKET"; do
+for n in "$QUEUES" "$SMP" "$TIMEOUT" "$WAIT_SOCKET" "$RECONNECT"; do
     [[ "$n" =~ ^[0-9]+$ ]] || die "not a number: '$n'"
 done
 RO_QUEUES=${RO_QUEUES:-$QUEUES}
@@ -224,7 +228,9 @@ qemu_cmd=(
     -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off vhostd.test=$TEST vhostd.args=\"$gargs\""
 )
 if [ -n "$SOCK" ]; then
-    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK$CHR_OPTS"
+    reconnect_opt=""
+    if [ "$RECONNECT" -gt 0 ]; then reconnect_opt=",reconnect=$RECONNECT"; fi
+    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK$CHR_OPTS$reconnect_opt"
         -device "vhost-user-blk-pci,chardev=vub0,num-queues=$QUEUES,packed=$PACKED,addr=0x4${DEV_OPTS:+,$DEV_OPTS}")
 fi
 if [ -n "$RO_SOCK" ]; then

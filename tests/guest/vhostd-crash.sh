@@ -1,0 +1,192 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+#
+# vhostd-crash.sh: vhostd is killed with SIGKILL, again and again, under a Linux guest's
+# verifying write workload, and restarted on the same socket and image each time. QEMU
+# (-chardev socket,reconnect=1 -device vhost-user-blk-pci) reconnects, hands the kept inflight
+# area back (SET_INFLIGHT_FD) and restarts the rings; the new vhostd resubmits what the dead one
+# had taken. Nothing may be lost and no I/O may fail:
+#   - the guest's guest-blkcheck runs its random-write workload (every write read back and
+#     verified at once, then a final pass that every block holds its newest generation), then
+#     flush, discard, write-zeroes and the manifest for the host; every check must pass;
+#   - the guest kernel logs no I/O error and no virtqueue complaint;
+#   - the host kills vhostd only while the random-write workload runs, each time after the
+#     restarted vhostd got its session back (its log shows SET_FEATURES) and a random delay;
+#   - after the guest powered off, vhostd ends cleanly on SIGTERM and host-verify.sh replays the
+#     workload and checks every block of the image file.
+# One "PASS|FAIL vhostd-crash/<case>" line per case (split and packed rings), then
+# "N passed, N failed".
+#
+# Env: VHOSTD (default build/vhostd), GUEST_DIR (build/guest), LOG_DIR (build/vhostd-crash),
+# KILLS (15: kills per case), MIN_KILLS (10: fewer, because the workload ended first, fails),
+# OPS_4K (6000: 4 KiB writes per guest thread; more makes the workload last longer),
+# GUEST_TIMEOUT (300 s per boot), CASES (subset of "split packed").
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+VHOSTD=${VHOSTD:-$REPO/build/vhostd}
+GUEST_DIR=${GUEST_DIR:-$REPO/build/guest}
+LOG_DIR=${LOG_DIR:-$REPO/build/vhostd-crash}
+KILLS=${KILLS:-15}
+MIN_KILLS=${MIN_KILLS:-10}
+OPS_4K=${OPS_4K:-6000}
+GUEST_TIMEOUT=${GUEST_TIMEOUT:-300}
+CASES=${CASES:-split packed}
+IMG_SIZE=$((64 * 1024 * 1024))
+SECTORS=$((IMG_SIZE / 512))
+QUEUES=2
+# Random delay before each kill, after the restarted vhostd got its session back (ms).
+MIN_DELAY_MS=150
+MAX_DELAY_MS=1200
+# Bound on waiting for QEMU to reconnect to a restarted vhostd (its reconnect period is 1 s).
+SESSION_WAIT_S=30
+
+passed=0
+failed=0
+vhostd_pid=""
+guest_pid=""
+WORK=""
+
+# stop_vhostd: SIGTERM, wait up to 10 s, then SIGKILL; the exit status in $vhostd_status.
+vhostd_status=0
+stop_vhostd() {
+    local i=0 st=0
+    vhostd_status=0
+    [ -n "$vhostd_pid" ] || return 0
+    kill -TERM "$vhostd_pid" 2>/dev/null || true
+    while kill -0 "$vhostd_pid" 2>/dev/null && [ $i -lt 100 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    kill -9 "$vhostd_pid" 2>/dev/null || true
+    wait "$vhostd_pid" || st=$?
+    vhostd_pid=""
+    vhostd_status=$st
+}
+
+cleanup() {
+    # Only processes this script started, by pid.
+    if [ -n "$guest_pid" ]; then
+        kill "$guest_pid" 2>/dev/null || true # run-guest.sh stops its QEMU in its own trap
+        wait "$guest_pid" 2>/dev/null || true
+    fi
+    stop_vhostd
+    [ -n "$WORK" ] && rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'echo "vhostd-crash: interrupted"; exit 130' INT TERM
+
+[ -x "$VHOSTD" ] || { echo "vhostd-crash: $VHOSTD not built"; echo "0 passed, 1 failed"; exit 1; }
+"$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'
+mkdir -p "$LOG_DIR"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-crash.XXXXXX")
+
+# start_vhostd DIR LOG: one vhostd instance on DIR/rw.sock and DIR/rw.img.
+start_vhostd() {
+    "$VHOSTD" --workers 2 --log-level info \
+        --blk "socket=$1/rw.sock,image=$1/rw.img,queues=$QUEUES,serial=crash-rw" >"$2" 2>&1 &
+    vhostd_pid=$!
+}
+
+# wait_session LOG: until QEMU is setting the device up on this instance (SET_FEATURES logged);
+# fails after SESSION_WAIT_S or when the guest is gone.
+wait_session() {
+    local i=0
+    while ! grep -q ': features 0x' "$1" 2>/dev/null; do
+        kill -0 "$guest_pid" 2>/dev/null || return 1
+        [ $i -lt $((SESSION_WAIT_S * 20)) ] || return 1
+        sleep 0.05
+        i=$((i + 1))
+    done
+}
+
+# in_workload CONSOLE: the guest's random-write workload is running (started, not finished).
+in_workload() {
+    grep -q '^INFO guest-blkcheck' "$1" 2>/dev/null && ! grep -q '^PERF total' "$1" 2>/dev/null
+}
+
+# run_case NAME PACKED(on|off)
+run_case() {
+    local name=$1 packed=$2 dir=$WORK/$1 seed rc=0 reason="" t0 kills=0 n=0 console resub
+    if [[ " $CASES " != *" $name "* ]]; then
+        return 0
+    fi
+    t0=$(date +%s)
+    mkdir -p "$dir"
+    console=$LOG_DIR/$name.console.log
+    rm -f "$LOG_DIR/$name".vhostd.*.log
+    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+    echo "--- vhostd-crash/$name: ring=$([ "$packed" = on ] && echo packed || echo split) queues=$QUEUES kills=$KILLS seed=$seed"
+    truncate -s "$IMG_SIZE" "$dir/rw.img"
+    "$HERE/host-verify.sh" --guest-dir "$GUEST_DIR" --prepare --image "$dir/rw.img" --seed "$seed" >/dev/null ||
+        reason="preparing rw.img failed"
+    if [ -z "$reason" ]; then
+        start_vhostd "$dir" "$LOG_DIR/$name.vhostd.0.log"
+        : >"$console"
+        "$HERE/run-guest.sh" --no-build --guest-dir "$GUEST_DIR" --timeout "$GUEST_TIMEOUT" \
+            --log "$console" --sock "$dir/rw.sock" --queues "$QUEUES" --packed "$packed" \
+            --reconnect 1 --sectors "$SECTORS" --serial crash-rw --seed "$seed" \
+            --require EVENT_IDX,FLUSH --guest-args "--ops-4k $OPS_4K" &
+        guest_pid=$!
+        # The killer: wait for the workload, then kill and restart while it runs.
+        while [ "$kills" -lt "$KILLS" ] && kill -0 "$guest_pid" 2>/dev/null; do
+            if ! wait_session "$LOG_DIR/$name.vhostd.$n.log"; then
+                kill -0 "$guest_pid" 2>/dev/null &&
+                    reason="QEMU did not reconnect to vhostd instance $n within ${SESSION_WAIT_S}s"
+                break
+            fi
+            if ! in_workload "$console"; then
+                grep -q '^PERF total' "$console" && break # the workload is over
+                sleep 0.1
+                continue
+            fi
+            sleep "$(awk -v a=$MIN_DELAY_MS -v b=$MAX_DELAY_MS -v r=$RANDOM 'BEGIN { printf "%.3f", (a + (b - a) * r / 32767) / 1000 }')"
+            in_workload "$console" || break
+            kill -9 "$vhostd_pid"
+            wait "$vhostd_pid" 2>/dev/null || true
+            kills=$((kills + 1))
+            n=$((n + 1))
+            start_vhostd "$dir" "$LOG_DIR/$name.vhostd.$n.log"
+        done
+        wait "$guest_pid" || rc=$?
+        guest_pid=""
+        [ "$rc" = 0 ] || reason="${reason:+$reason; }guest: $(grep -E '^run-guest: FAIL|^GUEST-RESULT' "$console" | tail -n 1) (see $console)"
+        if ! kill -0 "$vhostd_pid" 2>/dev/null; then
+            reason="${reason:+$reason; }vhostd instance $n died: $(tail -n 1 "$LOG_DIR/$name.vhostd.$n.log")"
+        fi
+        stop_vhostd
+        [ "$vhostd_status" = 0 ] || reason="${reason:+$reason; }vhostd exited with status $vhostd_status on SIGTERM"
+        [ "$kills" -ge "$MIN_KILLS" ] ||
+            reason="${reason:+$reason; }only $kills kills before the workload ended (MIN_KILLS=$MIN_KILLS; raise OPS_4K)"
+        if tr -d '\r' <"$console" | grep -qE '^DMESG .*(I/O error|blk_update_request|broken)'; then
+            reason="${reason:+$reason; }guest kernel: $(tr -d '\r' <"$console" | grep -E '^DMESG .*(I/O error|blk_update_request|broken)' | head -n 1)"
+        fi
+        if grep -hqE ' error:' "$LOG_DIR/$name".vhostd.*.log; then
+            reason="${reason:+$reason; }vhostd logged: $(grep -hE ' error:' "$LOG_DIR/$name".vhostd.*.log | head -n 1)"
+        fi
+    fi
+    if [ -z "$reason" ]; then
+        "$HERE/host-verify.sh" --guest-dir "$GUEST_DIR" --image "$dir/rw.img" --seed "$seed" | sed 's/^/  /' ||
+            reason="host-verify of rw.img failed"
+    fi
+    # What the restarted vhostd instances resubmitted from the inflight area (their log lines).
+    resub=$(awk 'match($0, /resubmit[a-z]* [0-9]+/) {
+            n = split(substr($0, RSTART, RLENGTH), w, " "); s += w[n]
+        } END { print s + 0 }' "$LOG_DIR/$name".vhostd.*.log)
+    rm -rf "$dir"
+    if [ -z "$reason" ]; then
+        echo "PASS vhostd-crash/$name ($(($(date +%s) - t0))s): $kills kills survived, $resub requests resubmitted by restarted vhostd instances, guest and host-verify clean"
+        passed=$((passed + 1))
+    else
+        echo "FAIL vhostd-crash/$name ($(($(date +%s) - t0))s, $kills kills): $reason"
+        failed=$((failed + 1))
+    fi
+}
+
+run_case split off
+run_case packed on
+
+echo "vhostd-crash: logs in $LOG_DIR"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
