@@ -117,7 +117,8 @@ struct killer {
     struct daemon *dm;
     unsigned seed;
     unsigned kills;    /* done so far (atomic: read by the workload) */
-    bool finished;     /* atomic */
+    bool finished;     /* atomic: the kills are done */
+    bool release;      /* atomic: the test is done with the last daemon, the thread may end */
     uint64_t start_ms; /* total time spent restarting */
 };
 
@@ -133,6 +134,13 @@ static void *killer_main(void *arg)
         __atomic_store_n(&k->kills, i + 1, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&k->finished, true, __ATOMIC_RELEASE);
+    /*
+     * The daemons die with the thread that forked them (PR_SET_PDEATHSIG
+     * follows the thread): stay until the test has stopped the last one.
+     */
+    uint64_t t0 = ms_now();
+    while (!__atomic_load_n(&k->release, __ATOMIC_ACQUIRE) && ms_now() - t0 < 2 * RUN_MS)
+        sleep_ms(10);
     return NULL;
 }
 
@@ -347,7 +355,7 @@ static void crash_workload(bool packed)
         bool killer_done = __atomic_load_n(&k.finished, __ATOMIC_ACQUIRE);
         if (killer_done && w->tail == UINT64_MAX)
             w->tail = 0; /* count requests from here on */
-        bool more = w->tail < TAIL_OPS || w->tail == UINT64_MAX;
+        bool more = (w->tail < TAIL_OPS || w->tail == UINT64_MAX) && w->next_id < MAX_IDS;
         uint32_t busy = 0;
         int got = 0;
         for (uint32_t qi = 0; qi < NQ; qi++) {
@@ -373,7 +381,6 @@ static void crash_workload(bool packed)
                 usleep(200);
         }
     }
-    pthread_join(th, NULL);
 
     /* Every request completed once, none failed. */
     if (w->errors)
@@ -411,6 +418,8 @@ static void crash_workload(bool packed)
     vhd_blkdrv_disconnect(w->d);
     long resub = log_resubmissions(&dm);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    __atomic_store_n(&k.release, true, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
 
     /* ... and in the image file. */
     fd = open(dm.img, O_RDONLY | O_CLOEXEC);
