@@ -904,7 +904,10 @@ static void killed_resume(bool packed)
         VHD_CHECK_EQ(sync_write(q, i * BS, buf + i * BS, BS), 0);
     }
 
+    int st;
     kill(dm.pid, SIGSTOP);
+    VHD_CHECK_EQ(waitpid(dm.pid, &st, WUNTRACED), dm.pid); /* stopped for sure */
+    VHD_CHECK(WIFSTOPPED(st));
     memset(buf + 4 * BS, 0, 2 * BS);
     fill(buf + 2 * BS, BS, 2 * BS, seed);
     VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, 0, buf + 4 * BS, BS, (void *)1), 0);
@@ -938,9 +941,9 @@ static void killed_resume(bool packed)
     VHD_CHECK_EQ(vhd_blkdrv_inflight(q), 0);
     VHD_CHECK_EQ(mismatch(buf + 4 * BS, BS, 0, seed), -1);
     VHD_CHECK_EQ(mismatch(buf + 5 * BS, BS, BS, seed), -1);
-    struct vhd_blkdrv_queue_stats st;
-    vhd_blkdrv_queue_stats(q, &st);
-    VHD_CHECK_EQ(st.carried, 3);
+    struct vhd_blkdrv_queue_stats qs;
+    vhd_blkdrv_queue_stats(q, &qs);
+    VHD_CHECK_EQ(qs.carried, 3);
     memset(buf + 6 * BS, 0, BS);
     VHD_CHECK_EQ(sync_read(q, 2 * BS, buf + 6 * BS, BS), 0);
     VHD_CHECK_EQ(mismatch(buf + 6 * BS, BS, 2 * BS, seed), -1);
