@@ -82,6 +82,15 @@ struct vhd_netdrv_opts {
      * (vhd_netdrv_config_wait).
      */
     bool ctrl_vq;
+    /*
+     * Offload features to negotiate when the device offers them: a mask of
+     * virtio-net feature bits (1 << n) among CSUM (0), GUEST_CSUM (1),
+     * GUEST_TSO4/TSO6/ECN/UFO (7..10) and HOST_TSO4/TSO6/ECN/UFO (11..14);
+     * others are ignored. info.features says what was negotiated. Frames
+     * that use them go out with vhd_netdrv_tx_hdr; received frames report
+     * their header's flags and gso_type.
+     */
+    uint64_t offloads;
 };
 
 /* What was negotiated and read from the device. */
@@ -172,6 +181,16 @@ uint32_t vhd_netdrv_pair_index(const struct vhd_netdrv_pair *p);
  * -EIO when the device broke the ring protocol.
  */
 int vhd_netdrv_tx_burst(struct vhd_netdrv_pair *p, const struct iovec *frames, unsigned n);
+
+/*
+ * vhd_netdrv_tx_hdr - transmit one frame behind the given 12-byte
+ * virtio_net_hdr (flags, gso_type, hdr_len, gso_size, csum_start,
+ * csum_offset, little-endian, as in virtio 1.2 5.1.6; num_buffers is
+ * zeroed): checksum and segmentation offloads the session negotiated.
+ * Returns 1 when queued, 0 when the ring is full, -EINVAL for a bad
+ * length, -EIO.
+ */
+int vhd_netdrv_tx_hdr(struct vhd_netdrv_pair *p, const struct iovec *frame, const void *hdr);
 
 /*
  * vhd_netdrv_tx_reap - collect used TX buffers. Returns how many (their

@@ -94,6 +94,16 @@ struct vhd_net_backend_ops {
      * for backends whose frames arrive from elsewhere (wake fd, transmit).
      */
     bool rx_buffers_are_work;
+
+    /*
+     * set_features - optional: the driver's negotiated feature bits
+     * (SET_FEATURES; 0 at reset), for a backend that tunes itself to what
+     * the guest accepts (tap: TUNSETOFFLOAD from the GUEST_* offloads, so
+     * the kernel hands over segmentation-offload frames only to a guest
+     * that takes them). Control thread, every queue detached. 0 or -errno
+     * (the features are then refused).
+     */
+    int (*set_features)(struct vhd_net_backend *be, uint64_t features);
 };
 
 /*
@@ -104,8 +114,14 @@ struct vhd_net_backend {
     const struct vhd_net_backend_ops *ops;
     struct vhd_dev *dev; /* the device served */
     /*
-     * Offload feature bits (VIRTIO_NET_F_CSUM, GUEST_CSUM, ...) the backend
-     * can honour; the device offers them in addition to its own.
+     * Offload feature bits (VIRTIO_NET_F_CSUM, GUEST_CSUM, HOST_TSO4,
+     * GUEST_TSO4, ...) the backend can honour; the device offers them in
+     * addition to its own. A HOST_* segmentation bit means the backend
+     * takes frames with that gso_type (tx); a GUEST_* bit means it may hand
+     * such frames to vhd_net_deliver, which passes them only to a receive
+     * queue whose driver negotiated the bit. Backends that connect guests
+     * to each other or to themselves (loopback, switch) offer none: a
+     * receiver without GUEST_TSO would need software segmentation.
      */
     uint64_t offloads;
     char desc[128]; /* for logs: e.g. "loopback" */

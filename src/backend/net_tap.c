@@ -37,18 +37,36 @@ struct tap_be {
 };
 
 /*
- * Offloads: CSUM and GUEST_CSUM, with TUNSETOFFLOAD(TUN_F_CSUM). A frame the
- * guest leaves with a partial checksum goes to the kernel with NEEDS_CSUM
- * in the vnet header, which the kernel always honours on write; the kernel
- * may hand us frames with a partial checksum (TUN_F_CSUM), which
+ * Offloads. CSUM and GUEST_CSUM, with TUNSETOFFLOAD(TUN_F_CSUM) always: a
+ * frame the guest leaves with a partial checksum goes to the kernel with
+ * NEEDS_CSUM in the vnet header, which the kernel always honours on write;
+ * the kernel may hand us frames with a partial checksum, which
  * vhd_net_deliver passes on to a guest that negotiated GUEST_CSUM or
- * completes in software for one that did not. No segmentation offloads
- * (TUN_F_TSO*): the device offers none (net.c), so the kernel segments
- * before the frame reaches us. The offloads are fixed at open rather than
- * following each guest's negotiation: what we tell the kernel is what the
- * device can handle for any guest.
+ * completes in software for one that did not.
+ *
+ * Segmentation. HOST_TSO4/TSO6/ECN/UFO: the kernel takes frames with those
+ * gso_types on write (IFF_VNET_HDR) and segments them itself where they
+ * leave the host. GUEST_TSO4/TSO6/ECN/UFO are offered as far as
+ * TUNSETOFFLOAD accepts the matching TUN_F_* bits (probed at open); the
+ * kernel sends such frames only once set_features has turned them on for a
+ * guest that negotiated them (with GUEST_CSUM), and turns them off again at
+ * reset, so a guest that cannot take them never sees one.
  */
-#define TAP_OFFLOADS ((1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM))
+#define TAP_OFFLOADS                                                       \
+    ((1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM) |     \
+     (1ull << VIRTIO_NET_F_HOST_TSO4) | (1ull << VIRTIO_NET_F_HOST_TSO6) | \
+     (1ull << VIRTIO_NET_F_HOST_ECN) | (1ull << VIRTIO_NET_F_HOST_UFO))
+
+/* GUEST_* feature and the TUN_F_* bit that lets the kernel send such frames. */
+static const struct {
+    unsigned feature;
+    unsigned tun;
+} tap_guest_gso[] = {
+    {VIRTIO_NET_F_GUEST_TSO4, TUN_F_TSO4},
+    {VIRTIO_NET_F_GUEST_TSO6, TUN_F_TSO6},
+    {VIRTIO_NET_F_GUEST_ECN, TUN_F_TSO_ECN},
+    {VIRTIO_NET_F_GUEST_UFO, TUN_F_UFO},
+};
 
 static int tap_err(char *err, size_t errlen, int rc, const char *what, const char *ifname)
 {
@@ -143,6 +161,22 @@ static int tap_open(const struct vhd_net_backend_opts *o, struct vhd_dev *dev,
     t->be.ops = &vhd_net_backend_tap;
     t->be.dev = dev;
     t->be.offloads = TAP_OFFLOADS;
+    /*
+     * Which GUEST_* segmentation offloads does this kernel take? Each
+     * TUN_F_* bit alone with TUN_F_CSUM (ECN with TSO4, as it means TSO
+     * with ECN), then back to TUN_F_CSUM until a guest negotiates them.
+     */
+    for (size_t i = 0; i < VHD_ARRAY_SIZE(tap_guest_gso); i++) {
+        unsigned long fl = TUN_F_CSUM | tap_guest_gso[i].tun;
+        if (tap_guest_gso[i].tun == TUN_F_TSO_ECN)
+            fl |= TUN_F_TSO4;
+        if (ioctl(t->p[0].fd, TUNSETOFFLOAD, fl) == 0)
+            t->be.offloads |= 1ull << tap_guest_gso[i].feature;
+    }
+    if (ioctl(t->p[0].fd, TUNSETOFFLOAD, (unsigned long)TUN_F_CSUM) < 0) {
+        rc = tap_err(err, errlen, -errno, "TUNSETOFFLOAD", ifname);
+        goto err_close;
+    }
     snprintf(t->be.desc, sizeof(t->be.desc), "tap %s (%u queue%s)", ifname, t->pairs,
              t->pairs == 1 ? "" : "s");
     *out = &t->be;
@@ -218,6 +252,33 @@ static int tap_rx_poll(struct vhd_net_backend *be, uint16_t pair, struct vhd_wor
     return (int)n;
 }
 
+/*
+ * The guest's features: let the kernel send the segmentation-offload
+ * frames it negotiated (GUEST_TSO4/TSO6/ECN/UFO, which need GUEST_CSUM),
+ * on every queue of the interface. TUN_F_CSUM stays on either way (see
+ * TAP_OFFLOADS). 0 at reset turns them off.
+ */
+static int tap_set_features(struct vhd_net_backend *be, uint64_t features)
+{
+    struct tap_be *t = (struct tap_be *)be;
+    unsigned long fl = TUN_F_CSUM;
+
+    if (features & (1ull << VIRTIO_NET_F_GUEST_CSUM))
+        for (size_t i = 0; i < VHD_ARRAY_SIZE(tap_guest_gso); i++)
+            if (features & (1ull << tap_guest_gso[i].feature))
+                fl |= tap_guest_gso[i].tun;
+    if (!(fl & (TUN_F_TSO4 | TUN_F_TSO6)))
+        fl &= ~(unsigned long)TUN_F_TSO_ECN; /* ECN qualifies TSO; the kernel refuses it alone */
+    for (uint32_t i = 0; i < t->pairs; i++) {
+        if (ioctl(t->p[i].fd, TUNSETOFFLOAD, fl) < 0) {
+            int rc = -errno;
+            vhd_log(VHD_LOG_WARN, "%s: TUNSETOFFLOAD 0x%lx: %s", be->dev->name, fl, strerror(-rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static int tap_rx_wake_fd(struct vhd_net_backend *be, uint16_t pair)
 {
     struct tap_be *t = (struct tap_be *)be;
@@ -231,4 +292,5 @@ const struct vhd_net_backend_ops vhd_net_backend_tap = {
     .tx = tap_tx,
     .rx_poll = tap_rx_poll,
     .rx_wake_fd = tap_rx_wake_fd,
+    .set_features = tap_set_features,
 };

@@ -30,7 +30,54 @@
 #define NET_TRANSPORT_BITS (BIT(26) | BIT(30))
 
 /* Offload bits a backend may ask us to offer (net_backend.h, offloads). */
-#define NET_OFFLOAD_BITS (BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM))
+#define NET_OFFLOAD_BITS                                                                         \
+    (BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM) | BIT(VIRTIO_NET_F_HOST_TSO4) |       \
+     BIT(VIRTIO_NET_F_HOST_TSO6) | BIT(VIRTIO_NET_F_HOST_ECN) | BIT(VIRTIO_NET_F_HOST_UFO) |     \
+     BIT(VIRTIO_NET_F_GUEST_TSO4) | BIT(VIRTIO_NET_F_GUEST_TSO6) | BIT(VIRTIO_NET_F_GUEST_ECN) | \
+     BIT(VIRTIO_NET_F_GUEST_UFO))
+
+/*
+ * Segmentation offloads one side takes, as a mask of GSO_* bits: the
+ * transmit side from the HOST_* features (the device accepts such frames),
+ * the receive side from the GUEST_* ones (the driver accepts them). Both
+ * need the matching checksum offload (5.1.3.1: HOST_TSO4 requires CSUM,
+ * GUEST_TSO4 GUEST_CSUM): without it nothing is taken.
+ */
+#define GSO_TCPV4 1u
+#define GSO_TCPV6 2u
+#define GSO_UDP   4u
+#define GSO_ECN   8u
+
+static uint8_t gso_mask(uint64_t f, bool host)
+{
+    unsigned b4 = host ? VIRTIO_NET_F_HOST_TSO4 : VIRTIO_NET_F_GUEST_TSO4;
+    unsigned b6 = host ? VIRTIO_NET_F_HOST_TSO6 : VIRTIO_NET_F_GUEST_TSO6;
+    unsigned bu = host ? VIRTIO_NET_F_HOST_UFO : VIRTIO_NET_F_GUEST_UFO;
+    unsigned be = host ? VIRTIO_NET_F_HOST_ECN : VIRTIO_NET_F_GUEST_ECN;
+    if (!(f & BIT(host ? VIRTIO_NET_F_CSUM : VIRTIO_NET_F_GUEST_CSUM)))
+        return 0;
+    return (uint8_t)(((f & BIT(b4)) ? GSO_TCPV4 : 0) | ((f & BIT(b6)) ? GSO_TCPV6 : 0) |
+                     ((f & BIT(bu)) ? GSO_UDP : 0) | ((f & BIT(be)) ? GSO_ECN : 0));
+}
+
+/* Is a header's gso_type (5.1.6: a type, maybe with the ECN bit) among mask's? NONE always is. */
+static bool gso_allowed(uint8_t gso_type, uint8_t mask)
+{
+    if ((gso_type & VIRTIO_NET_HDR_GSO_ECN) && !(mask & GSO_ECN))
+        return false;
+    switch (gso_type & (uint8_t)~VIRTIO_NET_HDR_GSO_ECN) {
+    case VIRTIO_NET_HDR_GSO_NONE:
+        return !(gso_type & VIRTIO_NET_HDR_GSO_ECN);
+    case VIRTIO_NET_HDR_GSO_TCPV4:
+        return (mask & GSO_TCPV4) != 0;
+    case VIRTIO_NET_HDR_GSO_TCPV6:
+        return (mask & GSO_TCPV6) != 0;
+    case VIRTIO_NET_HDR_GSO_UDP:
+        return (mask & GSO_UDP) != 0;
+    default:
+        return false;
+    }
+}
 
 #define HDR_LEN ((uint32_t)sizeof(struct virtio_net_hdr_v1))
 
@@ -88,6 +135,7 @@ struct net_queue {
     bool guest_csum;    /* rx: the driver takes partial checksums (GUEST_CSUM) */
     bool host_csum;     /* tx: NEEDS_CSUM honoured (CSUM) */
     bool mtu_limit;     /* rx: MTU negotiated: larger frames are not passed (5.1.6.4.1) */
+    uint8_t gso;        /* GSO_* the driver takes (rx, GUEST_*) or may send (tx, HOST_*) */
     bool broken;        /* rx: the driver posted an unusable buffer: NEEDS_RESET */
     uint32_t rarp_done; /* tx of pair 0: rarp_seq value already injected */
     uint64_t features;  /* ctrl: negotiated features */
@@ -411,11 +459,17 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
         STAT_ADD(rq->st.drops, 1);
         return -EIO;
     }
-    /* 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the link-level header is passed. */
-    if (vhd_unlikely(f->len > VHD_NET_MAX_FRAME ||
-                     (rq->mtu_limit && f->len > (uint32_t)vhd_load_relaxed(&net->mtu) +
-                                                    VHD_ETH_HLEN + VHD_ETH_VLAN_LEN) ||
-                     f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE)) {
+    /*
+     * 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the link-level
+     * header is passed, except segmentation-offload frames (GSO), which go
+     * only to a driver that negotiated their GUEST_* feature.
+     */
+    bool gso = f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE;
+    if (vhd_unlikely(
+            f->len > VHD_NET_MAX_FRAME ||
+            (rq->mtu_limit && !gso &&
+             f->len > (uint32_t)vhd_load_relaxed(&net->mtu) + VHD_ETH_HLEN + VHD_ETH_VLAN_LEN) ||
+            (gso && !gso_allowed(f->hdr.gso_type, rq->gso)))) {
         STAT_ADD(rq->st.drops, 1);
         return -EMSGSIZE;
     }
@@ -472,9 +526,9 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
      * The header the receiving driver sees (5.1.6.4): the sender's, with
      * num_buffers set (1 without MRG_RXBUF, 5.1.6.4.1) and flags limited to
      * NEEDS_CSUM, kept only when the driver negotiated GUEST_CSUM; otherwise
-     * the checksum is completed here and flags is 0. gso_type is NONE (see
-     * above), hdr_len/gso_size are carried through (the driver ignores them
-     * for non-GSO packets).
+     * the checksum is completed here and flags is 0. gso_type, hdr_len and
+     * gso_size are carried through: gso_type is one the driver accepts (see
+     * above; the driver ignores the other two for non-GSO packets).
      */
     uint16_t cs = vhd_le16(f->hdr.csum_start), co = vhd_le16(f->hdr.csum_offset);
     uint8_t flags = 0;
@@ -552,10 +606,19 @@ static int net_tx_parse(struct vhd_queue *q, struct net_queue *tq, const struct 
         return -EMSGSIZE;
     }
     hdr_read(iov, c->nr, &f->hdr);
-    /* 5.1.6.2.1: without HOST_TSO4/6 or HOST_UFO (never offered) gso_type MUST be NONE. */
-    if (vhd_unlikely(f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE)) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: transmit frame with gso_type %u, not negotiated",
-                   q->dev->name, q->index, f->hdr.gso_type);
+    /*
+     * 5.1.6.2.1: gso_type other than NONE only with its HOST_* feature
+     * (which the backend offered, net_backend.h), and then with a partial
+     * checksum and a segment size, as the backend (the kernel) needs them.
+     */
+    if (vhd_unlikely(f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE) &&
+        (!gso_allowed(f->hdr.gso_type, tq->gso) || f->hdr.gso_size == 0 ||
+         !(f->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM))) {
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u: transmit frame with gso_type %u (gso_size %u, flags %u): "
+                   "not negotiated or incomplete",
+                   q->dev->name, q->index, f->hdr.gso_type, vhd_le16(f->hdr.gso_size),
+                   f->hdr.flags);
         return -EINVAL;
     }
     /*
@@ -904,6 +967,11 @@ static int net_set_features(struct vhd_dev *dev, uint64_t features)
 
     if (rc)
         return rc;
+    if (net->be->ops->set_features) {
+        rc = net->be->ops->set_features(net->be, features & net->offered);
+        if (rc < 0)
+            return rc;
+    }
     net->features = features & net->offered;
     dev->features = features;
     return 0;
@@ -1007,6 +1075,7 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     nq->guest_csum = (f & BIT(VIRTIO_NET_F_GUEST_CSUM)) != 0;
     nq->host_csum = (f & BIT(VIRTIO_NET_F_CSUM)) != 0;
     nq->mtu_limit = (f & BIT(VIRTIO_NET_F_MTU)) != 0;
+    nq->gso = role == NET_Q_RX ? gso_mask(f, false) : role == NET_Q_TX ? gso_mask(f, true) : 0;
     nq->chains = role == NET_Q_RX ? (struct vhd_vq_chain *)((uint8_t *)nq + chains_off) : NULL;
     /*
      * Receive buffers are not work (dev.h, passive): the queue runs on its
@@ -1065,6 +1134,8 @@ static void net_reset(struct vhd_dev *dev)
     memset(net->totals, 0, dev->num_queues * sizeof(*net->totals));
     memset(net->roles, 0, dev->num_queues);
     net->features = 0;
+    if (net->be->ops->set_features)
+        (void)net->be->ops->set_features(net->be, 0);
     net->ctrl_seen = false;
     net->resumed = false;
     dev->config_changed = false;
@@ -1281,14 +1352,16 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     /*
      * Offered (5.1.3): the datapath features, the control queue with RX
      * mode, MAC address and pair-count commands, the announce handshake,
-     * config fields, and the offloads the backend can honour (loopback:
-     * CSUM and GUEST_CSUM, see net_loopback.c). IN_ORDER (2.7.9 / 2.8.21 via
+     * config fields, and the offloads the backend can honour (loopback and
+     * switch: CSUM and GUEST_CSUM; tap: also HOST_ and GUEST_TSO4/TSO6/
+     * ECN/UFO as far as the kernel takes them, see net_tap.c). IN_ORDER (2.7.9 / 2.8.21 via
      * 6.1): every ring of the device uses its buffers in the order they were
      * made available (transmit pushes in pop order, delivery pops and pushes
      * a packet's buffers in order and gives back what it does not use, the
      * control queue answers in order), and drivers take cheaper paths with
      * it (DPDK's virtio PMD has in-order transmit and receive paths). Not
-     * offered: TSO/UFO/USO (no segmentation), CTRL_VLAN, CTRL_RX_EXTRA,
+     * offered: segmentation without a backend that does it (the device
+     * never segments), USO, CTRL_VLAN, CTRL_RX_EXTRA,
      * CTRL_GUEST_OFFLOADS, RSS, HASH_REPORT, SPEED_DUPLEX, NOTIFICATION_DATA.
      */
     net->offered = BIT(VIRTIO_F_VERSION_1) | BIT(VIRTIO_F_INDIRECT_DESC) | BIT(VIRTIO_F_EVENT_IDX) |

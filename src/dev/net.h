@@ -30,9 +30,9 @@
  * Limits of a single packet, and why.
  *
  * VHD_NET_MAX_FRAME: largest frame (without the virtio header) taken from a
- * transmit queue: 64 KiB plus an Ethernet header and a VLAN tag. No
- * segmentation offload is offered, so a driver never needs more (a
- * 65535-byte MTU plus headers); larger chains are counted as errors.
+ * transmit queue: 64 KiB plus an Ethernet header and a VLAN tag: a
+ * 65535-byte MTU plus headers, or a segmentation-offload frame (its IP
+ * packet is at most 64 KiB too); larger chains are counted as errors.
  *
  * VHD_NET_CHAIN_IOV: most segments of one chain (transmit, receive or
  * control). Linux sends at most MAX_SKB_FRAGS (17, configurable up to 45)

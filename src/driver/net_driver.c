@@ -42,6 +42,13 @@
 
 _Static_assert(VHD_NETDRV_HDR_LEN == sizeof(struct virtio_net_hdr_v1), "header length");
 
+/* Offload features opts.offloads may ask for (5.1.3). */
+#define OFFLOAD_BITS                                                                             \
+    (BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM) | BIT(VIRTIO_NET_F_HOST_TSO4) |       \
+     BIT(VIRTIO_NET_F_HOST_TSO6) | BIT(VIRTIO_NET_F_HOST_ECN) | BIT(VIRTIO_NET_F_HOST_UFO) |     \
+     BIT(VIRTIO_NET_F_GUEST_TSO4) | BIT(VIRTIO_NET_F_GUEST_TSO6) | BIT(VIRTIO_NET_F_GUEST_ECN) | \
+     BIT(VIRTIO_NET_F_GUEST_UFO))
+
 /* One ring of a pair: the driver-side ring and its two eventfds. */
 struct netdrv_ring {
     struct vhd_drv_vq dq;
@@ -211,6 +218,34 @@ int vhd_netdrv_tx_burst(struct vhd_netdrv_pair *p, const struct iovec *frames, u
         publish_and_kick(p, &p->tx);
     }
     return sent ? (int)sent : rc;
+}
+
+int vhd_netdrv_tx_hdr(struct vhd_netdrv_pair *p, const struct iovec *frame, const void *hdr)
+{
+    size_t len = frame->iov_len;
+
+    if (vhd_unlikely(p->broken))
+        return -EIO;
+    if (len == 0 || len > p->max_tx_frame)
+        return -EINVAL;
+    if (p->tx_nfree == 0 && vhd_netdrv_tx_reap(p) < 0)
+        return -EIO;
+    if (p->tx_nfree == 0)
+        return 0;
+    uint32_t slot = p->tx_free[p->tx_nfree - 1];
+    uint8_t *b = p->txbuf + (size_t)slot * p->tx_stride;
+    memcpy(b, hdr, VHD_NETDRV_HDR_LEN);
+    b[10] = b[11] = 0; /* num_buffers: 0 on transmit */
+    memcpy(b + VHD_NETDRV_HDR_LEN, frame->iov_base, len);
+    struct vhd_drv_buf buf = {.gpa = p->txbuf_gpa + (uint64_t)slot * p->tx_stride,
+                              .len = (uint32_t)(VHD_NETDRV_HDR_LEN + len)};
+    if (vhd_drv_vq_add(&p->tx.dq, &buf, 1, 0, false, (void *)(uintptr_t)(slot + 1)) < 0)
+        return 0;
+    p->tx_nfree--;
+    p->stats.tx_bytes += len;
+    p->stats.tx_packets++;
+    publish_and_kick(p, &p->tx);
+    return 1;
 }
 
 unsigned vhd_netdrv_tx_inflight(const struct vhd_netdrv_pair *p)
@@ -530,6 +565,7 @@ static uint64_t wanted_features(const struct vhd_netdrv_opts *o)
         f |= BIT(VIRTIO_F_EVENT_IDX);
     if (o->packed)
         f |= BIT(VIRTIO_F_RING_PACKED);
+    f |= o->offloads & OFFLOAD_BITS;
     if (o->ctrl_vq)
         f |= BIT(VIRTIO_NET_F_CTRL_VQ) | BIT(VIRTIO_NET_F_CTRL_RX) |
              BIT(VIRTIO_NET_F_CTRL_MAC_ADDR) | BIT(VIRTIO_NET_F_GUEST_ANNOUNCE);

@@ -14,6 +14,10 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -961,6 +965,306 @@ VHD_TEST(tap_two_pairs_in_netns)
     VHD_CHECK(pf != NULL && fgets(line, sizeof(line), pf) != NULL);
     pclose(pf);
     VHD_CHECK(strtoull(line, NULL, 10) >= PAIRS * PINGS);
+    vhd_netdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    ns_cleanup();
+    test_done();
+}
+
+/* ---- segmentation offload through the TAP ---- */
+
+/* A TCP/IPv4 segment 192.0.2.<src>:sport -> 192.0.2.<dst>:dport; returns the frame length. */
+struct tcp_seg {
+    uint8_t src, dst;
+    uint16_t sport, dport;
+    uint32_t seq, ack;
+    uint8_t flags;   /* TCP flags */
+    uint16_t mss;    /* MSS option when non-zero (SYN) */
+    uint32_t paylen; /* payload bytes: pattern byte (offset & 0xff) ^ 0x5a */
+    bool partial;    /* leave the checksum partial (pseudo header only), for NEEDS_CSUM */
+};
+
+static uint32_t sum16(const uint8_t *p, size_t len, uint32_t s)
+{
+    for (size_t i = 0; i + 1 < len; i += 2)
+        s += (uint32_t)p[i] << 8 | p[i + 1];
+    if (len & 1)
+        s += (uint32_t)p[len - 1] << 8;
+    return s;
+}
+
+static uint16_t fold16(uint32_t s)
+{
+    while (s >> 16)
+        s = (s & 0xffff) + (s >> 16);
+    return (uint16_t)s;
+}
+
+static uint32_t tcp_build(uint8_t *f, const uint8_t *dmac, const uint8_t *smac,
+                          const struct tcp_seg *g)
+{
+    uint32_t thl = g->mss ? 24 : 20, iplen = 20 + thl + g->paylen;
+    uint32_t flen = 14 + iplen < 60 ? 60 : 14 + iplen;
+    memset(f, 0, flen);
+    memcpy(f, dmac, 6);
+    memcpy(f + 6, smac, 6);
+    f[12] = 0x08;
+    uint8_t *ip = f + 14, *t = ip + 20;
+    ip[0] = 0x45;
+    ip[2] = (uint8_t)(iplen >> 8);
+    ip[3] = (uint8_t)iplen;
+    ip[6] = 0x40;
+    ip[8] = 64;
+    ip[9] = 6;
+    ip[12] = 192, ip[13] = 0, ip[14] = 2, ip[15] = g->src;
+    ip[16] = 192, ip[17] = 0, ip[18] = 2, ip[19] = g->dst;
+    uint16_t c = (uint16_t)~fold16(sum16(ip, 20, 0));
+    ip[10] = (uint8_t)(c >> 8);
+    ip[11] = (uint8_t)c;
+    t[0] = (uint8_t)(g->sport >> 8), t[1] = (uint8_t)g->sport;
+    t[2] = (uint8_t)(g->dport >> 8), t[3] = (uint8_t)g->dport;
+    for (int i = 0; i < 4; i++) {
+        t[4 + i] = (uint8_t)(g->seq >> (24 - 8 * i));
+        t[8 + i] = (uint8_t)(g->ack >> (24 - 8 * i));
+    }
+    t[12] = (uint8_t)((thl / 4) << 4);
+    t[13] = g->flags;
+    t[14] = 0xff, t[15] = 0xff; /* window */
+    if (g->mss) {
+        t[20] = 2, t[21] = 4, t[22] = (uint8_t)(g->mss >> 8), t[23] = (uint8_t)g->mss;
+    }
+    for (uint32_t i = 0; i < g->paylen; i++)
+        t[thl + i] = (uint8_t)((i & 0xff) ^ 0x5a);
+    /* pseudo header: addresses, protocol, TCP length */
+    uint8_t ph[4] = {0, 6, (uint8_t)((thl + g->paylen) >> 8), (uint8_t)(thl + g->paylen)};
+    uint32_t ps = sum16(ip + 12, 8, sum16(ph, 4, 0));
+    c = g->partial ? fold16(ps) : (uint16_t)~fold16(sum16(t, thl + g->paylen, ps));
+    t[16] = (uint8_t)(c >> 8);
+    t[17] = (uint8_t)c;
+    return flen;
+}
+
+/*
+ * The peer in the namespace (a child process): listen on 192.0.2.1:5001,
+ * accept one connection, read `want` bytes and check their pattern, then
+ * send `back` bytes; report {bytes read, pattern ok} on res_w.
+ */
+static pid_t tso_peer_start(uint32_t want, uint32_t back, int *res_r)
+{
+    int ready[2], res[2];
+    VHD_CHECK_EQ(pipe(ready), 0);
+    VHD_CHECK_EQ(pipe(res), 0);
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        alarm(30);
+        char path[96];
+        snprintf(path, sizeof(path), "/var/run/netns/%s", g_ns);
+        int nsfd = open(path, O_RDONLY | O_CLOEXEC);
+        if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) < 0)
+            _exit(2);
+        int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(5001)};
+        a.sin_addr.s_addr = htonl(0xc0000201u);
+        if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+            bind(ls, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(ls, 1) < 0)
+            _exit(3);
+        if (write(ready[1], "r", 1) != 1)
+            _exit(4);
+        int c = accept(ls, NULL, NULL);
+        if (c < 0)
+            _exit(5);
+        static uint8_t buf[1 << 17];
+        uint32_t got = 0, ok = 1;
+        while (got < want) {
+            ssize_t n = read(c, buf, sizeof(buf));
+            if (n <= 0)
+                break;
+            for (ssize_t i = 0; i < n; i++)
+                if (buf[i] != (uint8_t)(((got + (uint32_t)i) & 0xff) ^ 0x5a))
+                    ok = 0;
+            got += (uint32_t)n;
+        }
+        uint32_t r[2] = {got, ok};
+        if (write(res[1], r, sizeof(r)) != (ssize_t)sizeof(r))
+            _exit(6);
+        memset(buf, 0xa5, back < sizeof(buf) ? back : sizeof(buf));
+        if (back && write(c, buf, back < sizeof(buf) ? back : sizeof(buf)) < 0)
+            _exit(7);
+        sleep(20); /* keep the connection until the test is done (it kills us) */
+        _exit(0);
+    }
+    close(ready[1]);
+    close(res[1]);
+    struct pollfd pf = {.fd = ready[0], .events = POLLIN};
+    char ch;
+    VHD_CHECK_EQ(poll(&pf, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(read(ready[0], &ch, 1), 1);
+    close(ready[0]);
+    *res_r = res[0];
+    return pid;
+}
+
+struct gso_seen {
+    uint8_t peer_ip;
+    uint16_t sport;
+    uint32_t gso_frames; /* frames with gso_type TCPV4 and more than one segment's worth */
+    uint32_t max_len;
+    uint32_t bytes; /* TCP payload bytes from the peer */
+    bool synack;
+    uint32_t peer_seq;
+};
+
+static void gso_cb(void *arg, const struct vhd_netdrv_rxframe *fr)
+{
+    struct gso_seen *g = arg;
+    uint8_t b[128];
+    uint32_t off = 0;
+    for (unsigned k = 0; k < fr->iovcnt && off < sizeof(b); k++) {
+        size_t l = fr->iov[k].iov_len < sizeof(b) - off ? fr->iov[k].iov_len : sizeof(b) - off;
+        memcpy(b + off, fr->iov[k].iov_base, l);
+        off += (uint32_t)l;
+    }
+    const uint8_t *ip = b + 14, *t = b + 34;
+    if (off < 54 || b[12] != 0x08 || b[13] != 0 || ip[9] != 6 || ip[15] != 1 ||
+        (t[2] << 8 | t[3]) != g->sport)
+        return;
+    if ((t[13] & 0x12) == 0x12) {
+        g->synack = true;
+        g->peer_seq = (uint32_t)t[4] << 24 | (uint32_t)t[5] << 16 | (uint32_t)t[6] << 8 | t[7];
+    }
+    uint32_t iplen = (uint32_t)ip[2] << 8 | ip[3], thl = (uint32_t)(t[12] >> 4) * 4;
+    if (iplen > 20 + thl)
+        g->bytes += iplen - 20 - thl;
+    if (fr->gso_type == 1 /* TCPV4 */ && fr->len > 1514)
+        g->gso_frames++;
+    if (fr->len > g->max_len)
+        g->max_len = fr->len;
+}
+
+/*
+ * Segmentation offload through a TAP in a namespace of our own. The driver
+ * negotiates HOST_TSO4 and GUEST_TSO4 (the TAP offers them when the kernel
+ * takes TUN_F_TSO4), opens a TCP connection by hand to a socket in the
+ * namespace and sends 65000 bytes as one TSO frame (gso_type TCPV4,
+ * gso_size 1448, partial checksum): the socket reads every byte, in order.
+ * The socket then sends 30000 bytes back, which the kernel hands to the
+ * TAP as GSO frames larger than the MTU, and the driver receives them as
+ * such (gso_type TCPV4).
+ */
+VHD_TEST(tap_tso_both_ways)
+{
+    enum { PAYLOAD = 65000, BACK = 30000 };
+    ns_create();
+    struct daemon dm;
+    char spec[PATH_MAX];
+    daemon_prepare(&dm);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=tap,tap=vhdtso0", dm.sock);
+    const char *args[] = {"--log-level", "warn", "--sandbox", "off", "--net", spec, NULL};
+    vhostd_start_args(&dm, g_ns, args);
+
+    const uint64_t want = (1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM) |
+                          (1ull << VIRTIO_NET_F_HOST_TSO4) | (1ull << VIRTIO_NET_F_GUEST_TSO4);
+    struct vhd_netdrv_opts o = {.socket_path = dm.sock,
+                                .queue_size = 256,
+                                .mrg_rxbuf = true,
+                                .max_tx_frame = 65536 + 14 + 4,
+                                .offloads = want};
+    struct vhd_netdrv *d;
+    char err[256];
+    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(vhd_netdrv_get_info(d)->features & want, want);
+    struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, 0);
+    const uint8_t *mac = vhd_netdrv_get_info(d)->mac;
+    char macs[32];
+    snprintf(macs, sizeof(macs), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3],
+             mac[4], mac[5]);
+    VHD_CHECK_EQ(sh("ip -n %s addr add 192.0.2.1/24 dev vhdtso0 && ip -n %s link set vhdtso0 up && "
+                    "ip -n %s neigh replace 192.0.2.2 lladdr %s dev vhdtso0 nud permanent",
+                    g_ns, g_ns, g_ns, macs),
+                 0);
+    uint8_t tapmac[6];
+    char cmd[128], line[64];
+    snprintf(cmd, sizeof(cmd), "ip netns exec %s cat /sys/class/net/vhdtso0/address", g_ns);
+    FILE *pf = popen(cmd, "r");
+    VHD_CHECK(pf != NULL && fgets(line, sizeof(line), pf) != NULL);
+    pclose(pf);
+    VHD_CHECK_EQ(sscanf(line, "%hhx:%hhx:%hhx:%hhx:%hhx:%hhx", &tapmac[0], &tapmac[1], &tapmac[2],
+                        &tapmac[3], &tapmac[4], &tapmac[5]),
+                 6);
+    int res_fd;
+    pid_t peer = tso_peer_start(PAYLOAD, BACK, &res_fd);
+
+    static uint8_t f[65536 + 18];
+    static const uint8_t zero_hdr[12];
+    struct gso_seen seen = {.peer_ip = 1, .sport = 45000};
+    struct tcp_seg g = {
+        .src = 2, .dst = 1, .sport = 45000, .dport = 5001, .seq = 1000, .flags = 0x02, .mss = 1460};
+    struct iovec io = {f, tcp_build(f, tapmac, mac, &g)};
+    VHD_CHECK_EQ(vhd_netdrv_tx_hdr(p, &io, zero_hdr), 1);
+    uint64_t t0 = ms_now();
+    while (!seen.synack && ms_now() - t0 < WAIT_MS) {
+        VHD_CHECK(vhd_netdrv_rx_burst(p, gso_cb, &seen, 32) >= 0);
+        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        sleep_ms(1);
+    }
+    VHD_CHECK(seen.synack);
+    /* ACK, then the whole payload in one TSO frame */
+    g = (struct tcp_seg){.src = 2,
+                         .dst = 1,
+                         .sport = 45000,
+                         .dport = 5001,
+                         .seq = 1001,
+                         .ack = seen.peer_seq + 1,
+                         .flags = 0x10};
+    io.iov_len = tcp_build(f, tapmac, mac, &g);
+    VHD_CHECK_EQ(vhd_netdrv_tx_hdr(p, &io, zero_hdr), 1);
+    g.flags = 0x18; /* ACK, PSH */
+    g.paylen = PAYLOAD;
+    g.partial = true;
+    io.iov_len = tcp_build(f, tapmac, mac, &g);
+    VHD_CHECK_EQ(io.iov_len, 14 + 40 + PAYLOAD);
+    uint8_t hdr[12] = {0};
+    hdr[0] = 1;                               /* NEEDS_CSUM */
+    hdr[1] = 1;                               /* GSO TCPV4 */
+    hdr[2] = 54;                              /* hdr_len */
+    hdr[4] = 1448 & 0xff, hdr[5] = 1448 >> 8; /* gso_size */
+    hdr[6] = 34;                              /* csum_start: the TCP header */
+    hdr[8] = 16;                              /* csum_offset: its checksum field */
+    while ((rc = vhd_netdrv_tx_hdr(p, &io, hdr)) == 0 && ms_now() - t0 < 2 * WAIT_MS)
+        sleep_ms(1);
+    VHD_CHECK_EQ(rc, 1);
+
+    /* the peer read everything, in order; meanwhile its answer arrives as GSO frames */
+    uint32_t r[2] = {0, 0};
+    bool have_res = false;
+    t0 = ms_now();
+    while ((!have_res || seen.gso_frames == 0) && ms_now() - t0 < 2 * WAIT_MS) {
+        VHD_CHECK(vhd_netdrv_rx_burst(p, gso_cb, &seen, 32) >= 0);
+        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        struct pollfd rp = {.fd = res_fd, .events = POLLIN};
+        if (!have_res && poll(&rp, 1, 1) == 1) {
+            VHD_CHECK_EQ(read(res_fd, r, sizeof(r)), (ssize_t)sizeof(r));
+            have_res = true;
+        }
+    }
+    kill(peer, SIGKILL);
+    waitpid(peer, NULL, 0);
+    close(res_fd);
+    fprintf(stderr, "  peer read %u bytes (pattern %s); %u GSO frames received, largest %u\n", r[0],
+            r[1] ? "ok" : "wrong", seen.gso_frames, seen.max_len);
+    VHD_CHECK(have_res);
+    VHD_CHECK_EQ(r[0], PAYLOAD);
+    VHD_CHECK(r[1]);
+    VHD_CHECK(seen.gso_frames > 0);
     vhd_netdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     ns_cleanup();
