@@ -642,11 +642,15 @@ static void expect_closed(int fd)
  * A connect while the previous session is still being torn down is refused
  * (closed at once): try again then (bounded).
  */
+/* INFLIGHT_SHMFD was offered (and so negotiated) by the last hostile_session(). */
+static bool g_inflight;
+
 static int hostile_session(const char *path)
 {
-    const uint64_t proto =
+    const uint64_t want =
         BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) | BIT(VHOST_USER_PROTOCOL_F_CONFIGURE_MEM_SLOTS) |
-        BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ);
+        BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) |
+        BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
     uint64_t t0 = ms_now();
     for (;;) {
         int fd = cli_connect(path);
@@ -655,6 +659,8 @@ static int hostile_session(const char *path)
         if (cli_send(fd, VHOST_USER_GET_FEATURES, VHOST_USER_VERSION, NULL, 0, NULL, 0))
             n = cli_reply(fd, VHOST_USER_GET_FEATURES, &f, sizeof(f));
         if (n == 8) {
+            uint64_t proto = want & get_u64(fd, VHOST_USER_GET_PROTOCOL_FEATURES);
+            g_inflight = (proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)) != 0;
             VHD_CHECK(cli_send(fd, VHOST_USER_SET_PROTOCOL_FEATURES, VHOST_USER_VERSION, &proto, 8,
                                NULL, 0));
             VHD_CHECK_EQ(get_u64(fd, VHOST_USER_GET_QUEUE_NUM), 2);
@@ -665,6 +671,39 @@ static int hostile_session(const char *path)
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
         sleep_ms(1);
     }
+}
+
+/*
+ * GET_INFLIGHT_FD for n queues of size qs: the reply's description and the
+ * fd that came with it (-1 when none came: a refused request).
+ */
+static int get_inflight(int fd, uint16_t n, uint16_t qs, struct vu_inflight *out)
+{
+    struct vu_inflight in = {.num_queues = n, .queue_size = qs};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct vu_hdr h;
+    struct iovec iov = {.iov_base = &h, .iov_len = sizeof(h)};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    int mfd = -1;
+
+    VHD_CHECK(
+        cli_send(fd, VHOST_USER_GET_INFLIGHT_FD, VHOST_USER_VERSION, &in, sizeof(in), NULL, 0));
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    VHD_CHECK_EQ(poll(&p, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL), (ssize_t)sizeof(h));
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&mfd, CMSG_DATA(cm), sizeof(int));
+    VHD_CHECK_EQ(h.request, VHOST_USER_GET_INFLIGHT_FD);
+    VHD_CHECK_EQ(h.size, sizeof(*out));
+    VHD_CHECK_EQ(read_full(fd, out, sizeof(*out)), 0);
+    return mfd;
 }
 
 static int mk_eventfd(void)
@@ -733,6 +772,21 @@ static void hostile_round(const char *path, const struct ammo *am, unsigned k)
     expect_nack(fd, VHOST_USER_SET_MEM_TABLE, &p, 8 + 32, &am->memfd, 1);
     p.mreg.region = (struct vu_mem_region){~0ull - 4095, 8192, 0x1000000, 0};
     expect_nack(fd, VHOST_USER_ADD_MEM_REG, &p, 40, &am->memfd, 1);
+    /*
+     * Inflight areas: one the daemon makes and hands over (it keeps no fd),
+     * given back twice (the second replaces the first mapping), one of an
+     * impossible shape refused (answered with no area and no fd).
+     */
+    if (g_inflight) {
+        struct vu_inflight in;
+        int mfd = get_inflight(fd, 2, 256, &in);
+        VHD_CHECK(mfd >= 0 && in.mmap_size > 0);
+        expect_ack(fd, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in), &mfd, 1);
+        expect_ack(fd, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in), &mfd, 1);
+        close(mfd);
+        VHD_CHECK_EQ(get_inflight(fd, 3, 256, &in), -1);
+        VHD_CHECK_EQ(in.mmap_size, 0);
+    }
     /* A valid region, replaced by another table: the first mapping goes. */
     p.mem.nregions = 1;
     p.mem.regions[0] = (struct vu_mem_region){0, 1 << 20, 0x1000000, 0};
@@ -801,8 +855,11 @@ VHD_TEST(limits_hostile_sessions_leak_nothing)
     long rss = proc_rss_kb(dm.pid);
     int maps = proc_maps(dm.pid);
     if (getenv("VHD_TEST_DEBUG"))
-        fprintf(stderr, "  %d rounds in %llu ms: fds %d, mappings %d -> %d, rss %ld -> %ld KiB\n",
-                rounds, (unsigned long long)(ms_now() - t0), fds0, maps0, maps, rss0, rss);
+        fprintf(stderr,
+                "  %d rounds (inflight %s) in %llu ms: fds %d, mappings %d -> %d, rss %ld -> "
+                "%ld KiB\n",
+                rounds, g_inflight ? "on" : "off", (unsigned long long)(ms_now() - t0), fds0, maps0,
+                maps, rss0, rss);
     /* Every guest-memory mapping went with its table (a few arenas may come and go). */
     VHD_CHECK(maps <= maps0 + 4);
     /*
