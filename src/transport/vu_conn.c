@@ -1424,8 +1424,7 @@ static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
     vhd_log(VHD_LOG_DEBUG, "%s: queue %u started (size %u, %s)%s", c->dev->name, q->index, q->size,
             q->vq.packed ? "packed" : "split", q->enabled ? "" : ", disabled");
     if (vhd_vq_resubmit_pending(&q->vq))
-        vhd_log(VHD_LOG_INFO,
-                "%s: queue %u: %u requests in flight before a restart are resubmitted",
+        vhd_log(VHD_LOG_INFO, "%s: queue %u: resubmitting %u requests in flight before a restart",
                 c->dev->name, q->index, vhd_vq_resubmit_pending(&q->vq));
     (void)queue_sync(c, q);
     return 0;
