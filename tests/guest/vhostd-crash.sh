@@ -12,6 +12,7 @@
 #   - the guest kernel logs no I/O error and no virtqueue complaint;
 #   - the host kills vhostd only while the random-write workload runs, each time after the
 #     restarted vhostd got its session back (its log shows SET_FEATURES) and a random delay;
+#   - every restarted vhostd was handed the inflight area (SET_INFLIGHT_FD, in its log);
 #   - after the guest powered off, vhostd ends cleanly on SIGTERM and host-verify.sh replays the
 #     workload and checks every block of the image file.
 # One "PASS|FAIL vhostd-crash/<case>" line per case (split and packed rings), then
@@ -162,6 +163,12 @@ run_case() {
         if tr -d '\r' <"$console" | grep -qE '^DMESG .*(I/O error|blk_update_request|broken)'; then
             reason="${reason:+$reason; }guest kernel: $(tr -d '\r' <"$console" | grep -E '^DMESG .*(I/O error|blk_update_request|broken)' | head -n 1)"
         fi
+        # Each restarted instance got QEMU's kept inflight area (SET_INFLIGHT_FD): the
+        # resubmission path, not luck, is what kept the data.
+        for i in $(seq 1 "$n"); do
+            grep -q 'inflight area set' "$LOG_DIR/$name.vhostd.$i.log" ||
+                reason="${reason:+$reason; }vhostd instance $i never got the inflight area"
+        done
         if grep -hqE ' error:' "$LOG_DIR/$name".vhostd.*.log; then
             reason="${reason:+$reason; }vhostd logged: $(grep -hE ' error:' "$LOG_DIR/$name".vhostd.*.log | head -n 1)"
         fi

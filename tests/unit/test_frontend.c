@@ -963,6 +963,89 @@ VHD_TEST(fe_daemon_killed_resume_packed)
     killed_resume(true);
 }
 
+/* qemu-storage-daemon's vhost-user-blk export on dm's socket and image (split rings only). */
+static bool qsd_start(struct daemon *dm)
+{
+    char qsd[PATH_MAX];
+    const char *env = getenv("VHD_QSD");
+    const char *bin = env && *env ? env : find_in_path("qemu-storage-daemon", qsd, sizeof(qsd));
+    if (!bin || !executable(bin))
+        return false;
+    char blockdev[PATH_MAX + 64], export[PATH_MAX + 160];
+    snprintf(blockdev, sizeof(blockdev), "driver=file,node-name=disk,filename=%s", dm->img);
+    snprintf(export, sizeof(export),
+             "type=vhost-user-blk,id=exp,node-name=disk,addr.type=unix,addr.path=%s,"
+             "writable=on,num-queues=1",
+             dm->sock);
+    char *argv[] = {(char *)bin, "--blockdev", blockdev, "--export", export, NULL};
+    daemon_spawn(dm, argv);
+    return true;
+}
+
+/*
+ * After a crash, a back-end without INFLIGHT_SHMFD (qemu-storage-daemon 7.2)
+ * takes over: the held rings cannot be resumed, so their outstanding
+ * requests come back with -ECONNRESET, once, in slot order, and the rings
+ * start afresh. Then vhostd again: the kept (zeroed) area is handed to it
+ * and everything works, the data all there.
+ */
+VHD_TEST(fe_killed_then_backend_without_inflight)
+{
+    struct daemon dm;
+    const uint64_t seed = 41;
+    char qsd[PATH_MAX];
+    if (!getenv("VHD_QSD") && !find_in_path("qemu-storage-daemon", qsd, sizeof(qsd)))
+        vhd_test_skip("qemu-storage-daemon not installed");
+    daemon_prepare(&dm, IMG_SIZE);
+    vhostd_start(&dm, "");
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1, false);
+    VHD_CHECK(vhd_blkdrv_get_info(d)->inflight);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4 * BS);
+    VHD_CHECK(buf);
+    fill(buf, BS, 0, seed);
+    VHD_CHECK_EQ(sync_write(q, 0, buf, BS), 0);
+
+    int st;
+    kill(dm.pid, SIGSTOP);
+    VHD_CHECK_EQ(waitpid(dm.pid, &st, WUNTRACED), dm.pid);
+    VHD_CHECK(WIFSTOPPED(st));
+    fill(buf + BS, BS, BS, seed);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, 0, buf + 2 * BS, BS, (void *)1), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_write(q, BS, buf + BS, BS, (void *)2), 0);
+    kill(dm.pid, SIGKILL);
+    waitpid(dm.pid, NULL, 0);
+    dm.pid = 0;
+    unlink(dm.sock);
+
+    VHD_CHECK(qsd_start(&dm));
+    VHD_CHECK_EQ(vhd_blkdrv_reconnect(d), 0);
+    VHD_CHECK(!vhd_blkdrv_get_info(d)->inflight);
+    struct vhd_blkdrv_completion c[4];
+    VHD_CHECK_EQ(vhd_blkdrv_poll(q, c, 4), 2);
+    VHD_CHECK(c[0].cookie == (void *)1 && c[1].cookie == (void *)2);
+    VHD_CHECK_EQ(c[0].ret, -ECONNRESET);
+    VHD_CHECK_EQ(c[1].ret, -ECONNRESET);
+    VHD_CHECK_EQ(vhd_blkdrv_inflight(q), 0);
+    VHD_CHECK_EQ(sync_write(q, BS, buf + BS, BS), 0); /* the caller's retry */
+    memset(buf + 2 * BS, 0, BS);
+    VHD_CHECK_EQ(sync_read(q, 0, buf + 2 * BS, BS), 0);
+    VHD_CHECK_EQ(mismatch(buf + 2 * BS, BS, 0, seed), -1);
+
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    vhostd_start(&dm, "");
+    VHD_CHECK_EQ(vhd_blkdrv_reconnect(d), 0);
+    VHD_CHECK(vhd_blkdrv_get_info(d)->inflight);
+    memset(buf + 2 * BS, 0, 2 * BS);
+    VHD_CHECK_EQ(sync_read(q, 0, buf + 2 * BS, 2 * BS), 0);
+    VHD_CHECK_EQ(mismatch(buf + 2 * BS, BS, 0, seed), -1);
+    VHD_CHECK_EQ(mismatch(buf + 3 * BS, BS, BS, seed), -1);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    check_image(dm.img, 0, 2 * BS, seed);
+    test_done();
+}
+
 /*
  * The same driver, unchanged, against qemu-storage-daemon's vhost-user-blk
  * export (libvhost-user: split rings only) when it is installed.
