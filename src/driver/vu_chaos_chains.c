@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/compiler.h"
@@ -770,6 +771,81 @@ static int c_inflight_resubmit_outside(struct vhd_chaos_ctx *ctx)
     return inflight_resubmit(ctx, b_addr_outside);
 }
 
+/* An IN request whose data buffer is the descriptor table itself (4 KiB over it). */
+static void b_data_over_desc(struct vhd_chaos_sess *s)
+{
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_R0, 4096);
+    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
+    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_R0), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
+static int c_data_over_desc(struct vhd_chaos_ctx *ctx)
+{
+    return chain_case(ctx, false, false, b_data_over_desc);
+}
+
+/* The available and used rings at the same address: the device's used writes land in avail. */
+static int c_rings_alias(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        vhd_chaos__ring_layout(&s, OFF_R0);
+        vhd_chaos__allow(&s, OFF_R0 + RING_AVAIL, 64);
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
+                             "SET_VRING_NUM");
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0),
+                             "SET_VRING_BASE");
+    if (!rc) {
+        int a = vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
+                                    vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
+                                    vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL));
+        if (a) {
+            rc = vhd_chaos__observe(&s, a, "avail and used at one address");
+        } else {
+            s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+            rc = vhd_chaos__observe(
+                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
+                "start with avail and used at one address");
+            if (!rc && !(ctx->observed & VHD_CHAOS_NACK))
+                rc = vhd_chaos__must(
+                    &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 1), "enable");
+            if (!rc && !(ctx->observed & VHD_CHAOS_NACK)) {
+                /* Two requests; the first one's used element overwrites the avail ring. */
+                b_control(&s);
+                vhd_chaos__sdesc(&s, OFF_R0, 3, vhd_chaos__gpa(&s, OFF_HDR), 16, 0, 0);
+                vhd_chaos__split_publish(&s, OFF_R0, 3, 2);
+                vhd_chaos__kick(&s, 0);
+                /* Used entries land in the avail ring: watch the status byte and GET_STATUS. */
+                for (int i = 0; i < 300 && vhd_chaos__blk_status(&s, 0) == 0xff; i++) {
+                    int b = vhd_chaos__needs_reset(&s);
+                    if (b == 1)
+                        ctx->observed |= VHD_CHAOS_BROKEN;
+                    if (b != 0)
+                        break;
+                    struct timespec ts = {0, 1000000L};
+                    nanosleep(&ts, NULL);
+                }
+                struct timespec ts = {0, 50 * 1000000L};
+                nanosleep(&ts, NULL);
+                if (vhd_chaos__needs_reset(&s) == 1)
+                    ctx->observed |= VHD_CHAOS_BROKEN;
+                if (vhd_chaos__blk_status(&s, 0) == VIRTIO_BLK_S_OK)
+                    ctx->observed |= VHD_CHAOS_SERVED;
+            }
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -1151,6 +1227,8 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(many_segments, CHAINS, E | B | S),
     BLK(base_ahead, CHAINS, B),
     BLKD(crosses_regions, CHAINS, S),
+    BLK(data_over_desc, CHAINS, S | B),
+    BLK(rings_alias, CHAINS, N | B | S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),
     BLK(inflight_control, CHAINS, S),

@@ -340,15 +340,34 @@ static int c_mem_wrong_fd(struct vhd_chaos_ctx *ctx)
     if (!rc)
         rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
                              "SET_FEATURES");
-    int p[2] = {-1, -1}, efd = eventfd(0, EFD_CLOEXEC);
-    if (!rc && pipe2(p, O_CLOEXEC) < 0)
-        rc = vhd_chaos__note(&s, -errno, "pipe");
-    const int kinds[3] = {efd, p[0], s.fd};
+    /*
+     * An eventfd, a pipe, our socket, /dev/null, the guest memfd opened
+     * read-only, and a memfd sealed against writes: none can be mapped
+     * shared and writable.
+     */
+    int p[2] = {-1, -1}, kinds[6];
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", s.m->fd);
+    kinds[0] = eventfd(0, EFD_CLOEXEC);
+    kinds[1] = pipe2(p, O_CLOEXEC) == 0 ? p[0] : -1;
+    kinds[2] = s.fd;
+    kinds[3] = open("/dev/null", O_RDWR | O_CLOEXEC);
+    kinds[4] = open(path, O_RDONLY | O_CLOEXEC);
+    kinds[5] = memfd_create("chaos-sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (kinds[5] >= 0 &&
+        (ftruncate(kinds[5], (off_t)s.m->len) < 0 ||
+         fcntl(kinds[5], F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW) < 0)) {
+        close(kinds[5]);
+        kinds[5] = -1;
+    }
     unsigned all = ~0u;
-    /* Each must be refused on its own: keep only what all three saw. */
-    for (int i = 0; i < 3 && !rc; i++) {
+    /* Each must be refused on its own: keep only what all of them saw. */
+    for (int i = 0; i < 6 && !rc; i++) {
+        if (kinds[i] < 0) {
+            rc = vhd_chaos__note(&s, -EMFILE, "cannot make fd kind %d: %s", i, strerror(errno));
+            break;
+        }
         struct vu_mem_region r = vhd_chaos__win_region(&s, 0);
-        r.mmap_offset = 0;
         ctx->observed = 0;
         rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, &r, 1, &kinds[i], 1),
                                 "region fd of the wrong kind");
@@ -357,11 +376,11 @@ static int c_mem_wrong_fd(struct vhd_chaos_ctx *ctx)
             break;
     }
     ctx->observed = rc ? ctx->observed : all;
-    close(efd);
-    if (p[0] >= 0) {
-        close(p[0]);
+    for (int i = 0; i < 6; i++)
+        if (kinds[i] >= 0 && i != 2)
+            close(kinds[i]);
+    if (p[1] >= 0)
         close(p[1]);
-    }
     vhd_chaos__close(&s);
     return rc;
 }
