@@ -174,6 +174,8 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     vq->inf_head_of_id = malloc(size * sizeof(uint16_t));
     if (!vq->inf_head_of_id)
         return -1;
+    /* No id in flight: UINT16_MAX (a push of an id never popped is clamped, never trusted). */
+    memset(vq->inf_head_of_id, 0xff, size * sizeof(uint16_t));
     if (inf->version == 0) {
         memset(inf->desc, 0, (size_t)dn * sizeof(inf->desc[0]));
         for (uint32_t i = 0; i < dn; i++)
@@ -218,8 +220,6 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     }
 
     uint32_t n = 0, slots = 0;
-    for (uint32_t i = 0; i < size; i++)
-        vq->inf_head_of_id[i] = UINT16_MAX;
     for (uint32_t i = 0; i < dn; i++) {
         const struct vhd_inflight_packed_desc *r = &inf->desc[i];
         if (r->inflight == 0)
@@ -245,6 +245,29 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     }
     if (resubmit_list(vq, ents, n) < 0)
         return -1;
+
+    /*
+     * The slots of the chains in flight belong to the device. A batch that
+     * was rolled back may have left used descriptors in them: push stores
+     * the flags of every descriptor of a batch but its first before flush
+     * publishes the first. The driver cannot see them yet (it polls the
+     * first), but once the new back-end completes chains of other sizes,
+     * one of those stale descriptors can land where the driver looks next
+     * and complete a chain that is being resubmitted. So every device-owned
+     * slot gets back the flags of a descriptor the driver made available in
+     * that slot's lap (2.8.1), as they were before the dead back-end used
+     * them; their other fields are never read again (the records have them).
+     */
+    uint32_t pos = inf->old_used_idx;
+    bool lap = inf->old_used_wrap_counter;
+    for (uint32_t k = 0; k < slots; k++) {
+        uint16_t fl = lap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+        vhd_store_relaxed(&vq->ring.packed.desc[pos].flags, vhd_le16(fl));
+        if (++pos == size) {
+            pos = 0;
+            lap = !lap;
+        }
+    }
 
     uint32_t avail = inf->old_used_idx + slots;
     bool wrap = inf->old_used_wrap_counter;
