@@ -99,7 +99,7 @@ done
 if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
     note "libFuzzer smoke runs (${FUZZ_SECONDS:-20} s each)"
     CC=clang run build-fuzz build build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized
-    for f in fuzz_mem fuzz_vq_split fuzz_vq_packed fuzz_blk fuzz_vu fuzz_inflight; do
+    for f in fuzz_mem fuzz_vq_split fuzz_vq_packed fuzz_blk fuzz_vu fuzz_inflight fuzz_net; do
         if [ -x "build-fuzz/$f" ]; then
             work=$(mktemp -d)
             cp -r "tests/fuzz/corpus/$f/." "$work/" 2>/dev/null || true
