@@ -328,6 +328,13 @@ static void allowed_ops_child(void *arg)
     CHILD_CHECK(big[0].key == 1 && big[199].key == 200);
     free(big);
 
+    /* GET_INFLIGHT_FD under the filter: a sealed memfd, sized, mapped shared (SET_INFLIGHT_FD). */
+    int ifd = memfd_create("vhostd-inflight", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    CHILD_CHECK(ifd >= 0 && ftruncate(ifd, 8192) == 0);
+    CHILD_CHECK(fcntl(ifd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0);
+    void *ia = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, ifd, 0);
+    CHILD_CHECK(ia != MAP_FAILED && munmap(ia, 8192) == 0 && close(ifd) == 0);
+
     /* The backend at close: fdatasync; discard fallback ioctl (a file: ENOTTY, not SIGSYS). */
     CHILD_CHECK(write(tfd, "x", 1) == 1);
     CHILD_CHECK(fdatasync(tfd) == 0);
