@@ -170,6 +170,7 @@ static const struct vhd_dev_ops f_ops = {
     .queue_fini = f_queue_fini,
     .queue_process = f_process,
     .reset = f_reset,
+    .inflight_shmfd = true, /* GET/SET_INFLIGHT_FD and rings tracked in the area */
 };
 
 /* ---- fds ---- */
@@ -583,6 +584,30 @@ int main(int argc, char **argv)
     put8(&s, 0x00);
     put8(&s, 0x10); /* size 4096 */
     write_seed(argv[1], "too-many-fds-oversized", &s);
+
+    /* 7: inflight area: GET, SET (a memfd of ours), rings tracked, stop, refused SETs. */
+    memset(&s, 0, sizeof(s));
+    negotiate(&s, all | (1u << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_FEATURES, NR, U64(feat));
+    mem_table(&s);
+    struct vu_inflight inf = {.num_queues = NQUEUES, .queue_size = 16};
+    msg(&s, NULL, 0, 0, VHOST_USER_GET_INFLIGHT_FD, V1, &inf, sizeof(inf));
+    inf.mmap_size = NQUEUES * 320; /* 3 split regions of 16 records, 64-byte aligned */
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_INFLIGHT_FD, NR, &inf, sizeof(inf));
+    ring(&s, 0, false);
+    ring(&s, 1, false);
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_INFLIGHT_FD, NR, &inf, sizeof(inf)); /* rings run */
+    st = (struct vu_vring_state){0, 0};
+    msg(&s, NULL, 0, 0, VHOST_USER_GET_VRING_BASE, V1, &st, 8);
+    st.index = 1;
+    msg(&s, NULL, 0, 0, VHOST_USER_GET_VRING_BASE, V1, &st, 8);
+    inf.mmap_size = 64; /* too small */
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_INFLIGHT_FD, NR, &inf, sizeof(inf));
+    inf.mmap_size = 8192;
+    inf.queue_size = 128;
+    msg(&s, &k_small, 1, 0, VHOST_USER_SET_INFLIGHT_FD, NR, &inf, sizeof(inf)); /* file short */
+    ring(&s, 2, false);
+    write_seed(argv[1], "inflight", &s);
     return 0;
 }
 #endif /* FUZZ_VU_WRITE_SEEDS */
