@@ -423,6 +423,25 @@ static int blk_stat_field(const char *dev, unsigned idx, uint64_t *val)
     return 0;
 }
 
+/*
+ * blk_stat_field, once the counter has passed old (or after 500 ms): the block
+ * layer completes a request's bios (waking a synchronous ioctl or fdatasync)
+ * before it accounts the request in /sys/block/<dev>/stat (blk_mq_end_request:
+ * update, then account), possibly on the other vCPU, so a read right after
+ * the call may miss it.
+ */
+static int blk_stat_field_after(const char *dev, unsigned idx, uint64_t old, uint64_t *val)
+{
+    int err = 0;
+    for (int i = 0; i < 50; i++) {
+        err = blk_stat_field(dev, idx, val);
+        if (err || *val > old)
+            break;
+        usleep(10000);
+    }
+    return err;
+}
+
 static bool errno_is_rejection(int err)
 {
     return err == EROFS || err == EPERM || err == EACCES || err == EIO || err == EOPNOTSUPP ||
@@ -1058,7 +1077,7 @@ static int write_and_flush(int fd, const char *dev, uint64_t seed, bool *flushed
     if (!err)
         err = do_flush(fd);
     free(buf);
-    if (blk_stat_field(dev, 15, &after) == 0)
+    if (blk_stat_field_after(dev, 15, before, &after) == 0)
         *flushed = after > before;
     else
         *flushed = false;
@@ -1159,7 +1178,7 @@ static void check_discard_zeroes(int fd, const struct opts *o)
     uint64_t range[2] = {d_off, d_len};
     if (ioctl(fd, BLKDISCARD, range) < 0)
         derr = errno;
-    blk_stat_field(o->dev, 11, &dcount1);
+    blk_stat_field_after(o->dev, 11, dcount0, &dcount1);
 
     /* 3. write zeroes */
     uint64_t zrange[2] = {z_off, z_len};
