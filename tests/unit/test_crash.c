@@ -37,17 +37,21 @@
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
 
-#define NQ           4u   /* queues */
-#define DEPTH        16u  /* requests in flight per queue */
-#define QBLOCKS      256u /* blocks of a queue's region */
-#define NBLOCKS      (NQ * QBLOCKS)
-#define BS           4096u
-#define IMG_SIZE     ((uint64_t)NBLOCKS * BS)
-#define KILLS        20u
-#define TAIL_OPS     1500u /* requests after the last restart */
-#define MAX_IDS      (1u << 20)
-#define RUN_MS       45000u /* the whole workload, kills included */
-#define STALL_MS     15000u /* no completion for this long with requests in flight: stuck */
+#define NQ       4u   /* queues */
+#define DEPTH    16u  /* requests in flight per queue */
+#define QBLOCKS  256u /* blocks of a queue's region */
+#define NBLOCKS  (NQ * QBLOCKS)
+#define BS       4096u
+#define IMG_SIZE ((uint64_t)NBLOCKS * BS)
+#define KILLS    20u
+#define TAIL_OPS 1500u /* requests after the last restart */
+#define MAX_IDS  (1u << 20)
+/*
+ * The whole workload, kills included: seconds normally, but a daemon under
+ * TSan on a loaded 2-CPU machine takes seconds to start, twenty times.
+ */
+#define RUN_MS       150000u
+#define STALL_MS     60000u /* no completion for this long with requests in flight: stuck */
 #define DRV_TIMEOUT  10000  /* driver connect/exchange bound: a restarting daemon under ASan */
 #define MIN_DELAY_MS 20u    /* killer: delay after a restart before the next kill */
 #define MAX_DELAY_MS 350u
@@ -133,7 +137,7 @@ static void *killer_main(void *arg)
 {
     struct killer *k = arg;
     uint64_t want = 1; /* the session of the first daemon */
-    for (unsigned i = 0; i < KILLS; i++) {
+    for (unsigned i = 0; i < KILLS && !__atomic_load_n(&k->release, __ATOMIC_ACQUIRE); i++) {
         /*
          * Most kills wait until the driver runs a session on this daemon, so
          * that they catch requests in flight whatever the machine's speed;
@@ -161,6 +165,19 @@ static void *killer_main(void *arg)
     while (!__atomic_load_n(&k->release, __ATOMIC_ACQUIRE) && ms_now() - t0 < 2 * RUN_MS)
         sleep_ms(10);
     return NULL;
+}
+
+/* A failing check exits the test: end the killer before the fixture kills the daemons. */
+static struct killer *g_killer;
+static pthread_t g_killer_thread;
+
+static void stop_killer(void)
+{
+    if (!g_killer)
+        return;
+    __atomic_store_n(&g_killer->release, true, __ATOMIC_RELEASE);
+    pthread_join(g_killer_thread, NULL);
+    g_killer = NULL;
 }
 
 /* ======================= workload ======================= */
@@ -328,6 +345,7 @@ static void crash_workload(bool packed)
     struct daemon dm;
     if (!vhostd_path())
         vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    alarm(RUN_MS / 1000 + 60); /* this test's own bound, above the harness's default */
 
     daemon_prepare_dir(&dm, "vhd-crash-XXXXXX", "blk.sock");
     snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
@@ -370,6 +388,9 @@ static void crash_workload(bool packed)
     struct killer k = {.dm = &dm, .seed = seed * 31 + 7, .sessions = &w->sessions};
     pthread_t th;
     VHD_CHECK_EQ(pthread_create(&th, NULL, killer_main, &k), 0);
+    g_killer = &k;
+    g_killer_thread = th;
+    atexit(stop_killer); /* runs before the fixture's kill_daemons (registered earlier) */
 
     uint64_t t0 = ms_now();
     w->last_progress = t0;
@@ -440,8 +461,7 @@ static void crash_workload(bool packed)
     vhd_blkdrv_disconnect(w->d);
     long resub = log_resubmissions(&dm);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
-    __atomic_store_n(&k.release, true, __ATOMIC_RELEASE);
-    pthread_join(th, NULL);
+    stop_killer();
 
     /* ... and in the image file. */
     fd = open(dm.img, O_RDONLY | O_CLOEXEC);
