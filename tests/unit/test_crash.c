@@ -44,8 +44,8 @@
 #define BS       4096u
 #define IMG_SIZE ((uint64_t)NBLOCKS * BS)
 #define KILLS    20u
-#define TAIL_OPS 1500u /* requests after the last restart */
-#define MAX_IDS  (1u << 20)
+#define TAIL_OPS 1500u      /* requests after the last restart */
+#define MAX_IDS  (1u << 22) /* request ids (a byte each); ~1M are used in a fast run */
 /*
  * The whole workload, kills included: seconds normally, but a daemon under
  * TSan on a loaded 2-CPU machine takes seconds to start, twenty times.
