@@ -18,8 +18,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +32,7 @@
 #include "driver/vu_frontend.h"
 #include "harness.h"
 #include "transport/vu_msg.h"
+#include "transport/vu_sock.h"
 #include "vhostd/blk_driver.h"
 
 #define IMG_SIZE    (16ull << 20)
@@ -1044,6 +1050,170 @@ VHD_TEST(fe_killed_then_backend_without_inflight)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     check_image(dm.img, 0, 2 * BS, seed);
     test_done();
+}
+
+/* ======================= a scripted back-end ======================= */
+
+/* How the fake back-end answers GET_INFLIGHT_FD. */
+enum fake_inflight {
+    FI_OK,        /* a 4 KiB memfd area */
+    FI_NO_FD,     /* the description without its fd */
+    FI_TWO_FDS,   /* one fd too many */
+    FI_SHORT,     /* 8 bytes of payload */
+    FI_SIZE_ZERO, /* mmap_size 0 */
+    FI_SIZE_HUGE, /* mmap_size 1 TiB */
+    FI_COUNT
+};
+
+struct fake_be {
+    int lfd;
+    enum fake_inflight mode;
+    unsigned set_fds;  /* fds that came with SET_INFLIGHT_FD */
+    uint64_t set_size; /* its mmap_size */
+};
+
+static void fake_reply(int fd, uint32_t req, const void *p, uint32_t size, const int *fds,
+                       unsigned nfds)
+{
+    struct vu_hdr h = {
+        .request = req, .flags = VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, .size = size};
+    vu_send(fd, &h, p, fds, nfds, WAIT_MS);
+}
+
+/* One session: the few messages the front-end's inflight calls need, until EOF. */
+static void *fake_be_main(void *arg)
+{
+    struct fake_be *b = arg;
+    int fd = accept4(b->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    for (int msgs = 0; msgs < 32; msgs++) {
+        struct vu_rx rx;
+        int rc;
+        vu_rx_init(&rx);
+        while ((rc = vu_rx_read(&rx, fd)) == 0) {
+            struct pollfd p = {.fd = fd, .events = POLLIN};
+            if (poll(&p, 1, WAIT_MS) <= 0)
+                break;
+        }
+        if (rc != 1)
+            break;
+        uint64_t v;
+        switch (rx.hdr.request) {
+        case VHOST_USER_GET_FEATURES:
+            v = (1ull << 32) | (1ull << VHOST_USER_F_PROTOCOL_FEATURES);
+            fake_reply(fd, rx.hdr.request, &v, sizeof(v), NULL, 0);
+            break;
+        case VHOST_USER_GET_PROTOCOL_FEATURES:
+            v = 1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD;
+            fake_reply(fd, rx.hdr.request, &v, sizeof(v), NULL, 0);
+            break;
+        case VHOST_USER_GET_INFLIGHT_FD: {
+            struct vu_inflight in = rx.payload.inflight;
+            int mfd = memfd_create("fake-inflight", MFD_CLOEXEC);
+            int fds[2] = {mfd, mfd};
+            if (mfd < 0 || ftruncate(mfd, 4096) < 0)
+                break;
+            in.mmap_size = b->mode == FI_SIZE_ZERO   ? 0
+                           : b->mode == FI_SIZE_HUGE ? 1ull << 40
+                                                     : 4096;
+            in.mmap_offset = 0;
+            fake_reply(fd, rx.hdr.request, &in, b->mode == FI_SHORT ? 8 : sizeof(in), fds,
+                       b->mode == FI_NO_FD     ? 0
+                       : b->mode == FI_TWO_FDS ? 2
+                                               : 1);
+            close(mfd);
+            break;
+        }
+        case VHOST_USER_SET_INFLIGHT_FD:
+            b->set_fds = rx.nfds;
+            b->set_size = rx.payload.inflight.mmap_size;
+            break;
+        default: /* SET_PROTOCOL_FEATURES, SET_OWNER: no reply without REPLY_ACK */
+            break;
+        }
+        for (unsigned i = 0; i < rx.nfds; i++)
+            close(rx.fds[i]);
+    }
+    close(fd);
+    return NULL;
+}
+
+static unsigned count_fds(void)
+{
+    unsigned n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    VHD_CHECK(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+/*
+ * GET_INFLIGHT_FD replies from a scripted back-end: a good one is mapped and
+ * handed back by SET_INFLIGHT_FD with its fd; a reply without its fd, with
+ * two, too short, or with an empty or absurd area is refused (-EPROTO) with
+ * every received fd closed. Not negotiated: -ENOTSUP, nothing sent.
+ */
+VHD_TEST(fe_inflight_fd_replies)
+{
+    struct daemon dm; /* only its temp dir and socket path */
+    unsigned fds0 = count_fds();
+
+    daemon_prepare_dir(&dm, "vhd-test-fi-XXXXXX", "be.sock");
+    for (int mode = 0; mode < FI_COUNT; mode++) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        VHD_CHECK(strlen(dm.sock) < sizeof(sa.sun_path));
+        memcpy(sa.sun_path, dm.sock, strlen(dm.sock) + 1);
+        struct fake_be b = {.mode = (enum fake_inflight)mode};
+        b.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        VHD_CHECK(b.lfd >= 0);
+        VHD_CHECK_EQ(bind(b.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+        VHD_CHECK_EQ(listen(b.lfd, 1), 0);
+        pthread_t th;
+        VHD_CHECK_EQ(pthread_create(&th, NULL, fake_be_main, &b), 0);
+
+        struct vhd_vuf f;
+        struct vhd_vuf_inflight in;
+        vhd_vuf_init(&f, WAIT_MS);
+        vhd_vuf_inflight_init(&in);
+        VHD_CHECK_EQ(vhd_vuf_connect(&f, dm.sock), 0);
+        if (mode == FI_OK) {
+            /* Not negotiated first: refused locally. */
+            VHD_CHECK_EQ(vhd_vuf_handshake(&f, 0), 0);
+            VHD_CHECK_EQ(vhd_vuf_get_inflight_fd(&f, 1, 64, &in), -ENOTSUP);
+            VHD_CHECK_EQ(vhd_vuf_set_inflight_fd(&f, &in), -ENOTSUP);
+        }
+        VHD_CHECK_EQ(vhd_vuf_handshake(&f, 1ull << VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD), 0);
+        int rc = vhd_vuf_get_inflight_fd(&f, 1, 64, &in);
+        if (mode == FI_OK) {
+            VHD_CHECK_EQ(rc, 0);
+            VHD_CHECK(in.fd >= 0 && in.addr != NULL);
+            VHD_CHECK_EQ(in.mmap_size, 4096);
+            memset(in.addr, 0x5a, 4096); /* writable, shared */
+            VHD_CHECK_EQ(vhd_vuf_set_inflight_fd(&f, &in), 0);
+        } else {
+            if (rc != -EPROTO)
+                fprintf(stderr, "  mode %d: rc %d (%s)\n", mode, rc, vhd_vuf_strerror(&f));
+            VHD_CHECK_EQ(rc, -EPROTO);
+            VHD_CHECK(vhd_vuf_strerror(&f)[0] != 0);
+            VHD_CHECK_EQ(in.fd, -1);
+        }
+        vhd_vuf_close(&f);
+        pthread_join(th, NULL);
+        if (mode == FI_OK) {
+            VHD_CHECK_EQ(b.set_fds, 1);
+            VHD_CHECK_EQ(b.set_size, 4096);
+        }
+        vhd_vuf_inflight_release(&in);
+        vhd_vuf_inflight_release(&in); /* idempotent */
+        close(b.lfd);
+        unlink(dm.sock);
+    }
+    rmdir(dm.dir);
+    unlink(dm.log);
+    VHD_CHECK_EQ(count_fds(), fds0); /* every fd of every reply closed */
 }
 
 /*
