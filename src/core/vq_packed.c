@@ -394,13 +394,24 @@ static __attribute__((noinline)) int packed_pop_tracked(struct vhd_vq *vq, struc
     return packed_pop(vq, iov, max_iov, c, true);
 }
 
-/* The body is instantiated twice so the untracked path pays one pointer test. */
+/* Pop without inflight tracking: the common case. */
+static __attribute__((noinline)) int packed_pop_plain(struct vhd_vq *vq, struct iovec *iov,
+                                                      uint32_t max_iov, struct vhd_vq_chain *c)
+{
+    return packed_pop(vq, iov, max_iov, c, false);
+}
+
+/*
+ * The body is instantiated twice so the untracked path pays one pointer
+ * test; both are separate functions so this one is a test and a tail call
+ * (neither pays for the other's register saves).
+ */
 int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
                        struct vhd_vq_chain *c)
 {
     if (vhd_unlikely(vq->inf.any != NULL))
         return packed_pop_tracked(vq, iov, max_iov, c);
-    return packed_pop(vq, iov, max_iov, c, false);
+    return packed_pop_plain(vq, iov, max_iov, c);
 }
 
 /*
