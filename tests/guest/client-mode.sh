@@ -10,7 +10,9 @@
 #   restart:      the guest writes, reads back and compares 64 KiB blocks (O_DIRECT) in a loop
 #                 while vhostd is stopped (SIGTERM: in-flight I/O completes) and started again
 #                 twice; QEMU keeps listening, the new vhostd connects and QEMU restarts the
-#                 rings; every compare must pass.
+#                 rings; every compare must pass;
+#   net:          a virtio-net device (-netdev vhost-user on a server=on chardev): the guest's
+#                 eth0 has vhostd's MAC and comes up, and vhostd loops its frames back.
 # One "PASS|FAIL client-mode/<case>" line per case and a final "N passed, N failed". Everything
 # we start is stopped and the scratch directory removed, also on failure. Bounded by
 # GUEST_TIMEOUT (default 180 s) per guest.
@@ -25,7 +27,7 @@ GUEST_DIR=${GUEST_DIR:-$REPO/build/guest}
 VHOSTD=${VHOSTD:-$REPO/build/vhostd}
 LOG_DIR=${LOG_DIR:-$REPO/build/client-mode}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
-CASES=${CASES:-vhostd-first qemu-first restart}
+CASES=${CASES:-vhostd-first qemu-first restart net}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 
@@ -99,7 +101,7 @@ RESTART_CMD=${RESTART_CMD//$'\n'/ }
 run_case() {
     local name=$1 seed=$RANDOM$RANDOM reason=""
     local vlog=$LOG_DIR/$name.vhostd.log glog=$LOG_DIR/$name.console.log
-    rm -f "$WORK/disk.img" "$WORK/blk.sock" "$vlog" "$glog"
+    rm -f "$WORK/disk.img" "$WORK/blk.sock" "$WORK/net.sock" "$vlog" "$glog"
     truncate -s "$IMG_SIZE" "$WORK/disk.img"
     "$HERE/host-verify.sh" --prepare --image "$WORK/disk.img" --seed "$seed" >/dev/null
     local guest=("$HERE/run-guest.sh" --server --no-build --guest-dir "$GUEST_DIR"
@@ -141,11 +143,24 @@ run_case() {
         [ "$(grep -c 'connected to the front-end' "$vlog")" -ge 3 ] ||
             reason=${reason:-"vhostd did not connect three times"}
         ;;
+    net)
+        "$VHOSTD" --log-level info --net "socket=$WORK/net.sock,client=on,mac=52:54:00:c1:1e:47" \
+            >>"$vlog" 2>&1 &
+        vhostd_pid=$!
+        "$HERE/run-guest.sh" --server --no-build --guest-dir "$GUEST_DIR" --net-sock "$WORK/net.sock" \
+            --mac 52:54:00:c1:1e:47 --timeout "$GUEST_TIMEOUT" --log "$glog" --test cmd \
+            --guest-args 'cat /sys/class/net/eth0/address; ip link set eth0 up; sleep 1; cat /sys/class/net/eth0/operstate' \
+            >/dev/null || reason="guest command failed"
+        grep -q '^52:54:00:c1:1e:47' "$glog" || reason=${reason:-"eth0 does not have vhostd's MAC"}
+        grep -q '^up' "$glog" || reason=${reason:-"eth0 did not come up"}
+        wait_lines "$vlog" 1 "stats (session end): total: tx_packets=[1-9]" ||
+            reason=${reason:-"no frames looped back"}
+        ;;
     esac
     grep -q "connected to the front-end" "$vlog" || reason=${reason:-"vhostd never connected"}
     stop_vhostd
     [ "$STOP_STATUS" = 0 ] || reason=${reason:-"vhostd exit status $STOP_STATUS"}
-    if [ "$name" != restart ]; then
+    if [ "$name" != restart ] && [ "$name" != net ]; then
         "$HERE/host-verify.sh" --image "$WORK/disk.img" --seed "$seed" >"$LOG_DIR/$name.verify.log" ||
             reason=${reason:-"host verify failed"}
     fi
