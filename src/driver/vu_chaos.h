@@ -54,7 +54,7 @@ enum vhd_chaos_dev {
 #define VHD_CHAOS_WINDOWS   2          /* guest memory regions (windows of one memfd) */
 #define VHD_CHAOS_WIN_SIZE  (1u << 20) /* bytes of each window */
 #define VHD_CHAOS_GUARD     (1u << 16) /* canary bytes before each window and after the last */
-#define VHD_CHAOS_MAX_ALLOW 16
+#define VHD_CHAOS_MAX_ALLOW 32
 
 /* One window: a region of guest memory at offset `off` of the memfd. */
 struct vhd_chaos_win {
@@ -84,6 +84,7 @@ struct vhd_chaos_ctx {
     char note[192];          /* what was seen, or why the case could not run */
     /* bytes of the windows (offsets from the first window's start) the back-end may change */
     unsigned nallow;
+    bool allow_overflow; /* more ranges than allow[] holds: the memory check fails */
     struct {
         size_t off, len;
     } allow[VHD_CHAOS_MAX_ALLOW];

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -846,6 +847,203 @@ static int c_rings_alias(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* ---- random chains ---- */
+
+/*
+ * Scratch area of the random chains: every buffer they name lies here, in
+ * the last 64 bytes of window 1 (and then runs off its end), or outside
+ * guest memory.
+ */
+#define OFF_SCRATCH  OFF_DATA
+#define SCRATCH_LEN  0x10000u
+#define RANDOM_ITERS 150
+
+static uint64_t rnd(uint64_t *st)
+{
+    /* xorshift64*: reproducible from the seed in the note. */
+    *st ^= *st >> 12;
+    *st ^= *st << 25;
+    *st ^= *st >> 27;
+    return *st * 0x2545f4914f6cdd1dull;
+}
+
+/* An address and length: in the scratch area (mostly), or somewhere no region is. */
+static void rnd_buf(struct vhd_chaos_sess *s, uint64_t *st, uint64_t *addr, uint32_t *len)
+{
+    static const uint32_t lens[] = {0, 1, 8, 16, 17, 512, 4096, 8192, 65536};
+    uint32_t l = (rnd(st) & 3) ? lens[rnd(st) % VHD_ARRAY_SIZE(lens)] : (uint32_t)rnd(st);
+    switch (rnd(st) % 8) {
+    case 0:
+        *addr = rnd(st); /* anywhere: practically never a region */
+        *len = l;
+        return;
+    case 1:
+        *addr = s->r1_gpa + VHD_CHAOS_WIN_SIZE - (rnd(st) % 64); /* running off the end */
+        *len = l;
+        return;
+    default: {
+        uint32_t off = (uint32_t)(rnd(st) % SCRATCH_LEN);
+        if (l > SCRATCH_LEN - off)
+            l = SCRATCH_LEN - off;
+        *addr = vhd_chaos__gpa(s, OFF_SCRATCH + off);
+        *len = l;
+        return;
+    }
+    }
+}
+
+static uint16_t rnd_flags(uint64_t *st, bool packed)
+{
+    static const uint16_t f[] = {0,
+                                 VRING_DESC_F_NEXT,
+                                 VRING_DESC_F_WRITE,
+                                 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+                                 VRING_DESC_F_INDIRECT,
+                                 VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT};
+    uint16_t v = (rnd(st) % 16) ? f[rnd(st) % VHD_ARRAY_SIZE(f)] : (uint16_t)rnd(st);
+    if (packed) /* AVAIL/USED are the publisher's business */
+        v &= (uint16_t) ~(VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED);
+    return v;
+}
+
+/* One random session: a random blk request (or a few descriptors of nonsense), kicked. */
+static int random_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *seen)
+{
+    struct vhd_chaos_sess s;
+    bool packed = rnd(st) & 1, indirect = rnd(st) & 1;
+    int rc = vhd_chaos__blk(ctx, &s, packed, indirect);
+    if (rc) {
+        vhd_chaos__close(&s);
+        return rc;
+    }
+    /* Scratch: random bytes, a plausible request header at its start most of the time. */
+    uint8_t junk[256];
+    for (unsigned o = 0; o < SCRATCH_LEN; o += sizeof(junk)) {
+        for (unsigned i = 0; i < sizeof(junk); i += 8) {
+            uint64_t v = rnd(st);
+            memcpy(junk + i, &v, 8);
+        }
+        vhd_chaos__put(&s, OFF_SCRATCH + o, junk, sizeof(junk));
+    }
+    if (rnd(st) % 4) {
+        static const uint32_t types[] = {VIRTIO_BLK_T_IN,      VIRTIO_BLK_T_OUT,
+                                         VIRTIO_BLK_T_FLUSH,   VIRTIO_BLK_T_GET_ID,
+                                         VIRTIO_BLK_T_DISCARD, VIRTIO_BLK_T_WRITE_ZEROES};
+        struct virtio_blk_outhdr h = {.type = vhd_le32(types[rnd(st) % VHD_ARRAY_SIZE(types)]),
+                                      .sector = vhd_le64(rnd(st) % 64)};
+        vhd_chaos__put(&s, OFF_SCRATCH, &h, sizeof(h));
+    }
+    vhd_chaos__allow(&s, OFF_SCRATCH, SCRATCH_LEN);
+    vhd_chaos__allow(&s, 2u * VHD_CHAOS_WIN_SIZE - 64, 64); /* the part of "off the end" inside */
+    /* Indirect tables: random descriptors into the scratch area (or nowhere). */
+    for (uint16_t i = 0; i < 32; i++) {
+        uint64_t a;
+        uint32_t l;
+        rnd_buf(&s, st, &a, &l);
+        vhd_chaos__sdesc(&s, OFF_IND, i, a, l, rnd_flags(st, false), (uint16_t)(rnd(st) % 40));
+    }
+    /*
+     * Half the time a request shaped like a real one (header, data, status,
+     * with one thing in eight bent), else descriptors of nonsense.
+     */
+    struct vhd_chaos_pd d[6];
+    unsigned n;
+    if (rnd(st) & 1) {
+        bool in = rnd(st) & 1;
+        n = 2 + (unsigned)(rnd(st) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            static const uint32_t dl[] = {512, 4096, 1024, 1, 0, 3000};
+            uint32_t off = (uint32_t)(rnd(st) % (SCRATCH_LEN - 8192)) & ~511u;
+            d[i].addr = vhd_chaos__gpa(&s, OFF_SCRATCH + off);
+            d[i].len = dl[rnd(st) % VHD_ARRAY_SIZE(dl)];
+            d[i].flags = VRING_DESC_F_NEXT | (in ? VRING_DESC_F_WRITE : 0);
+            d[i].id = 0;
+        }
+        d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(&s, OFF_SCRATCH), 16, 0, VRING_DESC_F_NEXT};
+        d[n - 1].len = 1;
+        d[n - 1].flags = VRING_DESC_F_WRITE;
+        if (rnd(st) % 8 == 0) { /* bend one thing */
+            unsigned k = (unsigned)(rnd(st) % n);
+            switch (rnd(st) % 4) {
+            case 0:
+                d[k].flags ^= VRING_DESC_F_WRITE;
+                break;
+            case 1:
+                rnd_buf(&s, st, &d[k].addr, &d[k].len);
+                break;
+            case 2:
+                d[k].len = (uint32_t)rnd(st) % 100;
+                break;
+            default:
+                d[k].flags ^= VRING_DESC_F_NEXT;
+                break;
+            }
+        }
+    } else {
+        n = 1 + (unsigned)(rnd(st) % 4);
+        for (unsigned i = 0; i < n; i++) {
+            rnd_buf(&s, st, &d[i].addr, &d[i].len);
+            d[i].flags = rnd_flags(st, packed);
+            if (rnd(st) % 6 == 0) {
+                /* An indirect table: never device-writable (2.7.5.3.2: WRITE is ignored). */
+                d[i].addr = vhd_chaos__gpa(&s, OFF_IND);
+                d[i].len = 16u * (uint32_t)(1 + rnd(st) % 32);
+                d[i].flags |= VRING_DESC_F_INDIRECT;
+            }
+            d[i].id = (rnd(st) % 8) ? 0 : (uint16_t)rnd(st);
+        }
+        if (rnd(st) % 4)
+            d[n - 1].flags &= (uint16_t)~VRING_DESC_F_NEXT;
+    }
+    if (packed) {
+        vhd_chaos__packed_publish(&s, OFF_R0, d, n);
+    } else {
+        for (uint16_t i = 0; i < n; i++) {
+            uint16_t next = (rnd(st) % 16) ? (uint16_t)(i + 1) : (uint16_t)(rnd(st) % 16);
+            vhd_chaos__sdesc(&s, OFF_R0, i, d[i].addr, d[i].len, d[i].flags, next);
+        }
+        uint16_t idx = (rnd(st) % 10) ? 1 : (uint16_t)rnd(st);
+        vhd_chaos__split_publish(&s, OFF_R0, (rnd(st) % 10) ? 0 : (uint16_t)rnd(st), idx);
+    }
+    vhd_chaos__kick(&s, 0);
+    unsigned before = ctx->observed;
+    ctx->observed = 0;
+    struct vhd_chaos_used u;
+    rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, 30);
+    if (!rc && u.got && u.len > 0) {
+        /* The status byte is the last writable byte: somewhere in the scratch area. */
+        ctx->observed |= VHD_CHAOS_SERVED | VHD_CHAOS_REQ_ERROR;
+    }
+    *seen |= ctx->observed;
+    for (unsigned b = 0; b < 5; b++)
+        if (ctx->observed & (1u << b))
+            seen[1 + b]++;
+    ctx->observed |= before;
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * RANDOM_ITERS sessions, each with one random chain (split or packed,
+ * direct or indirect tables, buffers in a scratch area or outside memory,
+ * random flags, links, ids and avail index). Outcomes are whatever they
+ * are; what is checked is that the back-end survives, keeps every fd and
+ * writes nowhere but the scratch area and the rings' own parts.
+ */
+static int c_random_chains(struct vhd_chaos_ctx *ctx)
+{
+    const char *env = getenv("VHD_CHAOS_SEED");
+    uint64_t seed = env && *env ? strtoull(env, NULL, 0) : 0x5eed5eedull, st = seed * 2 + 1;
+    unsigned seen[6] = {0};
+    int rc = 0;
+    for (unsigned i = 0; i < RANDOM_ITERS && !rc; i++)
+        rc = random_one(ctx, &st, seen);
+    struct vhd_chaos_sess s = {.ctx = ctx};
+    vhd_chaos__note(&s, 0, "seed 0x%llx: %u used, %u broken of %u", (unsigned long long)seed,
+                    seen[1 + 2], seen[1 + 3], RANDOM_ITERS);
+    return rc;
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -1202,6 +1400,146 @@ static int c_net_ctrl_no_ack(struct vhd_chaos_ctx *ctx)
     return net_ctrl(ctx, cmd, sizeof(cmd), false);
 }
 
+/* ---- random net traffic ---- */
+
+#define OFF_NTX 0x20000u /* transmit scratch: never device-writable */
+#define OFF_NRX 0x30000u /* receive scratch */
+#define NSCR    0x8000u
+
+/* A buffer in [base, base + NSCR) (mostly), or outside guest memory. */
+static void rnd_net_buf(struct vhd_chaos_sess *s, uint64_t *st, size_t base, uint64_t *addr,
+                        uint32_t *len)
+{
+    static const uint32_t lens[] = {0, 1, 6, 12, 13, 60, 74, 1514, 2048, 9000, 70000};
+    uint32_t l = lens[rnd(st) % VHD_ARRAY_SIZE(lens)];
+    if (rnd(st) % 10 == 0) {
+        *addr = rnd(st);
+        *len = l;
+        return;
+    }
+    uint32_t off = (uint32_t)(rnd(st) % NSCR);
+    if (l > NSCR - off)
+        l = NSCR - off;
+    *addr = vhd_chaos__gpa(s, base + off);
+    *len = l;
+}
+
+/* One random net session: a few receive buffers, one transmit chain with a random header. */
+static int random_net_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *seen)
+{
+    struct vhd_chaos_sess s;
+    uint64_t f = 0;
+    if (rnd(st) & 1)
+        f |= BIT(VIRTIO_NET_F_MRG_RXBUF);
+    if (rnd(st) & 1)
+        f |= BIT(VIRTIO_NET_F_CSUM) | BIT(VIRTIO_NET_F_GUEST_CSUM);
+    if (rnd(st) % 4 == 0)
+        f |= BIT(VIRTIO_F_RING_PACKED);
+    int rc = vhd_chaos__setup(ctx, &s, f);
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 1, OFF_R1);
+    if (rc) {
+        vhd_chaos__close(&s);
+        return rc;
+    }
+    /* Transmit scratch: a header with random flags and checksum offsets, then a frame. */
+    uint8_t junk[256];
+    for (unsigned o = 0; o < NSCR; o += sizeof(junk)) {
+        for (unsigned i = 0; i < sizeof(junk); i += 8) {
+            uint64_t v = rnd(st);
+            memcpy(junk + i, &v, 8);
+        }
+        vhd_chaos__put(&s, OFF_NTX + o, junk, sizeof(junk));
+        vhd_chaos__put(&s, OFF_NRX + o, junk, sizeof(junk));
+    }
+    uint8_t hdr[NET_HDR] = {0};
+    hdr[0] = (rnd(st) % 3) ? VIRTIO_NET_HDR_F_NEEDS_CSUM : (uint8_t)rnd(st); /* flags */
+    hdr[1] = (rnd(st) % 4) ? 0 : (uint8_t)rnd(st);                           /* gso_type */
+    uint16_t cs = (uint16_t)(rnd(st) % 80), co = (uint16_t)((rnd(st) % 4) ? 16 : rnd(st));
+    memcpy(hdr + 6, &cs, 2);
+    memcpy(hdr + 8, &co, 2);
+    vhd_chaos__put(&s, OFF_NTX, hdr, sizeof(hdr));
+    vhd_chaos__allow(&s, OFF_NRX, NSCR);
+    /* Receive buffers: writable (mostly), in the receive scratch area (mostly). */
+    unsigned nrx = 1 + (unsigned)(rnd(st) % 3);
+    struct vhd_chaos_pd d[4];
+    for (unsigned i = 0; i < nrx; i++) {
+        rnd_net_buf(&s, st, OFF_NRX, &d[i].addr, &d[i].len);
+        d[i].flags = (rnd(st) % 8) ? VRING_DESC_F_WRITE : rnd_flags(st, s.packed);
+        d[i].id = (uint16_t)i;
+    }
+    if (s.packed) {
+        vhd_chaos__packed_publish(&s, OFF_R0, d, 1); /* one buffer: slots 0.. of one lap */
+    } else {
+        for (uint16_t i = 0; i < nrx; i++) {
+            vhd_chaos__sdesc(&s, OFF_R0, i, d[i].addr, d[i].len,
+                             d[i].flags & (uint16_t)~VRING_DESC_F_NEXT, 0);
+            vhd_chaos__split_publish(&s, OFF_R0, i, (uint16_t)(i + 1));
+        }
+    }
+    vhd_chaos__kick(&s, 0);
+    /* The transmit chain: header + frame, split in 1..3 pieces, sometimes bent. */
+    unsigned ntx = 1 + (unsigned)(rnd(st) % 3);
+    uint32_t total = (uint32_t)(NET_HDR + 14 + rnd(st) % 1600), off = 0;
+    for (unsigned i = 0; i < ntx; i++) {
+        uint32_t piece = i + 1 == ntx ? total - off : (total - off) / (ntx - i);
+        d[i] = (struct vhd_chaos_pd){vhd_chaos__gpa(&s, OFF_NTX + off), piece, 0,
+                                     i + 1 < ntx ? VRING_DESC_F_NEXT : 0};
+        off += piece;
+    }
+    if (rnd(st) % 4 == 0) {
+        unsigned k = (unsigned)(rnd(st) % ntx);
+        rnd_net_buf(&s, st, OFF_NTX, &d[k].addr, &d[k].len);
+        if (rnd(st) & 1)
+            d[k].flags ^= VRING_DESC_F_WRITE;
+    }
+    if (s.packed) {
+        vhd_chaos__packed_publish(&s, OFF_R1, d, ntx);
+    } else {
+        for (uint16_t i = 0; i < ntx; i++)
+            vhd_chaos__sdesc(&s, OFF_R1, i, d[i].addr, d[i].len, d[i].flags, (uint16_t)(i + 1));
+        vhd_chaos__split_publish(&s, OFF_R1, 0, 1);
+    }
+    vhd_chaos__kick(&s, 1);
+    unsigned before = ctx->observed;
+    ctx->observed = 0;
+    struct vhd_chaos_used tx, rx;
+    rc = vhd_chaos__await_used(&s, OFF_R1, 0, &tx, 30);
+    if (!rc)
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &rx, 10);
+    if (!rc && tx.got)
+        ctx->observed |= rx.got ? VHD_CHAOS_SERVED : VHD_CHAOS_REQ_ERROR;
+    *seen |= ctx->observed;
+    for (unsigned b = 0; b < 5; b++)
+        if (ctx->observed & (1u << b))
+            seen[1 + b]++;
+    ctx->observed |= before;
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * RANDOM_ITERS net sessions with random features (MRG_RXBUF, checksum
+ * offload, packed), random receive buffers and a random transmit chain and
+ * header. Checked: survival, fds, and that nothing but the receive scratch
+ * area and the rings' own parts was written (transmit buffers never are).
+ */
+static int c_net_random(struct vhd_chaos_ctx *ctx)
+{
+    const char *env = getenv("VHD_CHAOS_SEED");
+    uint64_t seed = env && *env ? strtoull(env, NULL, 0) : 0x5eed5eedull, st = seed * 2 + 1;
+    unsigned seen[6] = {0};
+    int rc = 0;
+    for (unsigned i = 0; i < RANDOM_ITERS && !rc; i++)
+        rc = random_net_one(ctx, &st, seen);
+    struct vhd_chaos_sess s = {.ctx = ctx};
+    vhd_chaos__note(&s, 0, "seed 0x%llx: %u delivered, %u dropped, %u broken of %u",
+                    (unsigned long long)seed, seen[1 + 4], seen[1 + 2], seen[1 + 3], RANDOM_ITERS);
+    return rc;
+}
+
 /* ======================= table ======================= */
 
 const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
@@ -1229,6 +1567,7 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLKD(crosses_regions, CHAINS, S),
     BLK(data_over_desc, CHAINS, S | B),
     BLK(rings_alias, CHAINS, N | B | S),
+    BLK(random_chains, CHAINS, E | B | S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),
     BLK(inflight_control, CHAINS, S),
@@ -1265,5 +1604,6 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     NET(net_ctrl_short, CHAINS, E),
     NET(net_ctrl_mac_table, CHAINS, E),
     NET(net_ctrl_no_ack, CHAINS, E),
+    NET(net_random, CHAINS, E | B | S),
 };
 const unsigned vhd_chaos__chain_ncases = VHD_ARRAY_SIZE(vhd_chaos__chain_cases);

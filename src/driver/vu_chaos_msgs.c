@@ -181,7 +181,7 @@ static uint64_t mono_ms(void)
 }
 
 /* Longest stall of another device's control plane a case tolerates. */
-#define STALL_MAX_MS 250
+#define STALL_MAX_MS 500
 
 /*
  * A front-end that sends requests and never reads the replies. The
