@@ -856,7 +856,7 @@ static int c_rings_alias(struct vhd_chaos_ctx *ctx)
  */
 #define OFF_SCRATCH  OFF_DATA
 #define SCRATCH_LEN  0x10000u
-#define RANDOM_ITERS 150
+#define RANDOM_ITERS 80
 
 static uint64_t rnd(uint64_t *st)
 {
