@@ -825,7 +825,7 @@ static int c_rings_alias(struct vhd_chaos_ctx *ctx)
                 vhd_chaos__split_publish(&s, OFF_R0, 3, 2);
                 vhd_chaos__kick(&s, 0);
                 /* Used entries land in the avail ring: watch the status byte and GET_STATUS. */
-                for (int i = 0; i < 300 && vhd_chaos__blk_status(&s, 0) == 0xff; i++) {
+                for (int i = 0; i < 2000 && vhd_chaos__blk_status(&s, 0) == 0xff; i++) {
                     int b = vhd_chaos__needs_reset(&s);
                     if (b == 1)
                         ctx->observed |= VHD_CHAOS_BROKEN;
