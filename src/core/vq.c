@@ -192,8 +192,9 @@ void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem)
     vhd_vq_invalidate(vq);
 }
 
-int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
-                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total)
+int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
+                          struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
+                          uint64_t *total)
 {
     uint32_t used = (uint32_t)c->nr + c->nw;
 

@@ -368,9 +368,49 @@ static inline bool vhd_vq_has_work(struct vhd_vq *vq)
     return vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
 }
 
-/* Per-buffer translation shared by both layouts (vq.c). Appends to iov. */
-int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
-                     struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total);
+/*
+ * Per-buffer translation shared by both layouts: appends the buffer's
+ * segments to iov and counts it in c and *total (every chain length check
+ * and error: vq.c, the slow path). The fast path, inlined into each pop,
+ * takes the common case: a non-empty buffer inside the region of the last
+ * hit, in order (no readable buffer after a writable one), with room in iov
+ * and within the 32-bit chain length. It decides before it writes anything,
+ * so every other case, errors included, is the slow path's, unchanged. A
+ * call and its register saves per descriptor were a third of a pop's
+ * instructions (callgrind, 64-byte frames).
+ */
+int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
+                          struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
+                          uint64_t *total);
+
+static inline int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
+                                   struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
+                                   uint64_t *total)
+{
+    const struct vhd_mem *mem = vq->mem;
+    uint32_t used = (uint32_t)c->nr + c->nw, h = vq->mem_hint;
+
+    if (vhd_likely(len != 0 && (writable || c->nw == 0) && used < max_iov && h < mem->nregions &&
+                   *total + len <= UINT32_MAX)) {
+        const struct vhd_mem_region *r = &mem->regions[vhd_index_nospec(h, mem->nregions)];
+        /* As vhd_mem_gpa_to_hva: addr - r->gpa cannot underflow once addr >= r->gpa. */
+        if (vhd_likely(addr >= r->gpa && addr - r->gpa < r->size &&
+                       len <= r->size - (addr - r->gpa))) {
+            *total += len;
+            iov[used].iov_base = r->hva + vhd_index_nospec(addr - r->gpa, r->size);
+            iov[used].iov_len = len;
+            if (writable) {
+                c->nw++;
+                c->wlen += len;
+            } else {
+                c->nr++;
+                c->rlen += len;
+            }
+            return 0;
+        }
+    }
+    return vhd_vq__map_desc_slow(vq, addr, len, writable, iov, max_iov, c, total);
+}
 
 /* Mark the queue broken with err (positive) and return -err. */
 static inline int vhd_vq__fail(struct vhd_vq *vq, int err)
