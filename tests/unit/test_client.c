@@ -412,6 +412,56 @@ VHD_TEST(client_retries_a_stale_socket)
 }
 
 /*
+ * A front-end whose listen backlog is full: the non-blocking connect fails at
+ * once (EAGAIN) rather than waiting on the control thread, and is retried;
+ * once the backlog drains vhostd gets in.
+ */
+VHD_TEST(client_retries_a_full_backlog)
+{
+    struct daemon dm;
+    struct sockaddr_un sa;
+    int fill[8], nfill = 0;
+
+    prepare(&dm, true);
+    sun_of(&sa, dm.sock);
+    int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 0) == 0);
+    /* Fill the backlog (the kernel takes backlog + 1) with connections nobody accepts. */
+    while (nfill < 8) {
+        int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        VHD_CHECK(c >= 0);
+        if (connect(c, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+            VHD_CHECK_EQ(errno, EAGAIN);
+            close(c);
+            break;
+        }
+        fill[nfill++] = c;
+    }
+    VHD_CHECK(nfill >= 1 && nfill < 8);
+    start_client(&dm, "reconnect-max=200");
+    wait_log(&dm, "Resource temporarily unavailable", 2);
+    check_alive(&dm);
+    /* Drain the backlog: accept and drop our own connections. */
+    for (int i = 0; i < nfill; i++) {
+        int c = accept4(l, NULL, NULL, SOCK_CLOEXEC);
+        VHD_CHECK(c >= 0);
+        close(c);
+        close(fill[i]);
+    }
+    /* vhostd's next attempt is queued: take it and hand it to the driver's session. */
+    struct pollfd p = {.fd = l, .events = POLLIN};
+    VHD_CHECK_EQ(poll(&p, 1, WAIT_MS), 1);
+    close(l);
+    unlink(dm.sock);
+    /* That connection dies with the listener; vhostd comes back to the driver's socket. */
+    struct vhd_blkdrv *d = listen_and_wait(dm.sock);
+    write_verify(d, 0, 5);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
  * The front-end goes away (orderly, or by closing at once) and comes back:
  * vhostd connects again each time, and data written in one session is there
  * in the next.
