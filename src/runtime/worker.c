@@ -689,7 +689,7 @@ static void worker_check_detaching(struct vhd_worker *w)
 /* ---- the loop ---- */
 
 /* One epoll event. Returns true for the mailbox (handled by the caller after the batch). */
-static bool worker_dispatch(const struct epoll_event *ev)
+static bool worker_dispatch(struct vhd_worker *w, const struct epoll_event *ev)
 {
     void *tag = ev->data.ptr;
 
@@ -713,7 +713,18 @@ static bool worker_dispatch(const struct epoll_event *ev)
         if (!e->kick_in_epoll)
             return false;
         /* Non-blocking (set at attach): consume the count, one wake-up. */
-        if (read(e->q->kick_fd, &v, sizeof(v)) < 0)
+        ssize_t n = read(e->q->kick_fd, &v, sizeof(v));
+        if (n == 0 || (ev->events & (EPOLLHUP | EPOLLERR))) {
+            /*
+             * Not an eventfd: a pipe or socket whose other end is closed.
+             * It stays readable (EOF) for ever, so level-triggered epoll
+             * would spin on it, and it can never carry a kick again: the
+             * queue is broken (the front-end sees NEEDS_RESET).
+             */
+            worker_queue_broke(w, e, -EPIPE);
+            return false;
+        }
+        if (n < 0)
             return false;
         e->q->stat_kicks++;
         e->pending = true;
@@ -763,7 +774,7 @@ static void *worker_main(void *arg)
         if (timeout != 0 || !poll_all || mail || ++w->turns % RT_POLL_EPOLL_EVERY == 0) {
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
             for (int i = 0; i < n; i++)
-                mail |= worker_dispatch(&evs[i]);
+                mail |= worker_dispatch(w, &evs[i]);
             if (n < 0 && errno != EINTR) {
                 vhd_log(VHD_LOG_ERROR, "worker %u: epoll_wait: %s", w->index, strerror(errno));
                 /* Cannot happen with a valid epfd; do not spin hot if it does. */
