@@ -423,6 +423,56 @@ static int c_kick_memfd(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * A kick fd whose other end is already closed (a pipe, or a socket pair):
+ * it is readable (EOF) and hung up for ever, so it can never carry a kick;
+ * a back-end that keeps polling it spins. The queue must break instead.
+ */
+static int kick_hangup(struct vhd_chaos_ctx *ctx, bool sock)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc)
+        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int p[2] = {-1, -1};
+    if (!rc &&
+        (sock ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) : pipe2(p, O_CLOEXEC)) < 0)
+        rc = vhd_chaos__note(&s, -errno, "pipe: %s", strerror(errno));
+    if (!rc) {
+        close(p[1]);
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, p[0]),
+                                "kick fd hung up");
+        close(p[0]);
+        if (!rc && !(ctx->observed & VHD_CHAOS_NACK))
+            rc = vhd_chaos__observe(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                                    "enable");
+        for (int i = 0; !rc && i < 1000 && !(ctx->observed & (VHD_CHAOS_BROKEN | VHD_CHAOS_NACK));
+             i++) {
+            int b = vhd_chaos__needs_reset(&s);
+            if (b == 1)
+                ctx->observed |= VHD_CHAOS_BROKEN;
+            else if (b < 0)
+                rc = b;
+            else {
+                struct timespec ts = {0, 2000000L};
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+static int c_kick_pipe_hangup(struct vhd_chaos_ctx *ctx)
+{
+    return kick_hangup(ctx, false);
+}
+
+static int c_kick_socket_hangup(struct vhd_chaos_ctx *ctx)
+{
+    return kick_hangup(ctx, true);
+}
+
 /* ADD_MEM_REG with a pipe. */
 static int c_add_reg_pipe(struct vhd_chaos_ctx *ctx)
 {
@@ -1547,6 +1597,8 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(mem_wrong_fd, FDS, N),
     BLK(mem_fd_count, FDS, N),
     BLK(kick_memfd, FDS, N | B),
+    BLK(kick_pipe_hangup, FDS, N | B),
+    BLK(kick_socket_hangup, FDS, N | B),
     BLK(add_reg_pipe, FDS, N),
     BLK(backend_fd_memfd, FDS, N | B),
 
