@@ -9,6 +9,7 @@
 #include <grp.h>
 #include <linux/fs.h>
 #include <linux/futex.h>
+#include <linux/if_tun.h>
 #include <pwd.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -159,6 +160,8 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(exit, "a worker thread ends at shutdown"),
     ANY(exit_group, "the process exits"),
     ANY(writev, "frames to a TAP fd (net tap backend); glibc's fatal-error message before abort()"),
+    ARG_EQ(ioctl, 1, TUNSETOFFLOAD,
+           "tap backend: offloads follow each guest's negotiated features"),
     ANY(getpid, "abort() looks up its own process"),
     ANY(gettid, "abort() looks up its own thread"),
     ARG_SELF_PID(tgkill, 0, "abort() sends SIGABRT to its own thread (a core, not a SIGSYS)"),

@@ -1165,7 +1165,7 @@ VHD_TEST(tap_tso_both_ways)
     char spec[PATH_MAX];
     daemon_prepare(&dm);
     snprintf(spec, sizeof(spec), "socket=%s,backend=tap,tap=vhdtso0", dm.sock);
-    const char *args[] = {"--log-level", "warn", "--sandbox", "off", "--net", spec, NULL};
+    const char *args[] = {"--log-level", "warn", "--net", spec, NULL};
     vhostd_start_args(&dm, g_ns, args);
 
     const uint64_t want = (1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM) |
