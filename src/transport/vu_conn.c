@@ -1430,6 +1430,22 @@ static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
     return 0;
 }
 
+/*
+ * Make a signalling fd (call, error) non-blocking. We write 1 to these
+ * eventfds; a write blocks when the counter would overflow, so a front-end
+ * that never reads one, or hands over one already at the maximum, would
+ * stall the thread that signals (a worker serving other devices too, or the
+ * control thread). Non-blocking, a full counter just drops the signal: the
+ * front-end has one pending anyway. The flag belongs to the file the
+ * front-end shares; one that clears it again is not defended against here.
+ */
+static void fd_set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0 && !(fl & O_NONBLOCK))
+        (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
 /* SET_VRING_CALL: the call fd is worker-owned while attached: swap it detached. */
 static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r)
 {
@@ -1444,8 +1460,10 @@ static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r)
     }
     close_fd(&q->call_fd);
     q->call_fd = fd;
-    if (fd >= 0)
+    if (fd >= 0) {
         r->fds[0] = -1;
+        fd_set_nonblock(fd);
+    }
     if (was_attached)
         (void)queue_sync(c, q);
     return 0;
@@ -1459,8 +1477,10 @@ static int h_set_vring_err(struct vhd_vu_conn *c, struct vu_req *r)
 
     close_fd(&q->err_fd);
     q->err_fd = fd;
-    if (fd >= 0)
+    if (fd >= 0) {
         r->fds[0] = -1;
+        fd_set_nonblock(fd);
+    }
     return 0;
 }
 
