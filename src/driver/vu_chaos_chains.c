@@ -1044,6 +1044,60 @@ static int c_random_chains(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * The call eventfd is blocking and its counter already at the maximum
+ * (0xfffffffffffffffe): a write of 1 would block until someone reads it,
+ * and the front-end never will. Signalling must not hang the worker (it
+ * also serves other devices' queues): the request completes, the used
+ * element is published, the signal is dropped or the queue breaks.
+ */
+static int c_call_eventfd_full(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    if (!rc) {
+        s.call[0] = eventfd(0, EFD_CLOEXEC); /* blocking */
+        uint64_t v = 0xfffffffffffffffeull;
+        if (s.call[0] < 0 || write(s.call[0], &v, sizeof(v)) != sizeof(v))
+            rc = vhd_chaos__note(&s, -errno, "eventfd: %s", strerror(errno));
+    }
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc) {
+        b_control(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* The same with the error eventfd, which is written when a queue breaks (a loop here). */
+static int c_err_eventfd_full(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__setup(ctx, &s, 0);
+    int efd = -1;
+    if (!rc) {
+        efd = eventfd(0, EFD_CLOEXEC); /* blocking */
+        uint64_t v = 0xfffffffffffffffeull;
+        if (efd < 0 || write(efd, &v, sizeof(v)) != sizeof(v))
+            rc = vhd_chaos__note(&s, -errno, "eventfd: %s", strerror(errno));
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_ERR, 0, efd),
+                             "SET_VRING_ERR");
+    if (!rc)
+        rc = vhd_chaos__ring_start(&s, 0, OFF_R0);
+    if (!rc) {
+        b_loop(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    if (efd >= 0)
+        close(efd);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -1567,6 +1621,8 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLKD(crosses_regions, CHAINS, S),
     BLK(data_over_desc, CHAINS, S | B),
     BLK(rings_alias, CHAINS, N | B | S),
+    BLK(call_eventfd_full, CHAINS, S | B),
+    BLK(err_eventfd_full, CHAINS, B),
     BLK(random_chains, CHAINS, E | B | S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),
