@@ -80,6 +80,7 @@ struct blk_queue {
     struct blk_req *free_list;
     struct blk_req *reqs; /* nreqs slots: one per ring entry, so a pop never lacks one */
     uint32_t nreqs;
+    uint32_t nfresh; /* slots [0, nfresh) were handed out once (the rest never touched) */
     struct vhd_blk_queue_stats st;
 } vhd_cacheline_aligned;
 
@@ -579,6 +580,30 @@ static void blk_handle(struct blk_queue *bq, struct blk_req *r)
     }
 }
 
+/*
+ * A free request slot: a recycled one, else the next never-used one. Slots
+ * are set up on first use, not at queue start, so a big ring (32768 entries
+ * of ~2.7 KiB) costs memory only up to the depth the driver really reaches,
+ * and starting it does not fault in tens of MiB on the control thread.
+ * NULL when every slot is in flight. The slot stays at the head of the free
+ * list until the caller takes it.
+ */
+static inline struct blk_req *blk_req_get(struct blk_queue *bq)
+{
+    struct blk_req *r = bq->free_list;
+
+    if (vhd_likely(r != NULL))
+        return r;
+    if (bq->nfresh == bq->nreqs)
+        return NULL;
+    r = &bq->reqs[bq->nfresh++];
+    memset(r, 0, offsetof(struct blk_req, segs)); /* segs and iov are filled per request */
+    r->bq = bq;
+    r->next_free = NULL;
+    bq->free_list = r;
+    return r;
+}
+
 /* ---- vhd_dev_ops ---- */
 
 static int blk_queue_process(struct vhd_queue *q, unsigned budget)
@@ -591,7 +616,7 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
     if (vhd_unlikely(bq->st.broken))
         return -EPROTO;
     while (n < budget) {
-        struct blk_req *r = bq->free_list;
+        struct blk_req *r = blk_req_get(bq);
         if (vhd_unlikely(!r))
             break; /* every slot in flight: the ring cannot hold another chain */
         int rc = vhd_vq_pop(&q->vq, r->iov, VHD_BLK_REQ_IOV, &r->chain);
@@ -742,14 +767,7 @@ static int blk_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     }
     bq->q = q;
     bq->blk = to_blk(dev);
-    bq->nreqs = n;
-    for (uint32_t i = n; i-- > 0;) {
-        struct blk_req *r = &bq->reqs[i];
-        memset(r, 0, offsetof(struct blk_req, segs)); /* segs and iov are filled per request */
-        r->bq = bq;
-        r->next_free = bq->free_list;
-        bq->free_list = r;
-    }
+    bq->nreqs = n; /* slots are set up on first use (blk_req_get) */
     q->priv = bq;
     return 0;
 }
