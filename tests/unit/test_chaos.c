@@ -357,7 +357,7 @@ static void run_cases(struct chaos_daemon *cd, struct workload *w, struct vhd_ch
             continue; /* reads back what it wrote: not on the null backend */
         struct vhd_chaos_ctx ctx = {.socket_path = sock,
                                     .probe_path = t == T_NULL ? cd->dm.sock : cd->sock_n,
-                                    .timeout_ms = 2000,
+                                    .timeout_ms = 5000, /* generous: 2 CPUs, sanitizers */
                                     .mem = mem};
         char why[256] = "", exp[64], got[64];
         bool ok = true;
