@@ -1148,29 +1148,24 @@ static void gso_cb(void *arg, const struct vhd_netdrv_rxframe *fr)
 }
 
 /*
- * Segmentation offload through a TAP in a namespace of our own. The driver
- * negotiates HOST_TSO4 and GUEST_TSO4 (the TAP offers them when the kernel
- * takes TUN_F_TSO4), opens a TCP connection by hand to a socket in the
- * namespace and sends 65000 bytes as one TSO frame (gso_type TCPV4,
- * gso_size 1448, partial checksum): the socket reads every byte, in order.
- * The socket then sends 30000 bytes back, which the kernel hands to the
- * TAP as GSO frames larger than the MTU, and the driver receives them as
- * such (gso_type TCPV4).
+ * One session on the TAP device of dm (in g_ns): connect (with HOST_TSO4
+ * and GUEST_TSO4 when tso, checksum offloads only otherwise), open a TCP
+ * connection by hand from 192.0.2.2:sport to a socket in the namespace,
+ * send the payload (tso: 65000 bytes in one TSO frame, gso_type TCPV4,
+ * gso_size 1448, partial checksum; else 1400 bytes in one plain frame),
+ * which the socket must read whole and in order, and receive its 30000
+ * bytes back: as GSO frames larger than the MTU with tso, as frames of at
+ * most 1514 bytes without (the kernel segments for a guest that did not
+ * negotiate GUEST_TSO4).
  */
-VHD_TEST(tap_tso_both_ways)
+static void tso_session(struct daemon *dm, bool tso, uint16_t sport, bool first)
 {
-    enum { PAYLOAD = 65000, BACK = 30000 };
-    ns_create();
-    struct daemon dm;
-    char spec[PATH_MAX];
-    daemon_prepare(&dm);
-    snprintf(spec, sizeof(spec), "socket=%s,backend=tap,tap=vhdtso0", dm.sock);
-    const char *args[] = {"--log-level", "warn", "--net", spec, NULL};
-    vhostd_start_args(&dm, g_ns, args);
-
-    const uint64_t want = (1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM) |
-                          (1ull << VIRTIO_NET_F_HOST_TSO4) | (1ull << VIRTIO_NET_F_GUEST_TSO4);
-    struct vhd_netdrv_opts o = {.socket_path = dm.sock,
+    enum { BACK = 30000 };
+    const uint32_t payload = tso ? 65000 : 1400;
+    const uint64_t csum = (1ull << VIRTIO_NET_F_CSUM) | (1ull << VIRTIO_NET_F_GUEST_CSUM);
+    const uint64_t want =
+        csum | (tso ? (1ull << VIRTIO_NET_F_HOST_TSO4) | (1ull << VIRTIO_NET_F_GUEST_TSO4) : 0);
+    struct vhd_netdrv_opts o = {.socket_path = dm->sock,
                                 .queue_size = 256,
                                 .mrg_rxbuf = true,
                                 .max_tx_frame = 65536 + 14 + 4,
@@ -1182,15 +1177,20 @@ VHD_TEST(tap_tso_both_ways)
         fprintf(stderr, "  connect: %s\n", err);
     VHD_CHECK_EQ(rc, 0);
     VHD_CHECK_EQ(vhd_netdrv_get_info(d)->features & want, want);
+    if (!tso)
+        VHD_CHECK(!(vhd_netdrv_get_info(d)->features & (1ull << VIRTIO_NET_F_GUEST_TSO4)));
     struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, 0);
     const uint8_t *mac = vhd_netdrv_get_info(d)->mac;
-    char macs[32];
-    snprintf(macs, sizeof(macs), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3],
-             mac[4], mac[5]);
-    VHD_CHECK_EQ(sh("ip -n %s addr add 192.0.2.1/24 dev vhdtso0 && ip -n %s link set vhdtso0 up && "
-                    "ip -n %s neigh replace 192.0.2.2 lladdr %s dev vhdtso0 nud permanent",
-                    g_ns, g_ns, g_ns, macs),
-                 0);
+    if (first) {
+        char macs[32];
+        snprintf(macs, sizeof(macs), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2],
+                 mac[3], mac[4], mac[5]);
+        VHD_CHECK_EQ(sh("ip -n %s addr add 192.0.2.1/24 dev vhdtso0 && "
+                        "ip -n %s link set vhdtso0 up && "
+                        "ip -n %s neigh replace 192.0.2.2 lladdr %s dev vhdtso0 nud permanent",
+                        g_ns, g_ns, g_ns, macs),
+                     0);
+    }
     uint8_t tapmac[6];
     char cmd[128], line[64];
     snprintf(cmd, sizeof(cmd), "ip netns exec %s cat /sys/class/net/vhdtso0/address", g_ns);
@@ -1201,13 +1201,13 @@ VHD_TEST(tap_tso_both_ways)
                         &tapmac[3], &tapmac[4], &tapmac[5]),
                  6);
     int res_fd;
-    pid_t peer = tso_peer_start(PAYLOAD, BACK, &res_fd);
+    pid_t peer = tso_peer_start(payload, BACK, &res_fd);
 
     static uint8_t f[65536 + 18];
     static const uint8_t zero_hdr[12];
-    struct gso_seen seen = {.peer_ip = 1, .sport = 45000};
+    struct gso_seen seen = {.peer_ip = 1, .sport = sport};
     struct tcp_seg g = {
-        .src = 2, .dst = 1, .sport = 45000, .dport = 5001, .seq = 1000, .flags = 0x02, .mss = 1460};
+        .src = 2, .dst = 1, .sport = sport, .dport = 5001, .seq = 1000, .flags = 0x02, .mss = 1460};
     struct iovec io = {f, tcp_build(f, tapmac, mac, &g)};
     VHD_CHECK_EQ(vhd_netdrv_tx_hdr(p, &io, zero_hdr), 1);
     uint64_t t0 = ms_now();
@@ -1217,10 +1217,10 @@ VHD_TEST(tap_tso_both_ways)
         sleep_ms(1);
     }
     VHD_CHECK(seen.synack);
-    /* ACK, then the whole payload in one TSO frame */
+    /* ACK, then the payload: one TSO frame, or one plain frame */
     g = (struct tcp_seg){.src = 2,
                          .dst = 1,
-                         .sport = 45000,
+                         .sport = sport,
                          .dport = 5001,
                          .seq = 1001,
                          .ack = seen.peer_seq + 1,
@@ -1228,26 +1228,29 @@ VHD_TEST(tap_tso_both_ways)
     io.iov_len = tcp_build(f, tapmac, mac, &g);
     VHD_CHECK_EQ(vhd_netdrv_tx_hdr(p, &io, zero_hdr), 1);
     g.flags = 0x18; /* ACK, PSH */
-    g.paylen = PAYLOAD;
-    g.partial = true;
+    g.paylen = payload;
+    g.partial = tso;
     io.iov_len = tcp_build(f, tapmac, mac, &g);
-    VHD_CHECK_EQ(io.iov_len, 14 + 40 + PAYLOAD);
+    VHD_CHECK_EQ(io.iov_len, 14 + 40 + payload);
     uint8_t hdr[12] = {0};
-    hdr[0] = 1;                               /* NEEDS_CSUM */
-    hdr[1] = 1;                               /* GSO TCPV4 */
-    hdr[2] = 54;                              /* hdr_len */
-    hdr[4] = 1448 & 0xff, hdr[5] = 1448 >> 8; /* gso_size */
-    hdr[6] = 34;                              /* csum_start: the TCP header */
-    hdr[8] = 16;                              /* csum_offset: its checksum field */
+    if (tso) {
+        hdr[0] = 1;                               /* NEEDS_CSUM */
+        hdr[1] = 1;                               /* GSO TCPV4 */
+        hdr[2] = 54;                              /* hdr_len */
+        hdr[4] = 1448 & 0xff, hdr[5] = 1448 >> 8; /* gso_size */
+        hdr[6] = 34;                              /* csum_start: the TCP header */
+        hdr[8] = 16;                              /* csum_offset: its checksum field */
+    }
     while ((rc = vhd_netdrv_tx_hdr(p, &io, hdr)) == 0 && ms_now() - t0 < 2 * WAIT_MS)
         sleep_ms(1);
     VHD_CHECK_EQ(rc, 1);
 
-    /* the peer read everything, in order; meanwhile its answer arrives as GSO frames */
+    /* the peer read everything, in order; meanwhile its answer arrives */
     uint32_t r[2] = {0, 0};
     bool have_res = false;
     t0 = ms_now();
-    while ((!have_res || seen.gso_frames == 0) && ms_now() - t0 < 2 * WAIT_MS) {
+    while ((!have_res || (tso ? seen.gso_frames == 0 : seen.bytes < 4 * 1460)) &&
+           ms_now() - t0 < 2 * WAIT_MS) {
         VHD_CHECK(vhd_netdrv_rx_burst(p, gso_cb, &seen, 32) >= 0);
         VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
         struct pollfd rp = {.fd = res_fd, .events = POLLIN};
@@ -1259,13 +1262,40 @@ VHD_TEST(tap_tso_both_ways)
     kill(peer, SIGKILL);
     waitpid(peer, NULL, 0);
     close(res_fd);
-    fprintf(stderr, "  peer read %u bytes (pattern %s); %u GSO frames received, largest %u\n", r[0],
-            r[1] ? "ok" : "wrong", seen.gso_frames, seen.max_len);
+    fprintf(stderr,
+            "  %s: peer read %u bytes (pattern %s); %u bytes back, %u GSO frames, largest %u\n",
+            tso ? "TSO" : "no TSO", r[0], r[1] ? "ok" : "wrong", seen.bytes, seen.gso_frames,
+            seen.max_len);
     VHD_CHECK(have_res);
-    VHD_CHECK_EQ(r[0], PAYLOAD);
+    VHD_CHECK_EQ(r[0], payload);
     VHD_CHECK(r[1]);
-    VHD_CHECK(seen.gso_frames > 0);
+    if (tso) {
+        VHD_CHECK(seen.gso_frames > 0);
+    } else {
+        VHD_CHECK(seen.bytes >= 4 * 1460);
+        VHD_CHECK_EQ(seen.gso_frames, 0);
+        VHD_CHECK(seen.max_len <= 1514);
+    }
     vhd_netdrv_disconnect(d);
+}
+
+/*
+ * Segmentation offload through a TAP in a namespace of our own (the TAP
+ * offers HOST_/GUEST_TSO4 when the kernel takes TUN_F_TSO4): a session
+ * with TSO both ways, then one without on the same device, whose driver
+ * must never see a GSO frame although the previous guest asked for them.
+ */
+VHD_TEST(tap_tso_both_ways)
+{
+    ns_create();
+    struct daemon dm;
+    char spec[PATH_MAX];
+    daemon_prepare(&dm);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=tap,tap=vhdtso0", dm.sock);
+    const char *args[] = {"--log-level", "warn", "--net", spec, NULL};
+    vhostd_start_args(&dm, g_ns, args);
+    tso_session(&dm, true, 45000, true);
+    tso_session(&dm, false, 45001, false);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     ns_cleanup();
     test_done();
