@@ -37,6 +37,7 @@ void vhd_vq_fini(struct vhd_vq *vq)
     vq->inf_head_of_id = NULL;
     vq->inf_resubmit_n = 0;
     vq->inf_resubmit_pos = 0;
+    vq->inf_new = 0;
     vq->inf.any = NULL;
 }
 
@@ -75,6 +76,7 @@ static int resubmit_list(struct vhd_vq *vq, struct resubmit_ent *ents, uint32_t 
     vq->inf_counter = ents[n - 1].counter + 1;
     vq->inf_resubmit_n = (uint16_t)n; /* n <= size <= 32768 */
     vq->inf_resubmit_pos = 0;
+    vq->inf_new = 0;
     return 0;
 }
 
@@ -318,7 +320,7 @@ int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
         return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
 
     /* Chains popped again come before any new one: one of those is the last. */
-    if (vq->inf.any && vq->inf_resubmit_n != 0 && vq->inf_resubmit_pos > 0) {
+    if (vq->inf.any && vq->inf_resubmit_pos > 0 && vq->inf_new == 0) {
         if (vq->inf_resubmit[vq->inf_resubmit_pos - 1] !=
             (vq->packed ? vq->inf_head_of_id[c->id] : c->id))
             return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
@@ -327,6 +329,8 @@ int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
         return 0;
     }
 
+    if (vq->inf.any && vq->inf_new != 0)
+        vq->inf_new--; /* a new chain popped after the list */
     if (!vq->packed) {
         vq->last_avail_idx--;
         vq->inflight--;

@@ -31,7 +31,7 @@ struct guard_entry {
 static struct guard_entry *g_chunks[NCHUNKS];
 static int g_notify_fd = -1;
 static unsigned long g_faults;
-static bool g_installed;
+static volatile sig_atomic_t g_installed; /* also cleared by the handler */
 static struct sigaction g_old;
 
 static struct guard_entry *entry_of(int slot)
@@ -93,11 +93,16 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
     }
 not_ours:
     /*
-     * Not a guest-memory fault: put the previous disposition back and return;
-     * the access faults again and gets it (default: die with SIGBUS, or a
-     * sanitizer's report).
+     * Not a guest-memory fault: put the previous disposition back. A fault
+     * then happens again when we return and gets it (default: die with
+     * SIGBUS, or a sanitizer's report); a SIGBUS another process sent
+     * (si_code <= 0: kill, sigqueue, tgkill) repeats nothing, so it is
+     * raised again here.
      */
     sigaction(sig, &g_old, NULL);
+    g_installed = false;
+    if (si->si_code <= 0)
+        raise(sig);
     errno = saved_errno;
 }
 

@@ -28,6 +28,7 @@ static const char *const vq_err_names[VHD_VQ_E__COUNT] = {
     [VHD_VQ_E_USED_OVERFLOW] = "more used elements than chains popped",
     [VHD_VQ_E_INFLIGHT] = "inflight area does not fit the queue or is corrupt",
     [VHD_VQ_E_UNPOP] = "chain given back is not the last one popped",
+    [VHD_VQ_E_ID_IN_FLIGHT] = "chain head or buffer id made available again while in flight",
 };
 
 const char *vhd_vq_strerror(int err)

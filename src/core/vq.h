@@ -46,6 +46,8 @@ enum vhd_vq_err {
     VHD_VQ_E_USED_OVERFLOW,   /* device pushed more used elements than were popped */
     VHD_VQ_E_INFLIGHT,        /* inflight area: bad version/size, or records out of range */
     VHD_VQ_E_UNPOP,           /* device gave back a chain that is not the last one popped */
+    VHD_VQ_E_ID_IN_FLIGHT,    /* inflight tracking: head / buffer id made available again
+                                 while still in flight */
     VHD_VQ_E__COUNT
 };
 
@@ -145,8 +147,10 @@ struct vhd_vq {
     uint16_t *inf_resubmit;    /* chains to pop again before new ones, in counter order:
                                   split: heads; packed: head records (allocated by start) */
     uint16_t *inf_head_of_id;  /* packed: head record of each buffer id in flight */
-    uint16_t inf_resubmit_n;   /* entries in inf_resubmit; 0 once a new chain was popped */
-    uint16_t inf_resubmit_pos; /* next one to pop */
+    uint16_t inf_resubmit_n;   /* entries in inf_resubmit (kept until the next start) */
+    uint16_t inf_resubmit_pos; /* next one to pop (== inf_resubmit_n: all popped again) */
+    uint16_t inf_new;          /* new chains popped after the list and not given back
+                                  (saturating): unpop gives those back first */
     uint16_t inf_desc_num;     /* records in the region (checked at start) */
 
     /* ---- configuration, cold ---- */

@@ -357,6 +357,9 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
     c->id = (uint16_t)vhd_index_nospec(id, size);
     c->ndescs = (uint16_t)n; /* n <= room <= size <= 32768 */
     if (tracked) {
+        /* A buffer id in flight twice would share (and corrupt) the free list of records. */
+        if (vhd_unlikely(vq->inf_head_of_id[c->id] != UINT16_MAX))
+            return vhd_vq__fail(vq, VHD_VQ_E_ID_IN_FLIGHT);
         struct vhd_inflight_packed_desc *h =
             &inf->desc[vhd_index_nospec(head_rec, vq->inf_desc_num)];
         h->last = last_rec;
@@ -376,13 +379,8 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
 static __attribute__((noinline)) int packed_pop_tracked(struct vhd_vq *vq, struct iovec *iov,
                                                         uint32_t max_iov, struct vhd_vq_chain *c)
 {
-    if (vq->inf_resubmit_n != 0) {
-        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
-            return packed_pop_resubmit(vq, iov, max_iov, c);
-        /* All popped again: from now on an unpop concerns new chains only. */
-        vq->inf_resubmit_n = 0;
-        vq->inf_resubmit_pos = 0;
-    }
+    if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+        return packed_pop_resubmit(vq, iov, max_iov, c);
     /*
      * The spec's record keeping assumes a pop never falls between the
      * pushes of a batch and its publication (free_head == old_free_head
@@ -391,7 +389,11 @@ static __attribute__((noinline)) int packed_pop_tracked(struct vhd_vq *vq, struc
      */
     if (vq->batch_npending)
         vhd_vq__packed_flush(vq);
-    return packed_pop(vq, iov, max_iov, c, true);
+    int rc = packed_pop(vq, iov, max_iov, c, true);
+    /* A new chain after the list: unpop must give it back before any listed one. */
+    if (rc == 1 && vq->inf_resubmit_n != 0 && vq->inf_new != UINT16_MAX)
+        vq->inf_new++;
+    return rc;
 }
 
 /* Pop without inflight tracking: the common case. */
@@ -469,6 +471,7 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
         struct vhd_inflight_packed *inf = vq->inf.packed;
         uint32_t dn = vq->inf_desc_num;
         uint16_t head = vq->inf_head_of_id[c->id];
+        vq->inf_head_of_id[c->id] = UINT16_MAX;
         uint16_t last = inf->desc[vhd_index_nospec(head, dn)].last;
         inf->desc[vhd_index_nospec(last, dn)].next = inf->free_head;
         inf->free_head = head;
@@ -660,6 +663,7 @@ int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
         /* Its records go back to the head of the free list, where pop took them. */
         struct vhd_inflight_packed *inf = vq->inf.packed;
         uint16_t head = vq->inf_head_of_id[c->id];
+        vq->inf_head_of_id[c->id] = UINT16_MAX;
         inf->desc[vhd_index_nospec(head, vq->inf_desc_num)].inflight = 0;
         inf->free_head = head;
         inf->old_free_head = head;

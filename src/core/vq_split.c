@@ -307,6 +307,13 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
 
     if (tracked) {
         struct vhd_inflight_split_desc *r = &vq->inf.split->desc[vhd_index_nospec(head, vq->size)];
+        /*
+         * A head made available again while in flight would share one record
+         * between two chains: the first completion would clear the record the
+         * second still needs, and a restart would lose it.
+         */
+        if (vhd_unlikely(r->inflight))
+            return vhd_vq__fail(vq, VHD_VQ_E_ID_IN_FLIGHT);
         r->counter = vq->inf_counter++;
         /* Compiler barrier: the counter is in memory before the mark (crash order). */
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
@@ -321,14 +328,13 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
 static __attribute__((noinline)) int split_pop_tracked(struct vhd_vq *vq, struct iovec *iov,
                                                        uint32_t max_iov, struct vhd_vq_chain *c)
 {
-    if (vq->inf_resubmit_n != 0) {
-        if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
-            return split_pop_resubmit(vq, iov, max_iov, c);
-        /* All popped again: from now on an unpop concerns new chains only. */
-        vq->inf_resubmit_n = 0;
-        vq->inf_resubmit_pos = 0;
-    }
-    return split_pop(vq, iov, max_iov, c, true);
+    if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
+        return split_pop_resubmit(vq, iov, max_iov, c);
+    int rc = split_pop(vq, iov, max_iov, c, true);
+    /* A new chain after the list: unpop must give it back before any listed one. */
+    if (rc == 1 && vq->inf_resubmit_n != 0 && vq->inf_new != UINT16_MAX)
+        vq->inf_new++;
+    return rc;
 }
 
 /* The body is instantiated twice so the untracked path pays one pointer test. */

@@ -837,7 +837,7 @@ static int worker_ring_init(struct vhd_worker *w, const struct vhd_rt *rt)
 {
     uint64_t ops = rt->opts.uring_ops;
     struct io_uring_params p;
-    struct io_uring_restriction res[64];
+    struct io_uring_restriction res[65]; /* one per opcode bit, plus the SQE flags rule */
     unsigned n = 0;
     int rc;
 

@@ -447,6 +447,71 @@ BOTH(unpop_resubmitted)
     ifx_teardown(&t);
 }
 
+/*
+ * After the resubmission list ran out, a new chain is popped: giving back
+ * that one and then the last chain popped again must put each where it came
+ * from (the new one back in the ring, the listed one back in the list).
+ */
+BOTH(unpop_across_end_of_resubmission)
+{
+    struct ifx t;
+    ifx_setup(&t, packed, 8, 8);
+    ifx_add_n(&t, 0, 3);
+    for (int i = 0; i < 3; i++)
+        VHD_CHECK_EQ(ifx_pop(&t), i);
+    ifx_crash_restart(&t);
+    for (int i = 0; i < 3; i++)
+        VHD_CHECK_EQ(ifx_pop(&t), i);
+    ifx_add_n(&t, 3, 1);
+    VHD_CHECK_EQ(ifx_pop(&t), 3);
+    VHD_CHECK_EQ(vhd_vq_unpop(&t.f.vq, &t.chain[3]), 0);
+    VHD_CHECK_EQ(vhd_vq_unpop(&t.f.vq, &t.chain[2]), 0);
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 1);
+    VHD_CHECK_EQ(ifx_pop(&t), 2);
+    VHD_CHECK_EQ(ifx_pop(&t), 3);
+    VHD_CHECK_EQ(ifx_pop(&t), -1);
+    for (uint32_t i = 0; i < 4; i++)
+        ifx_push(&t, i);
+    vhd_vq_flush(&t.f.vq);
+    VHD_CHECK_EQ(ifx_collect(&t), 4);
+    ifx_check_area_clean(&t);
+    ifx_teardown(&t);
+}
+
+/*
+ * A driver that makes a head (split) or buffer id (packed) available again
+ * while the device still holds it would make two chains share one record:
+ * the first completion would clear what the second needs after a restart.
+ * The tracked pop refuses it and breaks the queue.
+ */
+BOTH(id_reposted_while_in_flight)
+{
+    struct ifx t;
+    ifx_setup(&t, packed, 8, 8);
+    ifx_add_n(&t, 0, 2);
+    VHD_CHECK_EQ(ifx_pop(&t), 0);
+    if (!packed) {
+        struct vhd_vring_avail *a = t.f.dq.ring.split.avail;
+        uint16_t idx = vhd_le16(a->idx);
+        a->ring[idx & 7] = vhd_le16(t.chain[0].id);
+        vhd_store_release(&a->idx, vhd_le16((uint16_t)(idx + 1)));
+    } else {
+        struct vhd_vring_packed_desc *d = &t.f.dq.ring.packed.desc[t.f.dq.next_avail];
+        bool w = t.f.dq.avail_wrap;
+        d->addr = vhd_le64(t.buf_gpa);
+        d->len = vhd_le32(8);
+        d->id = vhd_le16(t.chain[0].id);
+        vhd_store_release(&d->flags, vhd_le16((uint16_t)((w ? VRING_PACKED_DESC_F_AVAIL : 0) |
+                                                         (w ? 0 : VRING_PACKED_DESC_F_USED))));
+    }
+    VHD_CHECK_EQ(ifx_pop(&t), 1); /* the honest second request first */
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    VHD_CHECK_EQ(vhd_vq_pop(&t.f.vq, iov, 4, &c), -VHD_VQ_E_ID_IN_FLIGHT);
+    VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_ID_IN_FLIGHT);
+    ifx_teardown(&t);
+}
+
 /* Unpop of a chain that cannot be the last one popped breaks the queue. */
 BOTH(unpop_bad)
 {

@@ -148,6 +148,24 @@ VHD_TEST(sigbus_outside_guest_memory_still_kills)
                   : WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3);
 }
 
+VHD_TEST(sigbus_sent_by_another_process_still_kills)
+{
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        if (vhd_memguard_install(-1) < 0)
+            _exit(3);
+        kill(getpid(), SIGBUS); /* no fault to repeat: the guard must raise it again */
+        sleep_ms(1000);
+        _exit(0);
+    }
+    int status = 0;
+    VHD_CHECK_EQ(waitpid(pid, &status, 0), pid);
+    VHD_CHECK(WIFSIGNALED(status)
+                  ? WTERMSIG(status) == SIGBUS
+                  : WIFEXITED(status) && WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3);
+}
+
 /* ======================= against the daemon ======================= */
 
 struct fe {
