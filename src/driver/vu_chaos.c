@@ -617,67 +617,101 @@ void vhd_chaos__ring_layout(struct vhd_chaos_sess *s, size_t off)
     }
 }
 
-int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off)
+/* One ring step (VHD_STEP_LAYOUT .. VHD_STEP_ENABLE) for ring q at window offset off. */
+static int ring_step(struct vhd_chaos_sess *s, enum vhd_chaos_step st, uint32_t q, size_t off)
 {
-    vhd_chaos__ring_layout(s, off);
-    int rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_NUM, q, QSZ),
-                             "SET_VRING_NUM");
-    if (!rc)
-        rc = vhd_chaos__must(
+    int *call = &s->call[q % VHD_CHAOS_NRINGS], *kick = &s->kick[q % VHD_CHAOS_NRINGS];
+    switch (st) {
+    case VHD_STEP_LAYOUT:
+        vhd_chaos__ring_layout(s, off);
+        return 0;
+    case VHD_STEP_NUM:
+        return vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_NUM, q, QSZ),
+                               "SET_VRING_NUM");
+    case VHD_STEP_BASE:
+        return vhd_chaos__must(
             s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_BASE, q, s->packed ? 0x80008000u : 0),
             "SET_VRING_BASE");
-    if (!rc)
-        rc = vhd_chaos__must(s,
-                             vhd_chaos__set_addr(s, q, vhd_chaos__uva(s, off),
-                                                 vhd_chaos__uva(s, off + RING_AVAIL),
-                                                 vhd_chaos__uva(s, off + RING_USED)),
-                             "SET_VRING_ADDR");
-    if (rc)
-        return rc;
-    if (s->call[q % VHD_CHAOS_NRINGS] < 0)
-        s->call[q % VHD_CHAOS_NRINGS] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->kick[q % VHD_CHAOS_NRINGS] < 0)
-        s->kick[q % VHD_CHAOS_NRINGS] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->call[q % VHD_CHAOS_NRINGS] < 0 || s->kick[q % VHD_CHAOS_NRINGS] < 0)
-        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
-    return vhd_chaos__must(
-        s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, s->call[q % VHD_CHAOS_NRINGS]),
-        "SET_VRING_CALL");
+    case VHD_STEP_ADDR:
+        return vhd_chaos__must(s,
+                               vhd_chaos__set_addr(s, q, vhd_chaos__uva(s, off),
+                                                   vhd_chaos__uva(s, off + RING_AVAIL),
+                                                   vhd_chaos__uva(s, off + RING_USED)),
+                               "SET_VRING_ADDR");
+    case VHD_STEP_CALL:
+        if (*call < 0)
+            *call = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (*kick < 0)
+            *kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (*call < 0 || *kick < 0)
+            return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
+        return vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, *call),
+                               "SET_VRING_CALL");
+    case VHD_STEP_KICK:
+        if (*kick < 0 && (*kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+            return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
+        return vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, *kick),
+                               "SET_VRING_KICK");
+    case VHD_STEP_ENABLE:
+        return vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, q, 1),
+                               "SET_VRING_ENABLE");
+    default:
+        return 0;
+    }
+}
+
+/* The ring steps [from, to) of ring q at window offset off, except those in skip. */
+static int ring_steps(struct vhd_chaos_sess *s, uint32_t q, size_t off, enum vhd_chaos_step from,
+                      enum vhd_chaos_step to, unsigned skip)
+{
+    int rc = 0;
+    for (enum vhd_chaos_step st = from; st < to && !rc; st++)
+        if (!(skip & (1u << st)))
+            rc = ring_step(s, st, q, off);
+    return rc;
+}
+
+int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off)
+{
+    return ring_steps(s, q, off, VHD_STEP_LAYOUT, VHD_STEP_KICK, 0);
+}
+
+int vhd_chaos__kick_observe(struct vhd_chaos_sess *s, const char *what)
+{
+    if (s->kick[0] < 0)
+        s->kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    return vhd_chaos__observe(
+        s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]), what);
 }
 
 int vhd_chaos__ring_start(struct vhd_chaos_sess *s, uint32_t q, size_t off)
 {
-    int rc = vhd_chaos__ring_prepare(s, q, off);
-    if (!rc)
-        rc = vhd_chaos__must(
-            s,
-            vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, s->kick[q % VHD_CHAOS_NRINGS]),
-            "SET_VRING_KICK");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, q, 1),
-                             "SET_VRING_ENABLE");
-    return rc;
+    return ring_steps(s, q, off, VHD_STEP_LAYOUT, VHD_STEP_END, 0);
+}
+
+int vhd_chaos__steps(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, struct vhd_chaos_plan p)
+{
+    int rc = vhd_chaos__open(ctx, s);
+    if (!rc && p.stop > VHD_STEP_NEGOTIATE && !(p.skip & (1u << VHD_STEP_NEGOTIATE)))
+        rc = vhd_chaos__negotiate(s, p.proto ? p.proto : WANT_PROTO);
+    if (!rc && p.stop > VHD_STEP_FEATURES && !(p.skip & (1u << VHD_STEP_FEATURES)))
+        rc = vhd_chaos__must(s, vhd_chaos__set_features(s, BIT(VIRTIO_F_VERSION_1) | p.virtio),
+                             "SET_FEATURES");
+    if (!rc && p.stop > VHD_STEP_MEM && !(p.skip & (1u << VHD_STEP_MEM)))
+        rc = vhd_chaos__must(s, vhd_chaos__mem_default(s), "SET_MEM_TABLE");
+    return rc ? rc : ring_steps(s, 0, OFF_R0, VHD_STEP_LAYOUT, p.stop, p.skip);
 }
 
 int vhd_chaos__setup(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, uint64_t virtio)
 {
-    int rc = vhd_chaos__open(ctx, s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_features(s, BIT(VIRTIO_F_VERSION_1) | virtio),
-                             "SET_FEATURES");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__mem_default(s), "SET_MEM_TABLE");
-    return rc;
+    return vhd_chaos__steps(ctx, s, UPTO(LAYOUT, .virtio = virtio));
 }
 
 int vhd_chaos__blk(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool packed, bool indirect)
 {
     uint64_t f =
         (packed ? BIT(VIRTIO_F_RING_PACKED) : 0) | (indirect ? BIT(VIRTIO_F_INDIRECT_DESC) : 0);
-    int rc = vhd_chaos__setup(ctx, s, f);
-    return rc ? rc : vhd_chaos__ring_start(s, 0, OFF_R0);
+    return vhd_chaos__steps(ctx, s, UPTO(END, .virtio = f));
 }
 
 int vhd_chaos__net(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s)

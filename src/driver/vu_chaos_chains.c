@@ -420,9 +420,7 @@ static int c_many_segments(struct vhd_chaos_ctx *ctx)
 static int c_base_ahead(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK));
     if (!rc)
         rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 1000),
                              "SET_VRING_BASE");
@@ -505,12 +503,7 @@ static int c_crosses_regions(struct vhd_chaos_ctx *ctx)
 static int gpa_top(struct vhd_chaos_ctx *ctx, uint64_t back, uint32_t len)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
-                             "SET_FEATURES");
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(MEM));
     if (!rc) {
         struct vu_mem_region r[2] = {vhd_chaos__win_region(&s, 0), vhd_chaos__win_region(&s, 1)};
         r[1].gpa = 0ull - 4096 - VHD_CHAOS_WIN_SIZE;
@@ -557,9 +550,8 @@ static int c_gpa_top_past_end(struct vhd_chaos_ctx *ctx)
 static int inflight_session(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool packed,
                             void (*scribble)(void *area, size_t len, bool packed))
 {
-    int rc = vhd_chaos__open(ctx, s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    int rc = vhd_chaos__steps(
+        ctx, s, UPTO(FEATURES, .proto = WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
     if (!rc && !(s->proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)))
         rc = vhd_chaos__note(s, -ENOTSUP, "INFLIGHT_SHMFD not offered");
     if (!rc)
@@ -794,27 +786,16 @@ static int c_data_over_desc(struct vhd_chaos_ctx *ctx)
 static int c_rings_alias(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(ADDR));
     if (!rc) {
-        vhd_chaos__ring_layout(&s, OFF_R0);
         vhd_chaos__allow(&s, OFF_R0 + RING_AVAIL, 64);
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
-                             "SET_VRING_NUM");
-    }
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0),
-                             "SET_VRING_BASE");
-    if (!rc) {
         int a = vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
                                     vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
                                     vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL));
         if (a) {
             rc = vhd_chaos__observe(&s, a, "avail and used at one address");
         } else {
-            s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-            rc = vhd_chaos__observe(
-                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-                "start with avail and used at one address");
+            rc = vhd_chaos__kick_observe(&s, "start with avail and used at one address");
             if (!rc && !(ctx->observed & VHD_CHAOS_NACK))
                 rc = vhd_chaos__must(
                     &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_ENABLE, 0, 1), "enable");
@@ -857,6 +838,37 @@ static int c_rings_alias(struct vhd_chaos_ctx *ctx)
 #define OFF_SCRATCH  OFF_DATA
 #define SCRATCH_LEN  0x10000u
 #define RANDOM_ITERS 80
+
+/*
+ * The end of one random session: count its outcomes (seen[0] all bits,
+ * seen[1 + b] the sessions with bit b), add back the outcomes of the
+ * sessions before (before), close it; returns rc.
+ */
+static int random_tally(struct vhd_chaos_sess *s, unsigned *seen, unsigned before, int rc)
+{
+    struct vhd_chaos_ctx *ctx = s->ctx;
+    *seen |= ctx->observed;
+    for (unsigned b = 0; b < 5; b++)
+        if (ctx->observed & (1u << b))
+            seen[1 + b]++;
+    ctx->observed |= before;
+    vhd_chaos__close(s);
+    return rc;
+}
+
+/* RANDOM_ITERS sessions of one() seeded by VHD_CHAOS_SEED (its value in *seed), until one fails. */
+static int random_runs(struct vhd_chaos_ctx *ctx,
+                       int (*one)(struct vhd_chaos_ctx *, uint64_t *, unsigned *), unsigned seen[6],
+                       uint64_t *seed)
+{
+    const char *env = getenv("VHD_CHAOS_SEED");
+    *seed = env && *env ? strtoull(env, NULL, 0) : 0x5eed5eedull;
+    uint64_t st = *seed * 2 + 1;
+    int rc = 0;
+    for (unsigned i = 0; i < RANDOM_ITERS && !rc; i++)
+        rc = one(ctx, &st, seen);
+    return rc;
+}
 
 static uint64_t rnd(uint64_t *st)
 {
@@ -1014,13 +1026,7 @@ static int random_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *seen)
         /* The status byte is the last writable byte: somewhere in the scratch area. */
         ctx->observed |= VHD_CHAOS_SERVED | VHD_CHAOS_REQ_ERROR;
     }
-    *seen |= ctx->observed;
-    for (unsigned b = 0; b < 5; b++)
-        if (ctx->observed & (1u << b))
-            seen[1 + b]++;
-    ctx->observed |= before;
-    vhd_chaos__close(&s);
-    return rc;
+    return random_tally(&s, seen, before, rc);
 }
 
 /*
@@ -1032,12 +1038,9 @@ static int random_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *seen)
  */
 static int c_random_chains(struct vhd_chaos_ctx *ctx)
 {
-    const char *env = getenv("VHD_CHAOS_SEED");
-    uint64_t seed = env && *env ? strtoull(env, NULL, 0) : 0x5eed5eedull, st = seed * 2 + 1;
+    uint64_t seed;
     unsigned seen[6] = {0};
-    int rc = 0;
-    for (unsigned i = 0; i < RANDOM_ITERS && !rc; i++)
-        rc = random_one(ctx, &st, seen);
+    int rc = random_runs(ctx, random_one, seen, &seed);
     struct vhd_chaos_sess s = {.ctx = ctx};
     vhd_chaos__note(&s, 0, "seed 0x%llx: %u used, %u broken of %u", (unsigned long long)seed,
                     seen[1 + 2], seen[1 + 3], RANDOM_ITERS);
@@ -1565,13 +1568,7 @@ static int random_net_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *see
         rc = vhd_chaos__await_used(&s, OFF_R0, 0, &rx, 10);
     if (!rc && tx.got)
         ctx->observed |= rx.got ? VHD_CHAOS_SERVED : VHD_CHAOS_REQ_ERROR;
-    *seen |= ctx->observed;
-    for (unsigned b = 0; b < 5; b++)
-        if (ctx->observed & (1u << b))
-            seen[1 + b]++;
-    ctx->observed |= before;
-    vhd_chaos__close(&s);
-    return rc;
+    return random_tally(&s, seen, before, rc);
 }
 
 /*
@@ -1582,12 +1579,9 @@ static int random_net_one(struct vhd_chaos_ctx *ctx, uint64_t *st, unsigned *see
  */
 static int c_net_random(struct vhd_chaos_ctx *ctx)
 {
-    const char *env = getenv("VHD_CHAOS_SEED");
-    uint64_t seed = env && *env ? strtoull(env, NULL, 0) : 0x5eed5eedull, st = seed * 2 + 1;
+    uint64_t seed;
     unsigned seen[6] = {0};
-    int rc = 0;
-    for (unsigned i = 0; i < RANDOM_ITERS && !rc; i++)
-        rc = random_net_one(ctx, &st, seen);
+    int rc = random_runs(ctx, random_net_one, seen, &seed);
     struct vhd_chaos_sess s = {.ctx = ctx};
     vhd_chaos__note(&s, 0, "seed 0x%llx: %u delivered, %u dropped, %u broken of %u",
                     (unsigned long long)seed, seen[1 + 4], seen[1 + 2], seen[1 + 3], RANDOM_ITERS);

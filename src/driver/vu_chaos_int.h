@@ -193,6 +193,51 @@ int vhd_chaos__set_vring_fd(struct vhd_chaos_sess *s, uint32_t req, uint32_t ind
 /* Zero a ring's parts at window offset off and let the back-end write what it owns. */
 void vhd_chaos__ring_layout(struct vhd_chaos_sess *s, size_t off);
 
+/*
+ * The standard set-up of a session, in order: connect (and GET_FEATURES),
+ * negotiate protocol features (and SET_OWNER), SET_FEATURES, the default
+ * memory table, then ring 0 at OFF_R0: zero its layout, SET_VRING_NUM,
+ * SET_VRING_BASE, SET_VRING_ADDR, SET_VRING_CALL (eventfds made here),
+ * SET_VRING_KICK, SET_VRING_ENABLE.
+ */
+enum vhd_chaos_step {
+    VHD_STEP_OPEN,
+    VHD_STEP_NEGOTIATE,
+    VHD_STEP_FEATURES,
+    VHD_STEP_MEM,
+    VHD_STEP_LAYOUT,
+    VHD_STEP_NUM,
+    VHD_STEP_BASE,
+    VHD_STEP_ADDR,
+    VHD_STEP_CALL,
+    VHD_STEP_KICK,
+    VHD_STEP_ENABLE,
+    VHD_STEP_END
+};
+
+/* How far a case's session is set up before what makes it hostile. */
+struct vhd_chaos_plan {
+    enum vhd_chaos_step stop; /* run the steps before this one */
+    unsigned skip;            /* SKIP() of the steps left out (OPEN cannot be) */
+    uint64_t virtio;          /* virtio features besides VERSION_1 */
+    uint64_t proto;           /* protocol features asked for; 0: WANT_PROTO */
+};
+
+/* The skip bit of step st (LAYOUT, BASE, ...). */
+#define SKIP(st) (1u << VHD_STEP_##st)
+
+/* A plan that stops before step st: UPTO(KICK, .virtio = BIT(VIRTIO_F_RING_PACKED)). */
+#define UPTO(st, ...) ((struct vhd_chaos_plan){.stop = VHD_STEP_##st, __VA_ARGS__})
+
+/* Run the standard steps of plan p; 0 or the failing step's code (noted). */
+int vhd_chaos__steps(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, struct vhd_chaos_plan p);
+
+/*
+ * The hostile start of ring 0: SET_VRING_KICK with its eventfd (made if
+ * there is none yet), the outcome observed as `what`.
+ */
+int vhd_chaos__kick_observe(struct vhd_chaos_sess *s, const char *what);
+
 /* Everything up to (not including) SET_VRING_KICK for ring q at window offset off. */
 int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off);
 

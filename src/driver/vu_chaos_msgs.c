@@ -22,25 +22,29 @@
 
 /* ======================= cases: framing ======================= */
 
+/* After a truncated message (sent when rc is 0): end of stream; the back-end must close. */
+static int then_eof(struct vhd_chaos_sess *s, int rc, const char *what)
+{
+    if (!rc) {
+        shutdown(s->fd, SHUT_WR);
+        struct vu_hdr r;
+        union vu_payload p;
+        rc = vhd_chaos__observe(
+            s, vhd_chaos__recv(s, &r, &p) == -ECONNRESET ? VHD_CHAOS_CLOSED : -ETIMEDOUT, what);
+    }
+    vhd_chaos__close(s);
+    return rc;
+}
+
 /* Half a header, then end of stream. */
 static int c_trunc_header(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
     int rc = vhd_chaos__open(ctx, &s);
-    if (!rc) {
-        struct vu_hdr h = {.request = VHOST_USER_GET_FEATURES, .flags = 1, .size = 0};
+    struct vu_hdr h = {.request = VHOST_USER_GET_FEATURES, .flags = 1, .size = 0};
+    if (!rc)
         rc = vhd_chaos__raw_sendmsg(s.fd, &h, 7, NULL, 0);
-        if (!rc) {
-            shutdown(s.fd, SHUT_WR);
-            struct vu_hdr r;
-            union vu_payload p;
-            rc = vhd_chaos__observe(
-                &s, vhd_chaos__recv(&s, &r, &p) == -ECONNRESET ? VHD_CHAOS_CLOSED : -ETIMEDOUT,
-                "truncated header");
-        }
-    }
-    vhd_chaos__close(&s);
-    return rc;
+    return then_eof(&s, rc, "truncated header");
 }
 
 /* A header announcing 8 bytes, 3 sent, then end of stream. */
@@ -48,20 +52,10 @@ static int c_trunc_payload(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
     int rc = vhd_chaos__open(ctx, &s);
-    if (!rc) {
-        uint64_t v = 0;
+    uint64_t v = 0;
+    if (!rc)
         rc = vhd_chaos__send_raw(&s, VHOST_USER_SET_FEATURES, 1, 8, &v, 3, NULL, 0);
-        if (!rc) {
-            shutdown(s.fd, SHUT_WR);
-            struct vu_hdr r;
-            union vu_payload p;
-            rc = vhd_chaos__observe(
-                &s, vhd_chaos__recv(&s, &r, &p) == -ECONNRESET ? VHD_CHAOS_CLOSED : -ETIMEDOUT,
-                "truncated payload");
-        }
-    }
-    vhd_chaos__close(&s);
-    return rc;
+    return then_eof(&s, rc, "truncated payload");
 }
 
 /* A size field of 1 MiB: the back-end must not wait for (or allocate) that. */
@@ -83,9 +77,7 @@ static int c_oversized(struct vhd_chaos_ctx *ctx)
 static int c_size_mismatch(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         uint64_t v = BIT(VIRTIO_F_VERSION_1);
         rc = vhd_chaos__observe(&s,
@@ -135,9 +127,7 @@ static int c_unknown_flags(struct vhd_chaos_ctx *ctx)
 static int c_unknown_request(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc)
         rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, 200, NULL, 0, NULL, 0), "request 200");
     vhd_chaos__close(&s);
@@ -160,9 +150,7 @@ static int c_unknown_request_noack(struct vhd_chaos_ctx *ctx)
 static int c_unsupported_request(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_log l = {.size = 4096, .offset = 0};
         int fd = s.m->fd;
@@ -266,9 +254,7 @@ static int c_never_reads(struct vhd_chaos_ctx *ctx)
 static int c_kick_missing_fd(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK));
     if (!rc) {
         uint64_t v = 0;
         rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_VRING_KICK, &v, 8, NULL, 0),
@@ -282,9 +268,7 @@ static int c_kick_missing_fd(struct vhd_chaos_ctx *ctx)
 static int c_extra_fds(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         int fds[3] = {eventfd(0, EFD_CLOEXEC), eventfd(0, EFD_CLOEXEC), s.m->fd};
         rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_OWNER, NULL, 0, fds, 3),
@@ -316,9 +300,7 @@ static int c_nofd_with_fd(struct vhd_chaos_ctx *ctx)
 static int c_too_many_fds(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         int fds[12];
         for (int i = 0; i < 12; i++)
@@ -334,12 +316,7 @@ static int c_too_many_fds(struct vhd_chaos_ctx *ctx)
 static int c_mem_wrong_fd(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
-                             "SET_FEATURES");
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(MEM));
     /*
      * An eventfd, a pipe, our socket, /dev/null, the guest memfd opened
      * read-only, and a memfd sealed against writes: none can be mapped
@@ -389,9 +366,7 @@ static int c_mem_wrong_fd(struct vhd_chaos_ctx *ctx)
 static int c_mem_fd_count(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_mem_region r[2] = {vhd_chaos__win_region(&s, 0), vhd_chaos__win_region(&s, 1)};
         rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, r, 2, &s.m->fd, 1), "2 regions, 1 fd");
@@ -404,9 +379,7 @@ static int c_mem_fd_count(struct vhd_chaos_ctx *ctx)
 static int c_kick_memfd(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK));
     if (!rc) {
         int fd = memfd_create("chaos-kick", MFD_CLOEXEC);
         rc = vhd_chaos__observe(&s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, fd),
@@ -431,9 +404,7 @@ static int c_kick_memfd(struct vhd_chaos_ctx *ctx)
 static int kick_hangup(struct vhd_chaos_ctx *ctx, bool sock)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK));
     int p[2] = {-1, -1};
     if (!rc &&
         (sock ? socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) : pipe2(p, O_CLOEXEC)) < 0)
@@ -499,9 +470,7 @@ static int c_add_reg_pipe(struct vhd_chaos_ctx *ctx)
 static int c_features_unoffered(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         uint64_t f = s.offered | BIT(63) | BIT(VIRTIO_F_ACCESS_PLATFORM);
         rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_FEATURES, &f, 8, NULL, 0),
@@ -534,9 +503,8 @@ static int c_proto_unoffered(struct vhd_chaos_ctx *ctx)
 static int c_gated_not_negotiated(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK));
+    int rc =
+        vhd_chaos__steps(ctx, &s, UPTO(FEATURES, .proto = BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK)));
     if (!rc) {
         uint64_t v;
         rc = vhd_chaos__observe(&s, vhd_chaos__call_u64(&s, VHOST_USER_GET_MAX_MEM_SLOTS, &v),
@@ -610,9 +578,7 @@ static int c_get_base_oob(struct vhd_chaos_ctx *ctx)
 static int c_kick_reserved_bits(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK));
     if (!rc) {
         uint64_t v = 0 | (1ull << 40);
         int fd = s.kick[0];
@@ -651,9 +617,7 @@ static int c_status_bad(struct vhd_chaos_ctx *ctx)
 static int c_config_oob(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_config c;
         memset(&c, 0, sizeof(c));
@@ -670,42 +634,30 @@ static int c_config_oob(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* A packed ring started with the base word given. */
+static int packed_base(struct vhd_chaos_ctx *ctx, uint32_t base, const char *what)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(KICK, .virtio = BIT(VIRTIO_F_RING_PACKED)));
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, base),
+                             "SET_VRING_BASE");
+    if (!rc)
+        rc = vhd_chaos__kick_observe(&s, what);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* A packed ring whose base names a slot beyond the ring. */
 static int c_packed_base_oob(struct vhd_chaos_ctx *ctx)
 {
-    struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, BIT(VIRTIO_F_RING_PACKED));
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
-    if (!rc)
-        rc = vhd_chaos__must(
-            &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0x80008000u | 100u),
-            "SET_VRING_BASE");
-    if (!rc)
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-            "start with base slot 100 of 8");
-    vhd_chaos__close(&s);
-    return rc;
+    return packed_base(ctx, 0x80008000u | 100u, "start with base slot 100 of 8");
 }
 
 /* A packed ring whose base names a used slot beyond the ring. */
 static int c_packed_base_used_oob(struct vhd_chaos_ctx *ctx)
 {
-    struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, BIT(VIRTIO_F_RING_PACKED));
-    if (!rc)
-        rc = vhd_chaos__ring_prepare(&s, 0, OFF_R0);
-    if (!rc)
-        rc = vhd_chaos__must(
-            &s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 0x80008000u | (100u << 16)),
-            "SET_VRING_BASE");
-    if (!rc)
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-            "start with used slot 100 of 8");
-    vhd_chaos__close(&s);
-    return rc;
+    return packed_base(ctx, 0x80008000u | (100u << 16), "start with used slot 100 of 8");
 }
 
 /* ======================= cases: memory tables ======================= */
@@ -714,9 +666,7 @@ static int mem_case(struct vhd_chaos_ctx *ctx, struct vu_mem_region *r, unsigned
                     const char *what)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         int fds[8];
         for (unsigned i = 0; i < 8; i++)
@@ -823,12 +773,7 @@ static int c_nine_regions(struct vhd_chaos_ctx *ctx)
 static int c_mmap_unaligned_exact(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
-                             "SET_FEATURES");
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(MEM));
     if (rc) {
         vhd_chaos__close(&s);
         return rc;
@@ -927,9 +872,7 @@ static int c_add_until_full(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
     uint64_t slots = 0;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc)
         rc = vhd_chaos__must(&s, vhd_chaos__call_u64(&s, VHOST_USER_GET_MAX_MEM_SLOTS, &slots),
                              "GET_MAX_MEM_SLOTS");
@@ -962,9 +905,8 @@ static int inflight_msg(struct vhd_chaos_ctx *ctx, struct vu_inflight in, int fd
                         bool started, const char *what)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    int rc = vhd_chaos__steps(
+        ctx, &s, UPTO(FEATURES, .proto = WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
     if (!rc && !(s.proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)))
         rc = vhd_chaos__note(&s, -ENOTSUP, "INFLIGHT_SHMFD not offered");
     if (!rc)
@@ -1045,9 +987,8 @@ static int c_inflight_while_started(struct vhd_chaos_ctx *ctx)
 static int c_get_inflight_shape(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD));
+    int rc = vhd_chaos__steps(
+        ctx, &s, UPTO(FEATURES, .proto = WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
     if (!rc) {
         struct vu_inflight in = {.num_queues = 0xffff, .queue_size = 0xffff};
         struct vu_hdr h;
@@ -1071,12 +1012,8 @@ static int ring_case(struct vhd_chaos_ctx *ctx, uint64_t desc, uint64_t avail, u
                      bool packed, const char *what)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, packed ? BIT(VIRTIO_F_RING_PACKED) : 0);
-    if (!rc) {
-        vhd_chaos__ring_layout(&s, OFF_R0);
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
-                             "SET_VRING_NUM");
-    }
+    int rc =
+        vhd_chaos__steps(ctx, &s, UPTO(BASE, .virtio = packed ? BIT(VIRTIO_F_RING_PACKED) : 0));
     if (!rc) {
         if (!desc)
             desc = vhd_chaos__uva(&s, OFF_R0);
@@ -1088,9 +1025,7 @@ static int ring_case(struct vhd_chaos_ctx *ctx, uint64_t desc, uint64_t avail, u
         if (rc) {
             rc = vhd_chaos__observe(&s, rc, what); /* refused at SET_VRING_ADDR already */
         } else {
-            s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-            rc = vhd_chaos__observe(
-                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]), what);
+            rc = vhd_chaos__kick_observe(&s, what);
             if (!rc && vhd_chaos__needs_reset(&s) == 1)
                 ctx->observed |= VHD_CHAOS_BROKEN;
         }
@@ -1152,80 +1087,34 @@ static int c_ring_uva_wraps(struct vhd_chaos_ctx *ctx)
 
 /* ======================= cases: order ======================= */
 
-static int c_kick_before_mem(struct vhd_chaos_ctx *ctx)
+/* SET_VRING_KICK after the ring's NUM and ADDR, with the step `skip` leaves out never done. */
+static int kick_before(struct vhd_chaos_ctx *ctx, struct vhd_chaos_plan p, const char *what)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
+    int rc = vhd_chaos__steps(ctx, &s, p);
     if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
-                             "SET_FEATURES");
-    if (!rc) {
-        vhd_chaos__ring_layout(&s, OFF_R0);
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
-                             "SET_VRING_NUM");
-    }
-    if (!rc)
-        rc = vhd_chaos__must(&s,
-                             vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
-                                                 vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
-                                                 vhd_chaos__uva(&s, OFF_R0 + RING_USED)),
-                             "SET_VRING_ADDR");
-    if (!rc) {
-        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-            "kick before SET_MEM_TABLE");
-    }
+        rc = vhd_chaos__kick_observe(&s, what);
     vhd_chaos__close(&s);
     return rc;
+}
+
+static int c_kick_before_mem(struct vhd_chaos_ctx *ctx)
+{
+    return kick_before(ctx, UPTO(KICK, .skip = SKIP(MEM) | SKIP(BASE) | SKIP(CALL)),
+                       "kick before SET_MEM_TABLE");
 }
 
 static int c_kick_before_features(struct vhd_chaos_ctx *ctx)
 {
-    struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE");
-    if (!rc) {
-        vhd_chaos__ring_layout(&s, OFF_R0);
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
-                             "SET_VRING_NUM");
-    }
-    if (!rc)
-        rc = vhd_chaos__must(&s,
-                             vhd_chaos__set_addr(&s, 0, vhd_chaos__uva(&s, OFF_R0),
-                                                 vhd_chaos__uva(&s, OFF_R0 + RING_AVAIL),
-                                                 vhd_chaos__uva(&s, OFF_R0 + RING_USED)),
-                             "SET_VRING_ADDR");
-    if (!rc) {
-        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-            "kick before SET_FEATURES");
-    }
-    vhd_chaos__close(&s);
-    return rc;
+    return kick_before(ctx, UPTO(KICK, .skip = SKIP(FEATURES) | SKIP(BASE) | SKIP(CALL)),
+                       "kick before SET_FEATURES");
 }
 
 static int c_kick_before_addr(struct vhd_chaos_ctx *ctx)
 {
-    struct vhd_chaos_sess s;
-    int rc = vhd_chaos__setup(ctx, &s, 0);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_NUM, 0, QSZ),
-                             "SET_VRING_NUM");
-    if (!rc) {
-        s.kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-            "kick before SET_VRING_ADDR");
-    }
-    vhd_chaos__close(&s);
-    return rc;
+    /* The ring's layout is not even written: only SET_VRING_NUM. */
+    return kick_before(ctx, UPTO(ADDR, .skip = SKIP(LAYOUT) | SKIP(BASE)),
+                       "kick before SET_VRING_ADDR");
 }
 
 static int c_addr_on_started(struct vhd_chaos_ctx *ctx)
@@ -1298,9 +1187,8 @@ static int c_table_drops_ring(struct vhd_chaos_ctx *ctx)
 static int c_add_reg_not_negotiated(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK));
+    int rc =
+        vhd_chaos__steps(ctx, &s, UPTO(FEATURES, .proto = BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK)));
     if (!rc) {
         struct vu_mem_single m = {.region = vhd_chaos__win_region(&s, 0)};
         int fd = s.m->fd;
@@ -1355,9 +1243,7 @@ static int c_rem_data_region(struct vhd_chaos_ctx *ctx)
 static int c_set_inflight_fd(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_inflight in = {.mmap_size = 4096, .num_queues = 1, .queue_size = QSZ};
         int fd = memfd_create("chaos-inflight", MFD_CLOEXEC);
@@ -1374,9 +1260,7 @@ static int c_set_inflight_fd(struct vhd_chaos_ctx *ctx)
 static int c_get_inflight_fd(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_inflight in = {.mmap_size = 0, .num_queues = 1, .queue_size = QSZ};
         struct vu_hdr h;
@@ -1412,9 +1296,7 @@ static int c_iotlb_msg(struct vhd_chaos_ctx *ctx)
 static int c_set_config_ro(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = vhd_chaos__open(ctx, &s);
-    if (!rc)
-        rc = vhd_chaos__negotiate(&s, WANT_PROTO);
+    int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
         struct vu_config c;
         memset(&c, 0xff, sizeof(c));
@@ -1469,9 +1351,7 @@ static int c_backend_fd_memfd(struct vhd_chaos_ctx *ctx)
             rc = vhd_chaos__must(&s, vhd_chaos__set_addr(&s, 0, 0x10000, 0x20000, 0x30000),
                                  "SET_VRING_ADDR");
         if (!a && !rc) {
-            rc = vhd_chaos__observe(
-                &s, vhd_chaos__set_vring_fd(&s, VHOST_USER_SET_VRING_KICK, 0, s.kick[0]),
-                "start a ring outside memory");
+            rc = vhd_chaos__kick_observe(&s, "start a ring outside memory");
             if (!rc && vhd_chaos__needs_reset(&s) == 1)
                 ctx->observed |= VHD_CHAOS_BROKEN;
         }
