@@ -34,16 +34,7 @@
 #include "driver/vring.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_CHECK(cond)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
+#include "fuzz_common.h"
 
 #define BIT(n) (1ull << (n))
 
@@ -183,38 +174,6 @@ static void setup_once(void)
     devs[2] = make_dev(2, "uring", 512, false, false, false);
     devs[3] = make_dev(3, "uring", 4096, false, true, false);
     devs[4] = make_dev(4, "uring", 512, false, false, true); /* O_DIRECT: bounce paths */
-}
-
-/* Input cursor: reads past the end give zeros. */
-struct in {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint8_t get8(struct in *in)
-{
-    if (!in->n)
-        return 0;
-    in->n--;
-    return *in->p++;
-}
-
-static uint16_t get16(struct in *in)
-{
-    uint16_t v = get8(in);
-    return (uint16_t)(v | get8(in) << 8);
-}
-
-static uint32_t get32(struct in *in)
-{
-    uint32_t v = get16(in);
-    return v | (uint32_t)get16(in) << 16;
-}
-
-static uint64_t get64(struct in *in)
-{
-    uint64_t v = get32(in);
-    return v | (uint64_t)get32(in) << 32;
 }
 
 /* Host pointer of a gpa range (ours), or NULL outside guest memory or across regions. */

@@ -18,8 +18,7 @@
 
 #include "core/vq.h"
 #include "driver/guestmem.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_common.h"
 
 #define GPA      0x10000ull
 #define RSZ      0x10000ull
@@ -30,45 +29,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define MAX_Q    64
 #define MAX_IOV  64
 
-#define FUZZ_CHECK(cond)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
-
 static struct vhd_guestmem gm;
 static struct vhd_mem *mem;
 static struct iovec iov[MAX_IOV];
-
-struct in {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint8_t get8(struct in *in)
-{
-    if (!in->n)
-        return 0;
-    in->n--;
-    return *in->p++;
-}
-
-static uint16_t get16(struct in *in)
-{
-    uint16_t lo = get8(in);
-    return (uint16_t)(lo | get8(in) << 8);
-}
-
-static void fill(struct in *in, void *dst, size_t len)
-{
-    size_t n = len < in->n ? len : in->n;
-    memcpy(dst, in->p, n);
-    memset((uint8_t *)dst + n, 0, len - n);
-    in->p += n;
-    in->n -= n;
-}
 
 /* Every segment of a popped chain lies in the device's mapping of the region. */
 static void check_iov(const struct vhd_vq_chain *c)

@@ -32,16 +32,7 @@
 #include "driver/vring.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define FUZZ_CHECK(cond)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
+#include "fuzz_common.h"
 
 #define BIT(n) (1ull << (n))
 
@@ -128,26 +119,6 @@ static void setup_once(void)
         abort();
     }
     dev->mem = mem;
-}
-
-/* Input cursor: reads past the end give zeros. */
-struct in {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint8_t get8(struct in *in)
-{
-    if (!in->n)
-        return 0;
-    in->n--;
-    return *in->p++;
-}
-
-static uint16_t get16(struct in *in)
-{
-    uint16_t v = get8(in);
-    return (uint16_t)(v | get8(in) << 8);
 }
 
 static uint8_t *gptr(uint64_t gpa, uint64_t len)

@@ -13,8 +13,7 @@
 
 #include "core/vq.h"
 #include "driver/guestmem.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_common.h"
 
 /* Same layout as fuzz_vq_split.c: A and B adjacent, a hole, C with the rings. */
 #define RSZ      0x10000ull
@@ -37,14 +36,6 @@ static struct vhd_guestmem gm_ab, gm_c;
 static struct vhd_mem *mem1, *mem2, *mem_norings;
 static struct iovec iov[MAX_IOV];
 
-#define FUZZ_CHECK(cond)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
-
 static void setup_once(void)
 {
     struct vhd_mem_region_desc d[3];
@@ -57,31 +48,6 @@ static void setup_once(void)
     if (vhd_mem_new(d, 3, &mem1) < 0 || vhd_mem_new(d, 3, &mem2) < 0 ||
         vhd_mem_new(d, 2, &mem_norings) < 0)
         abort();
-}
-
-struct in {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint8_t get8(struct in *in)
-{
-    if (!in->n)
-        return 0;
-    in->n--;
-    return *in->p++;
-}
-
-static uint16_t get16(struct in *in)
-{
-    uint16_t lo = get8(in);
-    return (uint16_t)(lo | get8(in) << 8);
-}
-
-static uint32_t get32(struct in *in)
-{
-    uint32_t lo = get16(in);
-    return lo | (uint32_t)get16(in) << 16;
 }
 
 /* Address and length from the biased encoding shared with fuzz_vq_split.c. */

@@ -13,8 +13,7 @@
 
 #include "core/vq.h"
 #include "driver/guestmem.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "fuzz_common.h"
 
 /*
  * Guest memory: A [0x10000, 0x20000) and B [0x20000, 0x30000) adjacent in
@@ -38,14 +37,6 @@ static struct vhd_guestmem gm_ab, gm_c;
 static struct vhd_mem *mem1, *mem2, *mem_norings;
 static struct iovec iov[MAX_IOV];
 
-#define FUZZ_CHECK(cond)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
-
 static void setup_once(void)
 {
     struct vhd_mem_region_desc d[3];
@@ -58,26 +49,6 @@ static void setup_once(void)
     if (vhd_mem_new(d, 3, &mem1) < 0 || vhd_mem_new(d, 3, &mem2) < 0 ||
         vhd_mem_new(d, 2, &mem_norings) < 0)
         abort();
-}
-
-/* Input cursor: reads past the end give zeros. */
-struct in {
-    const uint8_t *p;
-    size_t n;
-};
-
-static uint8_t get8(struct in *in)
-{
-    if (!in->n)
-        return 0;
-    in->n--;
-    return *in->p++;
-}
-
-static uint16_t get16(struct in *in)
-{
-    uint16_t lo = get8(in);
-    return (uint16_t)(lo | get8(in) << 8);
 }
 
 static uint8_t *c_ptr(uint32_t off)

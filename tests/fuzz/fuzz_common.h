@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Pieces the libFuzzer targets share: the entry point's prototype, an
+ * invariant check that aborts (so libFuzzer keeps the input), and a reader
+ * that takes little-endian values off the input, giving zeros once it runs
+ * out.
+ */
+#ifndef VHD_FUZZ_COMMON_H
+#define VHD_FUZZ_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define FUZZ_CHECK(cond)                                                                 \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            fprintf(stderr, "%s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond); \
+            abort();                                                                     \
+        }                                                                                \
+    } while (0)
+
+/* What is left of the input. */
+struct in {
+    const uint8_t *p;
+    size_t n;
+};
+
+static inline uint8_t get8(struct in *in)
+{
+    if (!in->n)
+        return 0;
+    in->n--;
+    return *in->p++;
+}
+
+static inline uint16_t get16(struct in *in)
+{
+    uint16_t lo = get8(in);
+    return (uint16_t)(lo | get8(in) << 8);
+}
+
+static inline uint32_t get32(struct in *in)
+{
+    uint32_t lo = get16(in);
+    return lo | (uint32_t)get16(in) << 16;
+}
+
+static inline uint64_t get64(struct in *in)
+{
+    uint64_t lo = get32(in);
+    return lo | (uint64_t)get32(in) << 32;
+}
+
+/* len bytes of input into dst, zero-filled past its end. */
+static inline void fill(struct in *in, void *dst, size_t len)
+{
+    size_t n = len < in->n ? len : in->n;
+    memcpy(dst, in->p, n);
+    memset((uint8_t *)dst + n, 0, len - n);
+    in->p += n;
+    in->n -= n;
+}
+
+#endif /* VHD_FUZZ_COMMON_H */
