@@ -18,6 +18,7 @@
 
 #include "runtime/log.h"
 #include "vu_client.h"
+#include "vu_session.h"
 
 struct vhd_vu_client {
     struct vhd_ctl *ctl;
@@ -26,15 +27,13 @@ struct vhd_vu_client {
     struct sockaddr_un sa;
     int timer_fd; /* the back-off timer (CLOCK_MONOTONIC, one-shot) */
     struct vhd_ctl_src *timer_src;
-    struct vhd_vu_conn *conn; /* current session or NULL */
-    struct vhd_ctl_src *conn_src;
+    struct vhd_vu_session sess;
     unsigned min_ms, max_ms;
     unsigned delay_ms;      /* the wait before the attempt after the next failure */
     unsigned next_delay_ms; /* the wait armed now (0 while connected) */
     uint64_t session_start_ms;
-    unsigned attempts, sessions;
+    unsigned attempts;
     int last_logged_err; /* errno of the last failure logged at info level; 0: none yet */
-    bool disabled;       /* a queue could not be stopped: the device is unusable */
 };
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -84,23 +83,14 @@ static void schedule_retry(struct vhd_vu_client *cl)
         /* Cannot happen with a valid timerfd; without it the device would never reconnect. */
         vhd_log(VHD_LOG_ERROR, "%s: cannot arm the reconnect timer: %s; device disabled",
                 cl->dev->name, strerror(-rc));
-        cl->disabled = true;
+        cl->sess.disabled = true;
     }
 }
 
 static void client_end_session(struct vhd_vu_client *cl)
 {
-    if (!cl->conn)
+    if (vhd_vu_session_end(&cl->sess, cl->dev) != 1)
         return;
-    vhd_ctl_del(cl->conn_src);
-    cl->conn_src = NULL;
-    int rc = vhd_vu_conn_free(cl->conn);
-    cl->conn = NULL;
-    if (rc == -EBUSY) {
-        cl->disabled = true;
-        vhd_log(VHD_LOG_ERROR, "%s: device disabled: a queue could not be stopped", cl->dev->name);
-        return;
-    }
     /* A session that held for a while was a success: start over from the shortest delay. */
     if (now_ms() - cl->session_start_ms >= VHD_VU_CLIENT_STABLE_MS)
         cl->delay_ms = cl->min_ms;
@@ -111,11 +101,9 @@ static void on_conn(void *opaque, uint32_t events)
     struct vhd_vu_client *cl = opaque;
 
     (void)events; /* EPOLLHUP/EPOLLERR show up as EOF or an error when reading */
-    if (!cl->conn)
-        return;
-    if (vhd_vu_conn_process(cl->conn) < 0) {
+    if (!vhd_vu_session_serve(&cl->sess)) {
         client_end_session(cl);
-        if (cl->disabled)
+        if (cl->sess.disabled)
             return;
         vhd_log(VHD_LOG_INFO, "%s: session ended; device reset, reconnecting to %s in %u ms",
                 cl->dev->name, cl->path, cl->delay_ms);
@@ -153,20 +141,13 @@ static void try_connect(struct vhd_vu_client *cl)
         attempt_failed(cl, "connect", err);
         return;
     }
-    struct vhd_vu_conn *c = NULL;
-    int rc = vhd_vu_conn_new(cl->dev, fd, &c); /* takes fd */
+    enum vhd_vu_session_step failed;
+    int rc = vhd_vu_session_start(&cl->sess, cl->ctl, cl->dev, fd, on_conn, cl, &failed);
     if (rc < 0) {
-        attempt_failed(cl, "session on", -rc);
+        attempt_failed(cl, failed == VHD_VU_SESSION_CONN ? "session on" : "watching the session on",
+                       -rc);
         return;
     }
-    rc = vhd_ctl_add(cl->ctl, vhd_vu_conn_fd(c), EPOLLIN, on_conn, cl, &cl->conn_src);
-    if (rc < 0) {
-        (void)vhd_vu_conn_free(c);
-        attempt_failed(cl, "watching the session on", -rc);
-        return;
-    }
-    cl->conn = c;
-    cl->sessions++;
     cl->next_delay_ms = 0;
     cl->last_logged_err = 0;
     cl->session_start_ms = now_ms();
@@ -184,7 +165,7 @@ static void on_timer(void *opaque, uint32_t events)
         /* EAGAIN: a spurious wake-up; the timer is still armed. */
         return;
     }
-    if (cl->conn || cl->disabled)
+    if (cl->sess.conn || cl->sess.disabled)
         return;
     try_connect(cl);
 }
@@ -271,12 +252,12 @@ void vhd_vu_client_free(struct vhd_vu_client *cl)
 
 struct vhd_vu_conn *vhd_vu_client_conn(const struct vhd_vu_client *cl)
 {
-    return cl->conn;
+    return cl->sess.conn;
 }
 
 bool vhd_vu_client_check_queues(struct vhd_vu_client *cl)
 {
-    return cl->conn ? vhd_vu_conn_check_queues(cl->conn) : false;
+    return vhd_vu_session_check_queues(&cl->sess);
 }
 
 const char *vhd_vu_client_path(const struct vhd_vu_client *cl)
@@ -291,15 +272,15 @@ unsigned vhd_vu_client_attempts(const struct vhd_vu_client *cl)
 
 unsigned vhd_vu_client_sessions(const struct vhd_vu_client *cl)
 {
-    return cl->sessions;
+    return cl->sess.count;
 }
 
 unsigned vhd_vu_client_next_delay_ms(const struct vhd_vu_client *cl)
 {
-    return cl->conn ? 0 : cl->next_delay_ms;
+    return cl->sess.conn ? 0 : cl->next_delay_ms;
 }
 
 bool vhd_vu_client_disabled(const struct vhd_vu_client *cl)
 {
-    return cl->disabled;
+    return cl->sess.disabled;
 }

@@ -17,6 +17,7 @@
 
 #include "runtime/log.h"
 #include "vu_server.h"
+#include "vu_session.h"
 
 /* Pending connections the kernel queues while we are busy; only one is served. */
 #define SERVER_BACKLOG 8
@@ -29,10 +30,7 @@ struct vhd_vu_server {
     struct vhd_ctl_src *listen_src;
     dev_t sock_dev; /* identity of the socket file we bound, for a safe unlink */
     ino_t sock_ino;
-    struct vhd_vu_conn *conn; /* current session or NULL */
-    struct vhd_ctl_src *conn_src;
-    unsigned sessions;
-    bool disabled; /* a queue could not be stopped: the device is unusable */
+    struct vhd_vu_session sess;
 };
 
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
@@ -86,19 +84,9 @@ static int socket_is_live(const struct sockaddr_un *sa)
 
 static void server_end_session(struct vhd_vu_server *srv)
 {
-    if (!srv->conn)
-        return;
-    vhd_ctl_del(srv->conn_src);
-    srv->conn_src = NULL;
-    int rc = vhd_vu_conn_free(srv->conn);
-    srv->conn = NULL;
-    if (rc == -EBUSY) {
-        srv->disabled = true;
-        vhd_log(VHD_LOG_ERROR, "%s: device disabled: a queue could not be stopped", srv->dev->name);
-    } else {
+    if (vhd_vu_session_end(&srv->sess, srv->dev) == 1)
         vhd_log(VHD_LOG_INFO, "%s: session ended; device reset, waiting for a front-end",
                 srv->dev->name);
-    }
 }
 
 static void on_conn(void *opaque, uint32_t events)
@@ -106,9 +94,7 @@ static void on_conn(void *opaque, uint32_t events)
     struct vhd_vu_server *srv = opaque;
 
     (void)events; /* EPOLLHUP/EPOLLERR show up as EOF or an error when reading */
-    if (!srv->conn)
-        return;
-    if (vhd_vu_conn_process(srv->conn) < 0)
+    if (!vhd_vu_session_serve(&srv->sess))
         server_end_session(srv);
 }
 
@@ -127,27 +113,20 @@ static void on_accept(void *opaque, uint32_t events)
                            strerror(errno));
             return;
         }
-        if (srv->conn || srv->disabled) {
+        if (srv->sess.conn || srv->sess.disabled) {
             VHD_LOG_RL(VHD_LOG_WARN, "%s: connection on %s refused: %s", srv->dev->name, srv->path,
-                       srv->disabled ? "device disabled" : "a front-end session is active");
+                       srv->sess.disabled ? "device disabled" : "a front-end session is active");
             close(fd);
             continue;
         }
-        struct vhd_vu_conn *c = NULL;
-        int rc = vhd_vu_conn_new(srv->dev, fd, &c); /* takes fd */
+        enum vhd_vu_session_step failed;
+        int rc = vhd_vu_session_start(&srv->sess, srv->ctl, srv->dev, fd, on_conn, srv, &failed);
         if (rc < 0) {
-            vhd_log(VHD_LOG_ERROR, "%s: cannot start a session: %s", srv->dev->name, strerror(-rc));
-            continue;
-        }
-        rc = vhd_ctl_add(srv->ctl, vhd_vu_conn_fd(c), EPOLLIN, on_conn, srv, &srv->conn_src);
-        if (rc < 0) {
-            vhd_log(VHD_LOG_ERROR, "%s: cannot watch the session: %s", srv->dev->name,
+            vhd_log(VHD_LOG_ERROR, "%s: cannot %s: %s", srv->dev->name,
+                    failed == VHD_VU_SESSION_CONN ? "start a session" : "watch the session",
                     strerror(-rc));
-            (void)vhd_vu_conn_free(c);
             continue;
         }
-        srv->conn = c;
-        srv->sessions++;
         vhd_log(VHD_LOG_INFO, "%s: front-end connected on %s", srv->dev->name, srv->path);
     }
 }
@@ -270,12 +249,12 @@ void vhd_vu_server_free(struct vhd_vu_server *srv)
 
 struct vhd_vu_conn *vhd_vu_server_conn(const struct vhd_vu_server *srv)
 {
-    return srv->conn;
+    return srv->sess.conn;
 }
 
 bool vhd_vu_server_check_queues(struct vhd_vu_server *srv)
 {
-    return srv->conn ? vhd_vu_conn_check_queues(srv->conn) : false;
+    return vhd_vu_session_check_queues(&srv->sess);
 }
 
 const char *vhd_vu_server_path(const struct vhd_vu_server *srv)
@@ -285,10 +264,10 @@ const char *vhd_vu_server_path(const struct vhd_vu_server *srv)
 
 unsigned vhd_vu_server_sessions(const struct vhd_vu_server *srv)
 {
-    return srv->sessions;
+    return srv->sess.count;
 }
 
 bool vhd_vu_server_disabled(const struct vhd_vu_server *srv)
 {
-    return srv->disabled;
+    return srv->sess.disabled;
 }
