@@ -45,23 +45,40 @@ static int chain_case(struct vhd_chaos_ctx *ctx, bool packed, bool indirect,
     return rc;
 }
 
+/* A struct vhd_chaos_pd (split_chain, packed_publish): a buffer at window-0 offset off. */
+#define GDESC(off, len, flags)                      \
+    {                                               \
+        vhd_chaos__gpa(s, (off)), (len), 0, (flags) \
+    }
+
+/*
+ * d[0..n) as descriptors 0..n-1 of ring 0, each linked to the one after it
+ * (the last to 0; the flags say whether the link counts), published as
+ * head 0 at avail index 1. The ids are not used.
+ */
+static void split_chain(struct vhd_chaos_sess *s, const struct vhd_chaos_pd *d, uint16_t n)
+{
+    for (uint16_t i = 0; i < n; i++)
+        vhd_chaos__sdesc(s, OFF_R0, i, d[i].addr, d[i].len, d[i].flags,
+                         (uint16_t)(i + 1 < n ? i + 1 : 0));
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+}
+
 static void b_control(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 static void b_loop(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 512,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 512, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE)};
+    split_chain(s, d, 2);
 }
 
 static void b_longer_than_queue(struct vhd_chaos_sess *s)
@@ -96,52 +113,51 @@ static void b_avail_jump(struct vhd_chaos_sess *s)
 static void b_addr_outside(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, 0x1000, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     {0x1000, 4096, 0, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE},
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* A data buffer running past the end of guest memory (window 1's end). */
 static void b_addr_past_end(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, s->m->win[1].gpa + VHD_CHAOS_WIN_SIZE - 512, 4096,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     {s->m->win[1].gpa + VHD_CHAOS_WIN_SIZE - 512, 4096, 0,
+                                      VRING_DESC_F_NEXT | VRING_DESC_F_WRITE},
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 static void b_len_wraps(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, UINT64_MAX - 255, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
-                     2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {
+        GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+        {UINT64_MAX - 255, 4096, 0, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE},
+        GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* Readable after writable. */
 static void b_write_before_read(struct vhd_chaos_sess *s)
 {
     std_in(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_DATA), 4096,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* The status byte in a device-readable buffer: nothing may write it. */
 static void b_status_readonly(struct vhd_chaos_sess *s)
 {
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_NEXT, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, 0, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_STAT, 1, 0)};
+    split_chain(s, d, 3);
 }
 
 /* An 8-byte request header. */
@@ -149,9 +165,9 @@ static void b_hdr_short(struct vhd_chaos_sess *s)
 {
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 8, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 8, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 2);
 }
 
 /* A zero-length header descriptor (and a zero-length data one). */
@@ -159,11 +175,10 @@ static void b_zero_len(struct vhd_chaos_sess *s)
 {
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 0, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 0,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 0, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 0, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* A read beyond the device's capacity (sector 2^60). */
@@ -222,10 +237,9 @@ static void b_ind_nested(struct vhd_chaos_sess *s)
 static void b_ind_with_next(struct vhd_chaos_sess *s)
 {
     ind_std(s);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_IND), 48,
-                     VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_IND, 48, VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 2);
 }
 
 static void b_ind_loop(struct vhd_chaos_sess *s)
@@ -350,10 +364,10 @@ static void b_in_readonly_data(struct vhd_chaos_sess *s)
 {
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096, VRING_DESC_F_NEXT, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* An OUT request whose data buffer is device-writable (no data to write at all). */
@@ -362,11 +376,10 @@ static void b_out_writable_data(struct vhd_chaos_sess *s)
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_OUT, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
     vhd_chaos__allow(s, OFF_DATA, 4096);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4096,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* GET_ID into a 4-byte buffer: at most those 4 bytes (and the status) are written. */
@@ -375,11 +388,10 @@ static void b_get_id_short(struct vhd_chaos_sess *s)
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_GET_ID, 0);
     vhd_chaos__allow(s, OFF_STAT, 1);
     vhd_chaos__allow(s, OFF_DATA, 4);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_DATA), 4,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_DATA, 4, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 /* A read of 250 segments of 512 bytes through an indirect table (more than seg_max). */
@@ -770,11 +782,10 @@ static void b_data_over_desc(struct vhd_chaos_sess *s)
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
     vhd_chaos__allow(s, OFF_R0, 4096);
-    vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_HDR), 16, VRING_DESC_F_NEXT, 1);
-    vhd_chaos__sdesc(s, OFF_R0, 1, vhd_chaos__gpa(s, OFF_R0), 4096,
-                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
-    vhd_chaos__sdesc(s, OFF_R0, 2, vhd_chaos__gpa(s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
-    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    const struct vhd_chaos_pd d[] = {GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT),
+                                     GDESC(OFF_R0, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE),
+                                     GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE)};
+    split_chain(s, d, 3);
 }
 
 static int c_data_over_desc(struct vhd_chaos_ctx *ctx)
@@ -1106,10 +1117,9 @@ static int c_err_eventfd_full(struct vhd_chaos_ctx *ctx)
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
 {
     std_in(s);
-    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 16, 0, VRING_DESC_F_NEXT};
-    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_DATA), 4096, 0,
-                                 VRING_DESC_F_NEXT | VRING_DESC_F_WRITE};
-    d[2] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+    d[0] = (struct vhd_chaos_pd)GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT);
+    d[1] = (struct vhd_chaos_pd)GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE);
+    d[2] = (struct vhd_chaos_pd)GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE);
 }
 
 static void p_control(struct vhd_chaos_sess *s)
@@ -1150,8 +1160,8 @@ static void p_hdr_short(struct vhd_chaos_sess *s)
     struct vhd_chaos_pd d[2];
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
     vhd_chaos__allow(s, OFF_STAT, 1);
-    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 4, 0, VRING_DESC_F_NEXT};
-    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+    d[0] = (struct vhd_chaos_pd)GDESC(OFF_HDR, 4, VRING_DESC_F_NEXT);
+    d[1] = (struct vhd_chaos_pd)GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE);
     vhd_chaos__packed_publish(s, OFF_R0, d, 2);
 }
 
@@ -1174,7 +1184,7 @@ static void p_ind_nested(struct vhd_chaos_sess *s)
     ind_std(s);
     idesc(s, 0, 1, vhd_chaos__gpa(s, OFF_IND + 0x400), 16,
           VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT, 2);
-    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_IND), 48, 0, VRING_DESC_F_INDIRECT};
+    d[0] = (struct vhd_chaos_pd)GDESC(OFF_IND, 48, VRING_DESC_F_INDIRECT);
     vhd_chaos__packed_publish(s, OFF_R0, d, 1);
 }
 
@@ -1182,9 +1192,8 @@ static void p_ind_in_chain(struct vhd_chaos_sess *s)
 {
     struct vhd_chaos_pd d[2];
     ind_std(s);
-    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_IND), 48, 0,
-                                 VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT};
-    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, VRING_DESC_F_WRITE};
+    d[0] = (struct vhd_chaos_pd)GDESC(OFF_IND, 48, VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT);
+    d[1] = (struct vhd_chaos_pd)GDESC(OFF_STAT, 1, VRING_DESC_F_WRITE);
     vhd_chaos__packed_publish(s, OFF_R0, d, 2);
 }
 
@@ -1193,9 +1202,9 @@ static void p_status_readonly(struct vhd_chaos_sess *s)
 {
     struct vhd_chaos_pd d[3];
     vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
-    d[0] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_HDR), 16, 0, VRING_DESC_F_NEXT};
-    d[1] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_DATA), 4096, 0, VRING_DESC_F_NEXT};
-    d[2] = (struct vhd_chaos_pd){vhd_chaos__gpa(s, OFF_STAT), 1, 0, 0};
+    d[0] = (struct vhd_chaos_pd)GDESC(OFF_HDR, 16, VRING_DESC_F_NEXT);
+    d[1] = (struct vhd_chaos_pd)GDESC(OFF_DATA, 4096, VRING_DESC_F_NEXT);
+    d[2] = (struct vhd_chaos_pd)GDESC(OFF_STAT, 1, 0);
     vhd_chaos__packed_publish(s, OFF_R0, d, 3);
 }
 
