@@ -182,23 +182,6 @@ static uint8_t *gptr(uint64_t gpa, uint64_t len)
     return vhd_guestmem_ptr(&gm, gpa, len);
 }
 
-/* Copy into guest memory, region by region (the range may cross the boundary). */
-static void gwrite(uint64_t gpa, const void *src, size_t len)
-{
-    const uint8_t *s = src;
-    for (size_t i = 0; i < len; i++) {
-        uint8_t *p = gptr(gpa + i, 1);
-        if (p)
-            *p = s[i];
-    }
-}
-
-static uint8_t gread8(uint64_t gpa)
-{
-    uint8_t *p = gptr(gpa, 1);
-    return p ? *p : 0;
-}
-
 /* What we remember of a queued request. */
 struct sent {
     bool queued;
@@ -280,7 +263,7 @@ static bool add_request(struct in *in, struct vhd_drv_vq *dq, bool indirect, uin
     for (uint32_t i = 0; i < nr && done < fill; i++) {
         uint64_t n = bufs[i].len < fill - done ? bufs[i].len : fill - done;
         if (bufs[i].gpa != BAD_GPA)
-            gwrite(bufs[i].gpa, rbuf + done, n);
+            fuzz_gwrite(&gm, bufs[i].gpa, rbuf + done, n);
         done += n;
     }
     /* Mark the writable bytes so an unwritten status is recognisable. */
@@ -432,7 +415,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             s->done = true;
             FUZZ_CHECK(len <= s->wlen);
             if (len && s->status_known) {
-                uint8_t st = gread8(s->status_gpa);
+                uint8_t st = fuzz_gread8(&gm, s->status_gpa);
                 FUZZ_CHECK(st == VIRTIO_BLK_S_OK || st == VIRTIO_BLK_S_IOERR ||
                            st == VIRTIO_BLK_S_UNSUPP);
             }

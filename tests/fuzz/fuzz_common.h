@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Pieces the libFuzzer targets share: the entry point's prototype, an
- * invariant check that aborts (so libFuzzer keeps the input), and a reader
+ * invariant check that aborts (so libFuzzer keeps the input), a reader
  * that takes little-endian values off the input, giving zeros once it runs
- * out.
+ * out, and byte-wise guest memory access.
  */
 #ifndef VHD_FUZZ_COMMON_H
 #define VHD_FUZZ_COMMON_H
@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "driver/guestmem.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -64,6 +66,25 @@ static inline void fill(struct in *in, void *dst, size_t len)
     memset((uint8_t *)dst + n, 0, len - n);
     in->p += n;
     in->n -= n;
+}
+
+/* Copy into guest memory byte by byte (the range may cross a region boundary; bytes outside memory
+ * are dropped). */
+static inline void fuzz_gwrite(struct vhd_guestmem *gm, uint64_t gpa, const void *src, size_t len)
+{
+    const uint8_t *s = src;
+    for (size_t i = 0; i < len; i++) {
+        uint8_t *p = vhd_guestmem_ptr(gm, gpa + i, 1);
+        if (p)
+            *p = s[i];
+    }
+}
+
+/* The guest byte at gpa (0 outside memory). */
+static inline uint8_t fuzz_gread8(struct vhd_guestmem *gm, uint64_t gpa)
+{
+    uint8_t *p = vhd_guestmem_ptr(gm, gpa, 1);
+    return p ? *p : 0;
 }
 
 #endif /* VHD_FUZZ_COMMON_H */

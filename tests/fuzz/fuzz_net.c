@@ -126,22 +126,6 @@ static uint8_t *gptr(uint64_t gpa, uint64_t len)
     return vhd_guestmem_ptr(&gm, gpa, len);
 }
 
-/* Copy into guest memory byte by byte (ranges may cross the region boundary). */
-static void gwrite(uint64_t gpa, const uint8_t *src, size_t len)
-{
-    for (size_t i = 0; i < len; i++) {
-        uint8_t *p = gptr(gpa + i, 1);
-        if (p)
-            *p = src[i];
-    }
-}
-
-static uint8_t gread8(uint64_t gpa)
-{
-    uint8_t *p = gptr(gpa, 1);
-    return p ? *p : 0;
-}
-
 /* What we remember of a queued chain. */
 struct sent {
     bool queued, done;
@@ -212,7 +196,7 @@ static bool add_chain(struct in *in, struct ring *r, bool indirect, uint64_t *cu
         for (uint32_t k = 0; k < bufs[i].len; k++, off++) {
             uint8_t b = off < headlen ? head[off] : get8(in);
             if (bufs[i].gpa != BAD_GPA)
-                gwrite(bufs[i].gpa + k, &b, 1);
+                fuzz_gwrite(&gm, bufs[i].gpa + k, &b, 1);
         }
     }
     /* Writable bytes: a marker, so unwritten bytes are recognisable. */
@@ -253,13 +237,14 @@ static void collect(struct ring *r, int which, bool mrg)
         if (which == R_CTRL) {
             FUZZ_CHECK(len <= 1);
             if (len == 1 && s->first_w_ok) {
-                uint8_t ack = gread8(s->first_w);
+                uint8_t ack = fuzz_gread8(&gm, s->first_w);
                 FUZZ_CHECK(ack == VIRTIO_NET_OK || ack == VIRTIO_NET_ERR);
             }
         }
         if (which == R_RX && len >= HDR && s->first_w_ok) {
             /* The first buffer of a packet starts with the header; later ones are data. */
-            uint16_t nb = (uint16_t)(gread8(s->first_w + 10) | gread8(s->first_w + 11) << 8);
+            uint16_t nb = (uint16_t)(fuzz_gread8(&gm, s->first_w + 10) |
+                                     fuzz_gread8(&gm, s->first_w + 11) << 8);
             if (!mrg)
                 FUZZ_CHECK(nb == 1);
         }
