@@ -44,40 +44,9 @@ MAX_DELAY_MS=1200
 # Bound on waiting for QEMU to reconnect to a restarted vhostd (its reconnect period is 1 s).
 SESSION_WAIT_S=30
 
-passed=0
-failed=0
-vhostd_pid=""
-guest_pid=""
-WORK=""
-
-# stop_vhostd: SIGTERM, wait up to 10 s, then SIGKILL; the exit status in $vhostd_status.
-vhostd_status=0
-stop_vhostd() {
-    local i=0 st=0
-    vhostd_status=0
-    [ -n "$vhostd_pid" ] || return 0
-    kill -TERM "$vhostd_pid" 2>/dev/null || true
-    while kill -0 "$vhostd_pid" 2>/dev/null && [ $i -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -9 "$vhostd_pid" 2>/dev/null || true
-    wait "$vhostd_pid" || st=$?
-    vhostd_pid=""
-    vhostd_status=$st
-}
-
-cleanup() {
-    # Only processes this script started, by pid.
-    if [ -n "$guest_pid" ]; then
-        kill "$guest_pid" 2>/dev/null || true # run-guest.sh stops its QEMU in its own trap
-        wait "$guest_pid" 2>/dev/null || true
-    fi
-    stop_vhostd
-    [ -n "$WORK" ] && rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'echo "vhostd-crash: interrupted"; exit 130' INT TERM
+SCRIPT_NAME=vhostd-crash
+# shellcheck source=tests/guest/lib.sh
+. "$HERE/lib.sh"
 
 [ -x "$VHOSTD" ] || { echo "vhostd-crash: $VHOSTD not built"; echo "0 passed, 1 failed"; exit 1; }
 "$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'

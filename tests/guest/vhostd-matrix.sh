@@ -25,41 +25,9 @@ MATRIX_DEADLINE=${MATRIX_DEADLINE:-1200}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 
-passed=0
-failed=0
-vhostd_pid=""
-guest_pid=""
-WORK=""
-
-# stop_vhostd: SIGTERM, wait up to 10 s; vhostd's exit status in $vhostd_status (137 if it
-# had to be killed). Not for a $(...) subshell: wait needs the parent shell.
-vhostd_status=0
-stop_vhostd() {
-    local i=0 st=0
-    vhostd_status=0
-    [ -n "$vhostd_pid" ] || return 0
-    kill -TERM "$vhostd_pid" 2>/dev/null || true
-    while kill -0 "$vhostd_pid" 2>/dev/null && [ $i -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -9 "$vhostd_pid" 2>/dev/null || true
-    wait "$vhostd_pid" || st=$?
-    vhostd_pid=""
-    vhostd_status=$st
-}
-
-cleanup() {
-    # Only processes this script started, by pid.
-    if [ -n "$guest_pid" ]; then
-        kill "$guest_pid" 2>/dev/null || true # run-guest.sh stops its QEMU in its own trap
-        wait "$guest_pid" 2>/dev/null || true
-    fi
-    stop_vhostd
-    [ -n "$WORK" ] && rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'echo "vhostd-matrix: interrupted"; exit 130' INT TERM
+SCRIPT_NAME=vhostd-matrix
+# shellcheck source=tests/guest/lib.sh
+. "$HERE/lib.sh"
 
 [ -x "$VHOSTD" ] || { echo "vhostd-matrix: $VHOSTD not built"; exit 1; }
 "$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'
