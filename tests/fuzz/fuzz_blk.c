@@ -153,17 +153,10 @@ static struct vhd_dev *make_dev(int i, const char *backend, uint32_t bs, bool ro
 
 static void setup_once(void)
 {
-    struct vhd_mem_region_desc d[2];
 
     vhd_log_set_level(VHD_LOG_ERROR);
-    if (vhd_guestmem_init(&gm, 2, RSZ, MEM_GPA, 0) < 0)
-        abort();
-    vhd_guestmem_descs(&gm, d);
-    if (vhd_mem_new(d, 2, &mem) < 0)
-        abort();
-    area_len = vhd_drv_vq_area_size(QSIZE, true, MAX_BUFS);
-    if (vhd_drv_vq_area_size(QSIZE, false, MAX_BUFS) > area_len)
-        area_len = vhd_drv_vq_area_size(QSIZE, false, MAX_BUFS);
+    fuzz_guestmem(&gm, 2, RSZ, MEM_GPA, &mem);
+    area_len = fuzz_area_len(QSIZE, MAX_BUFS);
     area_gpa = vhd_guestmem_alloc(&gm, area_len, 4096, &area);
     if (area_gpa == UINT64_MAX || area_gpa + area_len > ARENA_GPA)
         abort();

@@ -3,7 +3,7 @@
  * Pieces the libFuzzer targets share: the entry point's prototype, an
  * invariant check that aborts (so libFuzzer keeps the input), a reader
  * that takes little-endian values off the input, giving zeros once it runs
- * out, and byte-wise guest memory access.
+ * out, guest memory set-up and byte-wise access.
  */
 #ifndef VHD_FUZZ_COMMON_H
 #define VHD_FUZZ_COMMON_H
@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "driver/guestmem.h"
+#include "driver/vring.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -66,6 +68,30 @@ static inline void fill(struct in *in, void *dst, size_t len)
     memset((uint8_t *)dst + n, 0, len - n);
     in->p += n;
     in->n -= n;
+}
+
+/*
+ * Guest memory of n regions of rsz bytes each from guest address gpa
+ * (adjacent, mapped apart) and its memory table in *mem; aborts on failure.
+ */
+static inline void fuzz_guestmem(struct vhd_guestmem *gm, uint32_t n, uint64_t rsz, uint64_t gpa,
+                                 struct vhd_mem **mem)
+{
+    struct vhd_mem_region_desc d[VHD_GUESTMEM_MAX_REGIONS];
+
+    if (n > VHD_GUESTMEM_MAX_REGIONS || vhd_guestmem_init(gm, n, rsz, gpa, 0) < 0)
+        abort();
+    vhd_guestmem_descs(gm, d);
+    if (vhd_mem_new(d, n, mem) < 0)
+        abort();
+}
+
+/* Bytes of a driver ring area that holds either layout (split or packed). */
+static inline size_t fuzz_area_len(uint32_t qsize, uint32_t max_indirect)
+{
+    size_t split = vhd_drv_vq_area_size(qsize, false, max_indirect);
+    size_t packed = vhd_drv_vq_area_size(qsize, true, max_indirect);
+    return split > packed ? split : packed;
 }
 
 /* Copy into guest memory byte by byte (the range may cross a region boundary; bytes outside memory

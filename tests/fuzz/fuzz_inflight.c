@@ -65,12 +65,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct vhd_vq vq;
 
     if (!once) {
-        struct vhd_mem_region_desc d;
-        if (vhd_guestmem_init(&gm, 1, RSZ, GPA, 0) < 0)
-            abort();
-        vhd_guestmem_descs(&gm, &d);
-        if (vhd_mem_new(&d, 1, &mem) < 0)
-            abort();
+        fuzz_guestmem(&gm, 1, RSZ, GPA, &mem);
         once = true;
     }
 

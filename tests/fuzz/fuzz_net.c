@@ -96,19 +96,12 @@ static struct vhd_dev *dev;
 
 static void setup_once(void)
 {
-    struct vhd_mem_region_desc d[2];
     struct vhd_net_opts o = {.name = "fuzz", .pairs = PAIRS, .allow_packed = true};
     char err[256];
 
     vhd_log_set_level(VHD_LOG_ERROR);
-    if (vhd_guestmem_init(&gm, 2, RSZ, MEM_GPA, 0) < 0)
-        abort();
-    vhd_guestmem_descs(&gm, d);
-    if (vhd_mem_new(d, 2, &mem) < 0)
-        abort();
-    area_len = vhd_drv_vq_area_size(QSIZE, true, MAX_BUFS);
-    if (vhd_drv_vq_area_size(QSIZE, false, MAX_BUFS) > area_len)
-        area_len = vhd_drv_vq_area_size(QSIZE, false, MAX_BUFS);
+    fuzz_guestmem(&gm, 2, RSZ, MEM_GPA, &mem);
+    area_len = fuzz_area_len(QSIZE, MAX_BUFS);
     for (int i = 0; i < NRINGS; i++) {
         area_gpa[i] = vhd_guestmem_alloc(&gm, area_len, 4096, &area[i]);
         if (area_gpa[i] == UINT64_MAX || area_gpa[i] + area_len > ARENA_GPA)
