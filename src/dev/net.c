@@ -160,6 +160,11 @@ struct net_queue {
 
 /* Counters are written by one thread and read by any: relaxed store of the new value, no RMW. */
 #define STAT_ADD(field, v) vhd_store_relaxed(&(field), (field) + (v))
+#define STAT_MAX(field, v)                    \
+    do {                                      \
+        if ((v) > (field))                    \
+            vhd_store_relaxed(&(field), (v)); \
+    } while (0)
 
 static struct vhd_net *to_net(struct vhd_dev *dev)
 {
@@ -562,6 +567,7 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
     STAT_ADD(rq->st.packets, 1);
     STAT_ADD(rq->st.bytes, f->len);
     STAT_ADD(rq->st.buffers, nbufs);
+    STAT_MAX(rq->st.largest, (uint64_t)f->len);
     return 0;
 }
 
@@ -704,7 +710,7 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
     struct vhd_net_backend *be = net->be;
     struct vhd_worker *self = q->worker;
     bool enabled = q->enabled;
-    uint64_t pkts = 0, bytes = 0, drops = 0, errs = 0;
+    uint64_t pkts = 0, bytes = 0, drops = 0, errs = 0, largest = 0;
     struct vhd_vq_chain cs[TX_BURST];
     uint32_t offs[TX_BURST];
     unsigned n = 0;
@@ -740,6 +746,7 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
                 } else {
                     pkts++;
                     bytes += f.len;
+                    largest = f.len > largest ? f.len : largest;
                     if (vhd_unlikely(be->ops->tx(be, tq->pair, self, &f) < 0))
                         drops++;
                 }
@@ -763,6 +770,7 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
     STAT_ADD(tq->st.bytes, bytes);
     STAT_ADD(tq->st.drops, drops);
     STAT_ADD(tq->st.errors, errs);
+    STAT_MAX(tq->st.largest, largest);
     if (rc >= 0 && prc < 0)
         rc = prc;
     return rc < 0 ? rc : (int)n;
@@ -1019,6 +1027,7 @@ static void net_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
         t->drops += nq->st.drops;
         t->errors += nq->st.errors;
         t->buffers += nq->st.buffers;
+        t->largest = nq->st.largest > t->largest ? nq->st.largest : t->largest;
     }
     free(nq);
     q->priv = NULL;
@@ -1439,6 +1448,8 @@ int vhd_net_queue_stats(const struct vhd_dev *dev, uint32_t q, struct vhd_net_qu
         out->drops += vhd_load_relaxed(&nq->st.drops);
         out->errors += vhd_load_relaxed(&nq->st.errors);
         out->buffers += vhd_load_relaxed(&nq->st.buffers);
+        uint64_t largest = vhd_load_relaxed(&nq->st.largest);
+        out->largest = largest > out->largest ? largest : out->largest;
     }
     return 0;
 }
@@ -1460,11 +1471,11 @@ void vhd_net_log_stats(const struct vhd_dev *dev, const char *why)
             role = i == 2 * net->pairs ? NET_Q_CTRL : (i & 1) ? NET_Q_TX : NET_Q_RX;
         vhd_log(VHD_LOG_INFO,
                 "%s: stats (%s): queue %u (%s %u): packets=%llu bytes=%llu drops=%llu "
-                "errors=%llu buffers=%llu",
+                "errors=%llu buffers=%llu largest=%llu",
                 dev->name, why, i, role_names[role], role == NET_Q_CTRL ? 0 : i / 2,
                 (unsigned long long)st.packets, (unsigned long long)st.bytes,
                 (unsigned long long)st.drops, (unsigned long long)st.errors,
-                (unsigned long long)st.buffers);
+                (unsigned long long)st.buffers, (unsigned long long)st.largest);
         sum[role].packets += st.packets;
         sum[role].bytes += st.bytes;
         sum[role].drops += st.drops;

@@ -115,6 +115,8 @@ struct vhd_net_queue_stats {
     uint64_t drops;
     uint64_t errors;
     uint64_t buffers; /* receive: buffers used (> packets with merged buffers) */
+    uint64_t largest; /* longest frame seen, bytes (without the virtio-net header): above the
+                         MTU only when segmentation offloads are in use */
 };
 
 /*
@@ -129,7 +131,7 @@ int vhd_net_queue_stats(const struct vhd_dev *dev, uint32_t q, struct vhd_net_qu
 /*
  * vhd_net_log_stats - one info line per queue that saw traffic, of the form
  * "NAME: stats (WHY): queue Q (rx|tx|ctrl P): packets=.. bytes=.. drops=..
- * errors=.. buffers=..", then a device total line. Control thread.
+ * errors=.. buffers=.. largest=..", then a device total line. Control thread.
  */
 void vhd_net_log_stats(const struct vhd_dev *dev, const char *why);
 

@@ -145,8 +145,10 @@ stop_all
 
 # ---- (d) segmentation offloads through TAP: 10 MiB each way over TCP ----
 # The guest negotiates HOST_TSO4 and GUEST_TSO4 (the TAP offers them when the kernel takes
-# TUN_F_TSO4): vhostd's per-queue counters must show frames larger than the MTU on average in
-# both directions, and every byte must arrive. busybox nc on both sides.
+# TUN_F_TSO4): vhostd's per-queue counters must show frames larger than the MTU (largest=) in
+# both directions, and every byte must arrive. busybox nc on both sides. (Not the average frame:
+# it mixes in the pure ACKs, and how big the senders' TSO bursts get depends on their pacing, so
+# on a loaded host it can stay under the MTU with segmentation offload working.)
 echo "== tap offloads: 10 MiB guest -> host and host -> guest over TCP through the TAP"
 start_vhostd tso --net "socket=$work/tso.sock,backend=tap,tap=vhdtso0"
 up=0
@@ -186,13 +188,15 @@ if [ "$up" = 1 ] && ip -n "$ns" addr add 192.0.2.1/24 dev vhdtso0 && ip -n "$ns"
     }
     tavg=$(avg "$txq")
     ravg=$(avg "$rxq")
+    tmax=$(grep -Eo 'largest=[0-9]+' <<<"$txq" | cut -d= -f2)
+    rmax=$(grep -Eo 'largest=[0-9]+' <<<"$rxq" | cut -d= -f2)
     if [ "${got_host:-0}" != "$bytes" ] || [ "${got_guest:-0}" != "$bytes" ]; then
         ko "tap offloads: bytes host got ${got_host:-none}, guest got ${got_guest:-none} (want $bytes)"
         tail -n 15 "$work/tso.out" | sed 's/^/   | /'
-    elif [ "$tavg" -le 1514 ] || [ "$ravg" -le 1514 ]; then
-        ko "tap offloads: average frame guest->host $tavg, host->guest $ravg bytes (no GSO?)"
+    elif [ "${tmax:-0}" -le 1514 ] || [ "${rmax:-0}" -le 1514 ]; then
+        ko "tap offloads: largest frame guest->host ${tmax:-none}, host->guest ${rmax:-none} bytes (no GSO?)"
     else
-        ok "tap offloads: 10 MiB each way; average frame guest->host $tavg, host->guest $ravg bytes"
+        ok "tap offloads: 10 MiB each way; largest frame guest->host $tmax, host->guest $rmax bytes (average $tavg, $ravg: pure ACKs and the senders' pacing make it vary)"
     fi
 else
     ko "tap offloads: vhostd did not create vhdtso0"

@@ -392,6 +392,8 @@ static void loopback_pairs(const struct tb_opts *o)
         VHD_CHECK_EQ(rx.buffers, 3);
         VHD_CHECK_EQ(tx.bytes, rx.bytes);
         VHD_CHECK_EQ(tx.bytes, 3 * (60 + 17 * p) + 0 + 1 + 2);
+        VHD_CHECK_EQ(tx.largest, 60 + 17 * p + 2); /* the last round's frame is the longest */
+        VHD_CHECK_EQ(rx.largest, 60 + 17 * p + 2);
         VHD_CHECK_EQ(tx.drops + tx.errors + rx.drops + rx.errors, 0);
     }
     tb_fini(&t);
