@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "../daemon/options.h"
+#include "bench_report.h"
 #include "vhostd/blk_driver.h"
 #include "vhostd/net_driver.h"
 
@@ -90,17 +91,6 @@ static void usage(FILE *f)
         "\n"
         "SIZE accepts k, m, g, t suffixes (powers of 1024).\n",
         f);
-}
-
-static int parse_uint(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
@@ -183,7 +173,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             break;
         }
         case O_MIX:
-            if (parse_uint(a, 0, 100, &v))
+            if (bench_parse_uint(a, 0, 100, &v))
                 goto bad;
             o->rwmixread = (unsigned)v;
             break;
@@ -192,25 +182,19 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 goto bad;
             break;
         case O_DEPTH:
-            if (parse_uint(a, 1, 32768, &v))
+            if (bench_parse_uint(a, 1, 32768, &v))
                 goto bad;
             o->iodepth = (unsigned)v;
             break;
         case O_JOBS:
-            if (parse_uint(a, 1, 64, &v))
+            if (bench_parse_uint(a, 1, 64, &v))
                 goto bad;
             o->numjobs = (unsigned)v;
             break;
-        case O_RUNTIME: {
-            char *end;
-            errno = 0;
-            o->runtime = strtod(a, &end);
-            if (end != a && *end == 's') /* fio accepts "10s" */
-                end++;
-            if (errno || end == a || *end || !(o->runtime > 0))
+        case O_RUNTIME:
+            if (bench_parse_runtime(a, &o->runtime))
                 goto bad;
             break;
-        }
         case O_NIOS:
             if (vhd_parse_size(a, &o->number_ios) || o->number_ios == 0)
                 goto bad;
@@ -224,40 +208,32 @@ static int parse_opts(int argc, char **argv, struct opts *o)
                 goto bad;
             break;
         case O_RING:
-            if (!strcmp(a, "split"))
-                o->packed = false;
-            else if (!strcmp(a, "packed"))
-                o->packed = true;
-            else
+            if (bench_parse_ring(a, &o->packed))
                 goto bad;
             break;
         case O_QSIZE:
-            if (parse_uint(a, 1, 32768, &v))
+            if (bench_parse_uint(a, 1, 32768, &v))
                 goto bad;
             o->queue_size = (unsigned)v;
             break;
         case O_COMPL:
-            if (!strcmp(a, "poll"))
-                o->interrupt = false;
-            else if (!strcmp(a, "interrupt") || !strcmp(a, "irq"))
-                o->interrupt = true;
-            else
+            if (bench_parse_completion(a, &o->interrupt))
                 goto bad;
             break;
         case O_VERIFY:
-            if (parse_uint(a, 0, 1, &v))
+            if (bench_parse_uint(a, 0, 1, &v))
                 goto bad;
             o->verify = v;
             break;
         case O_VSEED:
-            if (parse_uint(a, 0, UINT64_MAX, &o->seed))
+            if (bench_parse_uint(a, 0, UINT64_MAX, &o->seed))
                 goto bad;
             break;
         case O_JSON:
             o->json = true;
             break;
         case O_INDIRECT:
-            if (parse_uint(a, 0, 1, &v))
+            if (bench_parse_uint(a, 0, 1, &v))
                 goto bad;
             o->indirect = (int)v;
             break;
@@ -271,23 +247,9 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         }
         continue;
     bad:
-        for (const struct option *l = lo; l->name; l++) {
-            if (l->val == c) {
-                fprintf(stderr, "vhostd-bench: invalid value for --%s: '%s'\n", l->name, a);
-                break;
-            }
-        }
-        return -1;
+        return bench_bad_value("vhostd-bench", lo, c, a);
     }
-    if (optind < argc) {
-        fprintf(stderr, "vhostd-bench: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
-    if (!o->socket) {
-        fprintf(stderr, "vhostd-bench: --socket=PATH is required\n");
-        return -1;
-    }
-    return 0;
+    return bench_check_rest("vhostd-bench", argc, argv, o->socket);
 }
 
 /* ======================= latency histogram ======================= */
@@ -389,16 +351,14 @@ struct io {
 enum phase { PHASE_MAIN, PHASE_VERIFY };
 
 struct job {
-    /* read by the progress thread (relaxed loads of single-writer counters) */
-    uint64_t ios_done;
-    uint64_t bytes_done;
-    int finished;
+    /* read by the reporter: live.done counts main-phase I/Os; live.t_start, t_end span the main
+       phase */
+    struct bench_live live;
     char pad0[64];
 
     unsigned index;
     const struct opts *o;
     struct vhd_blkdrv_queue *q;
-    pthread_t thread;
     uint64_t start, len, nblocks; /* range, bytes and blocks */
     uint64_t rng;
     uint64_t seq_next; /* next block of sequential modes */
@@ -411,33 +371,11 @@ struct job {
     /* results */
     struct hist hist;
     uint64_t reads, writes;
-    uint64_t t_start, t_end; /* main phase, ns */
     uint64_t verify_checked, verify_failed;
     struct vhd_blkdrv_queue_stats qstats; /* after the main phase */
     int error;                            /* first I/O error (-errno) */
     char errmsg[256];
 } __attribute__((aligned(64)));
-
-/* Set by SIGINT/SIGTERM (or a failed start); read by every job. */
-static int g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    __atomic_store_n(&g_stop, 1, __ATOMIC_RELAXED); /* lock-free: async-signal-safe */
-}
-
-static bool stopping(void)
-{
-    return __atomic_load_n(&g_stop, __ATOMIC_RELAXED) != 0;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* xorshift64*: fast, good enough for offsets and fill patterns. */
 static inline uint64_t rnd(uint64_t *s)
@@ -623,8 +561,7 @@ static void complete_io(struct job *j, struct io *io, const struct vhd_blkdrv_co
             j->writes++;
         else
             j->reads++;
-        __atomic_store_n(&j->ios_done, j->ios_done + 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&j->bytes_done, j->bytes_done + o->bs, __ATOMIC_RELAXED);
+        __atomic_store_n(&j->live.done, j->live.done + 1, __ATOMIC_RELAXED);
     }
     if (!o->verify)
         return;
@@ -656,13 +593,13 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
     const struct opts *o = j->o;
     struct vhd_blkdrv_completion comp[256];
     unsigned maxc = o->iodepth < 256 ? o->iodepth : 256;
-    uint64_t issued = 0, vblock = 0, inflight = 0, last_progress = now_ns();
+    uint64_t issued = 0, vblock = 0, inflight = 0, last_progress = bench_now_ns();
     bool done = false;
 
     while (!done || inflight) {
-        uint64_t t = now_ns();
-        if (!done &&
-            (stopping() || j->error || (deadline && t >= deadline) || (limit && issued >= limit)))
+        uint64_t t = bench_now_ns();
+        if (!done && (bench_stopping() || j->error || (deadline && t >= deadline) ||
+                      (limit && issued >= limit)))
             done = true;
         if (!done && j->free_io) {
             vhd_blkdrv_plug(j->q);
@@ -711,7 +648,7 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
             return;
         }
         if (n == 0) {
-            if (now_ns() - last_progress > (uint64_t)STALL_MS * 1000000ull) {
+            if (bench_now_ns() - last_progress > (uint64_t)STALL_MS * 1000000ull) {
                 job_error(j, -ETIMEDOUT,
                           "job %u: no completion for %d s with %" PRIu64
                           " requests in flight: the back-end is stuck",
@@ -720,7 +657,7 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
             }
             continue;
         }
-        t = now_ns();
+        t = bench_now_ns();
         last_progress = t;
         for (int i = 0; i < n; i++) {
             struct io *io = comp[i].cookie;
@@ -730,7 +667,7 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
         }
         inflight -= (uint64_t)n;
         if (ph == PHASE_MAIN)
-            j->t_end = t;
+            j->live.t_end = t;
     }
 }
 
@@ -739,17 +676,17 @@ static void *job_main(void *arg)
     struct job *j = arg;
     const struct opts *o = j->o;
 
-    j->t_start = now_ns();
-    j->t_end = j->t_start;
-    uint64_t deadline = o->runtime > 0 ? j->t_start + (uint64_t)(o->runtime * 1e9) : 0;
+    j->live.t_start = bench_now_ns();
+    j->live.t_end = j->live.t_start;
+    uint64_t deadline = o->runtime > 0 ? j->live.t_start + (uint64_t)(o->runtime * 1e9) : 0;
     uint64_t limit = o->number_ios;
     if (!limit && !deadline)
         limit = j->nblocks; /* fio's default: one pass over the range */
     run_phase(j, PHASE_MAIN, deadline, limit);
     vhd_blkdrv_queue_stats(j->q, &j->qstats);
-    if (!j->error && o->verify && has_writes(o->rw) && !stopping())
+    if (!j->error && o->verify && has_writes(o->rw) && !bench_stopping())
         run_phase(j, PHASE_VERIFY, 0, 0);
-    __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&j->live.finished, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -781,20 +718,6 @@ static void json_result(const struct result *r)
            r->ios, r->bytes, r->secs, r->iops, r->mbps, h->count ? (double)h->min / 1e3 : 0.0,
            avg / 1e3, (double)hist_pct(h, 0.50) / 1e3, (double)hist_pct(h, 0.99) / 1e3,
            (double)hist_pct(h, 0.999) / 1e3, (double)h->max / 1e3);
-}
-
-/* s as a JSON string body (quotes, backslashes and control characters escaped). */
-static void json_str(const char *s)
-{
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
 }
 
 /* ======================= net: packet-rate benchmark ======================= */
@@ -914,54 +837,40 @@ static int net_parse_opts(int argc, char **argv, struct net_opts *o)
             break;
         }
         case N_SIZE:
-            if (parse_uint(a, NET_MIN_FRAME, NET_MAX_FRAME, &v))
+            if (bench_parse_uint(a, NET_MIN_FRAME, NET_MAX_FRAME, &v))
                 goto bad;
             o->size = (unsigned)v;
             break;
         case N_PAIRS:
-            if (parse_uint(a, 1, VHD_NETDRV_MAX_PAIRS, &v))
+            if (bench_parse_uint(a, 1, VHD_NETDRV_MAX_PAIRS, &v))
                 goto bad;
             o->pairs = (unsigned)v;
             break;
-        case N_RUNTIME: {
-            char *end;
-            errno = 0;
-            o->runtime = strtod(a, &end);
-            if (end != a && *end == 's')
-                end++;
-            if (errno || end == a || *end || !(o->runtime > 0))
+        case N_RUNTIME:
+            if (bench_parse_runtime(a, &o->runtime))
                 goto bad;
             break;
-        }
         case N_RING:
-            if (!strcmp(a, "split"))
-                o->packed = false;
-            else if (!strcmp(a, "packed"))
-                o->packed = true;
-            else
+            if (bench_parse_ring(a, &o->packed))
                 goto bad;
             break;
         case N_MRG:
-            if (parse_uint(a, 0, 1, &v))
+            if (bench_parse_uint(a, 0, 1, &v))
                 goto bad;
             o->mrg = v;
             break;
         case N_QSIZE:
-            if (parse_uint(a, 1, 32768, &v))
+            if (bench_parse_uint(a, 1, 32768, &v))
                 goto bad;
             o->queue_size = (unsigned)v;
             break;
         case N_BURST:
-            if (parse_uint(a, 1, NET_MAX_BURST, &v))
+            if (bench_parse_uint(a, 1, NET_MAX_BURST, &v))
                 goto bad;
             o->burst = (unsigned)v;
             break;
         case N_COMPL:
-            if (!strcmp(a, "poll"))
-                o->interrupt = false;
-            else if (!strcmp(a, "interrupt") || !strcmp(a, "irq"))
-                o->interrupt = true;
-            else
+            if (bench_parse_completion(a, &o->interrupt))
                 goto bad;
             break;
         case N_JSON:
@@ -977,35 +886,21 @@ static int net_parse_opts(int argc, char **argv, struct net_opts *o)
         }
         continue;
     bad:
-        for (const struct option *l = lo; l->name; l++) {
-            if (l->val == c) {
-                fprintf(stderr, "vhostd-bench net: invalid value for --%s: '%s'\n", l->name, a);
-                break;
-            }
-        }
-        return -1;
+        return bench_bad_value("vhostd-bench net", lo, c, a);
     }
-    if (optind < argc) {
-        fprintf(stderr, "vhostd-bench net: unexpected argument '%s'\n", argv[optind]);
-        return -1;
-    }
-    if (!o->socket) {
-        fprintf(stderr, "vhostd-bench net: --socket=PATH is required\n");
-        return -1;
-    }
-    return 0;
+    return bench_check_rest("vhostd-bench net", argc, argv, o->socket);
 }
 
-/* One pair's thread. The counters are read by the progress loop (relaxed atomics). */
+/*
+ * One pair's thread. live.done is the mode's count, read by the progress loop
+ * (relaxed atomics): TX completions (tx) or frames received (rx, echo).
+ */
 struct net_job {
-    pthread_t thread;
+    struct bench_live live;
     const struct net_opts *o;
     struct vhd_netdrv_pair *p;
     unsigned index;
-    uint64_t packets; /* the mode's count: TX completions (tx) or frames received (rx, echo) */
-    uint64_t sent;    /* frames queued on TX */
-    uint64_t t_start, t_end;
-    int finished;
+    uint64_t sent; /* frames queued on TX */
     int error;
     struct vhd_netdrv_pair_stats st;
 } __attribute__((aligned(64)));
@@ -1025,7 +920,7 @@ static void *net_job_main(void *arg)
 
     if (!frame) {
         j->error = -ENOMEM;
-        __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
+        __atomic_store_n(&j->live.finished, 1, __ATOMIC_RELEASE);
         return NULL;
     }
     /* Broadcast destination, locally administered source, IPv4 ethertype; zero payload. */
@@ -1040,10 +935,10 @@ static void *net_job_main(void *arg)
         iov[k] = (struct iovec){frame, o->size};
 
     uint64_t received = 0, sent = 0, window = o->queue_size;
-    uint64_t t0 = now_ns(), deadline = t0 + (uint64_t)(o->runtime * 1e9);
-    j->t_start = t0;
+    uint64_t t0 = bench_now_ns(), deadline = t0 + (uint64_t)(o->runtime * 1e9);
+    j->live.t_start = t0;
     for (uint64_t it = 0;; it++) {
-        if ((it & 63) == 0 && (now_ns() >= deadline || stopping()))
+        if ((it & 63) == 0 && (bench_now_ns() >= deadline || bench_stopping()))
             break;
         bool progress = false;
         if (o->mode != NET_RX) {
@@ -1069,7 +964,7 @@ static void *net_job_main(void *arg)
             progress |= rc > 0;
             struct vhd_netdrv_pair_stats s;
             vhd_netdrv_pair_stats(j->p, &s);
-            __atomic_store_n(&j->packets, s.tx_done, __ATOMIC_RELAXED);
+            __atomic_store_n(&j->live.done, s.tx_done, __ATOMIC_RELAXED);
         } else {
             int rc = vhd_netdrv_rx_burst(j->p, net_count, &received, o->burst);
             if (rc < 0) {
@@ -1077,7 +972,7 @@ static void *net_job_main(void *arg)
                 break;
             }
             progress |= rc > 0;
-            __atomic_store_n(&j->packets, received, __ATOMIC_RELAXED);
+            __atomic_store_n(&j->live.done, received, __ATOMIC_RELAXED);
         }
         __atomic_store_n(&j->sent, sent, __ATOMIC_RELAXED);
         if (!progress && o->interrupt && vhd_netdrv_wait(j->p, 100) < 0) {
@@ -1085,10 +980,10 @@ static void *net_job_main(void *arg)
             break;
         }
     }
-    j->t_end = now_ns();
+    j->live.t_end = bench_now_ns();
     vhd_netdrv_pair_stats(j->p, &j->st);
     free(frame);
-    __atomic_store_n(&j->finished, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&j->live.finished, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -1126,77 +1021,43 @@ static int net_main(int argc, char **argv)
         return 1;
     }
     memset(jobs, 0, sizeof(struct net_job) * o.pairs);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    for (unsigned i = 0; i < o.pairs; i++) {
+        jobs[i].o = &o;
+        jobs[i].index = i;
+        jobs[i].p = vhd_netdrv_get_pair(d, i);
+    }
     if (!o.json)
         printf("vhostd-bench net: %s mode=%s size=%u pairs=%u ring=%s mrg_rxbuf=%s queue-size=%u "
                "burst=%u completion=%s event_idx=%s\n",
                o.socket, net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
                in->mrg_rxbuf ? "on" : "off", in->queue_size, o.burst,
                o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off");
-    fflush(stdout);
 
-    uint64_t t0 = now_ns();
-    unsigned started = 0;
-    for (; started < o.pairs; started++) {
-        struct net_job *j = &jobs[started];
-        j->o = &o;
-        j->index = started;
-        j->p = vhd_netdrv_get_pair(d, started);
-        rc = pthread_create(&j->thread, NULL, net_job_main, j);
-        if (rc) {
-            fprintf(stderr, "vhostd-bench net: pthread_create: %s\n", strerror(rc));
-            on_signal(0);
-            status = 1;
-            break;
-        }
-    }
+    struct bench_reporter r = {
+        .prog = "vhostd-bench net",
+        .jobs = jobs,
+        .stride = sizeof(*jobs),
+        .n = o.pairs,
+        .job_main = net_job_main,
+        .rate_unit = {"Mpps", "Gbit/s"},
+        .rate_width = {8, 8},
+        .rate_prec = {3, 3},
+        .rate_scale = {1e-6, o.size * 8 / 1e9},
+    };
+    status = bench_run(&r);
+    unsigned started = r.started;
 
-    /* Progress once a second until every pair finished. */
-    bool tty = isatty(STDERR_FILENO);
-    uint64_t prev_pk = 0, prev_t = t0;
-    for (;;) {
-        bool all = true;
-        for (unsigned k = 0; k < 20; k++) {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-            all = true;
-            for (unsigned i = 0; i < started; i++)
-                if (!__atomic_load_n(&jobs[i].finished, __ATOMIC_ACQUIRE))
-                    all = false;
-            if (all)
-                break;
-        }
-        if (all)
-            break;
-        uint64_t pk = 0, t = now_ns();
-        for (unsigned i = 0; i < started; i++)
-            pk += __atomic_load_n(&jobs[i].packets, __ATOMIC_RELAXED);
-        double dt = (double)(t - prev_t) / 1e9, pps = (double)(pk - prev_pk) / dt;
-        fprintf(stderr, "%s[%5.0fs] %8.3f Mpps %8.3f Gbit/s%s", tty ? "\r" : "",
-                (double)(t - t0) / 1e9, pps / 1e6, pps * o.size * 8 / 1e9, tty ? "   " : "\n");
-        prev_pk = pk;
-        prev_t = t;
-    }
-    if (tty)
-        fputc('\n', stderr);
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(jobs[i].thread, NULL);
-
-    uint64_t tot_pk = 0, tot_sent = 0, t_first = UINT64_MAX, t_last = 0;
+    uint64_t tot_pk = 0, tot_sent = 0;
     for (unsigned i = 0; i < started; i++) {
-        tot_pk += jobs[i].packets;
+        tot_pk += jobs[i].live.done;
         tot_sent += jobs[i].sent;
-        t_first = jobs[i].t_start < t_first ? jobs[i].t_start : t_first;
-        t_last = jobs[i].t_end > t_last ? jobs[i].t_end : t_last;
     }
-    double secs = t_last > t_first ? (double)(t_last - t_first) / 1e9 : 0;
+    double secs = bench_span(&r);
     double mpps = secs > 0 ? (double)tot_pk / secs / 1e6 : 0;
     double gbps = mpps * o.size * 8 / 1e3;
     if (o.json) {
-        printf("{\"socket\": \"");
-        json_str(o.socket);
-        printf("\", \"mode\": \"%s\", \"size\": %u, \"pairs\": %u, \"ring\": \"%s\", "
+        bench_json_open(o.socket);
+        printf(", \"mode\": \"%s\", \"size\": %u, \"pairs\": %u, \"ring\": \"%s\", "
                "\"mrg_rxbuf\": %s, \"event_idx\": %s, \"queue_size\": %u, \"burst\": %u, "
                "\"completion\": \"%s\",\n \"pairs_detail\": [",
                net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
@@ -1204,13 +1065,13 @@ static int net_main(int argc, char **argv)
                o.burst, o.interrupt ? "interrupt" : "poll");
         for (unsigned i = 0; i < started; i++) {
             const struct net_job *j = &jobs[i];
-            double s = (double)(j->t_end - j->t_start) / 1e9;
+            double s = (double)(j->live.t_end - j->live.t_start) / 1e9;
             printf("%s\n  {\"pair\": %u, \"packets\": %" PRIu64 ", \"sent\": %" PRIu64
                    ", \"runtime_s\": %.6f, \"mpps\": %.4f, \"tx_done\": %" PRIu64
                    ", \"rx_packets\": %" PRIu64 ", \"rx_errors\": %" PRIu64 ", \"kicks\": %" PRIu64
                    ", \"sleeps\": %" PRIu64 ", \"error\": %d}",
-                   i ? "," : "", i, j->packets, j->sent, s,
-                   s > 0 ? (double)j->packets / s / 1e6 : 0.0, j->st.tx_done, j->st.rx_packets,
+                   i ? "," : "", i, j->live.done, j->sent, s,
+                   s > 0 ? (double)j->live.done / s / 1e6 : 0.0, j->st.tx_done, j->st.rx_packets,
                    j->st.rx_errors, j->st.kicks, j->st.sleeps, j->error);
         }
         printf("],\n \"total\": {\"packets\": %" PRIu64 ", \"sent\": %" PRIu64
@@ -1221,10 +1082,10 @@ static int net_main(int argc, char **argv)
                "kicks/frame");
         for (unsigned i = 0; i < started; i++) {
             const struct net_job *j = &jobs[i];
-            double s = (double)(j->t_end - j->t_start) / 1e9;
-            double m = s > 0 ? (double)j->packets / s / 1e6 : 0;
-            printf("%-6u %12" PRIu64 " %12" PRIu64 " %9.3f %9.3f %12.4f\n", i, j->packets, j->sent,
-                   m, m * o.size * 8 / 1e3,
+            double s = (double)(j->live.t_end - j->live.t_start) / 1e9;
+            double m = s > 0 ? (double)j->live.done / s / 1e6 : 0;
+            printf("%-6u %12" PRIu64 " %12" PRIu64 " %9.3f %9.3f %12.4f\n", i, j->live.done,
+                   j->sent, m, m * o.size * 8 / 1e3,
                    (double)j->st.kicks /
                        (double)(j->sent + j->st.rx_packets ? j->sent + j->st.rx_packets : 1));
         }
@@ -1362,8 +1223,6 @@ int main(int argc, char **argv)
         }
     }
 
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
     if (!o.json)
         printf("vhostd-bench: %s rw=%s bs=%" PRIu64 " iodepth=%u numjobs=%u ring=%s%s "
                "queue-size=%u completion=%s event_idx=%s%s\n",
@@ -1371,54 +1230,20 @@ int main(int argc, char **argv)
                in->packed ? "packed" : "split", in->indirect ? "+indirect" : "", in->queue_size,
                o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off",
                o.verify ? " verify=1" : "");
-    fflush(stdout);
 
-    uint64_t t0 = now_ns();
-    unsigned started = 0;
-    for (; started < o.numjobs; started++) {
-        rc = pthread_create(&jobs[started].thread, NULL, job_main, &jobs[started]);
-        if (rc) {
-            fprintf(stderr, "vhostd-bench: pthread_create: %s\n", strerror(rc));
-            on_signal(0);
-            status = 1;
-            break;
-        }
-    }
-
-    /* Progress once a second until every job finished. */
-    bool tty = isatty(STDERR_FILENO);
-    uint64_t prev_ios = 0, prev_bytes = 0, prev_t = t0;
-    for (;;) {
-        bool all = true;
-        for (unsigned k = 0; k < 20; k++) {
-            struct timespec ts = {0, 50 * 1000000L};
-            nanosleep(&ts, NULL);
-            all = true;
-            for (unsigned i = 0; i < started; i++)
-                if (!__atomic_load_n(&jobs[i].finished, __ATOMIC_ACQUIRE))
-                    all = false;
-            if (all)
-                break;
-        }
-        if (all)
-            break;
-        uint64_t ios = 0, bytes = 0, t = now_ns();
-        for (unsigned i = 0; i < started; i++) {
-            ios += __atomic_load_n(&jobs[i].ios_done, __ATOMIC_RELAXED);
-            bytes += __atomic_load_n(&jobs[i].bytes_done, __ATOMIC_RELAXED);
-        }
-        double dt = (double)(t - prev_t) / 1e9;
-        fprintf(stderr, "%s[%5.0fs] %10.0f IOPS %9.1f MB/s%s", tty ? "\r" : "",
-                (double)(t - t0) / 1e9, (double)(ios - prev_ios) / dt,
-                (double)(bytes - prev_bytes) / dt / 1e6, tty ? "   " : "\n");
-        prev_ios = ios;
-        prev_bytes = bytes;
-        prev_t = t;
-    }
-    if (tty)
-        fputc('\n', stderr);
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(jobs[i].thread, NULL);
+    struct bench_reporter rep = {
+        .prog = "vhostd-bench",
+        .jobs = jobs,
+        .stride = sizeof(*jobs),
+        .n = o.numjobs,
+        .job_main = job_main,
+        .rate_unit = {"IOPS", "MB/s"},
+        .rate_width = {10, 9},
+        .rate_prec = {0, 1},
+        .rate_scale = {1, (double)o.bs / 1e6},
+    };
+    status = bench_run(&rep);
+    unsigned started = rep.started;
 
     /* Results. */
     struct hist *total_h = malloc(sizeof(*total_h));
@@ -1430,34 +1255,29 @@ int main(int argc, char **argv)
     }
     hist_init(total_h);
     struct result tot = {.h = total_h};
-    uint64_t t_first = UINT64_MAX, t_last = 0, vchecked = 0, vfailed = 0;
+    uint64_t vchecked = 0, vfailed = 0;
     for (unsigned i = 0; i < started; i++) {
         struct job *j = &jobs[i];
         struct result *r = &res[i];
         r->ios = j->hist.count;
         r->bytes = r->ios * o.bs;
-        r->secs = (double)(j->t_end - j->t_start) / 1e9;
+        r->secs = (double)(j->live.t_end - j->live.t_start) / 1e9;
         r->iops = r->secs > 0 ? (double)r->ios / r->secs : 0;
         r->mbps = r->secs > 0 ? (double)r->bytes / r->secs / 1e6 : 0;
         r->h = &j->hist;
         hist_merge(total_h, &j->hist);
         tot.ios += r->ios;
         tot.bytes += r->bytes;
-        if (j->t_start < t_first)
-            t_first = j->t_start;
-        if (j->t_end > t_last)
-            t_last = j->t_end;
         vchecked += j->verify_checked;
         vfailed += j->verify_failed;
     }
-    tot.secs = t_last > t_first ? (double)(t_last - t_first) / 1e9 : 0;
+    tot.secs = bench_span(&rep);
     tot.iops = tot.secs > 0 ? (double)tot.ios / tot.secs : 0;
     tot.mbps = tot.secs > 0 ? (double)tot.bytes / tot.secs / 1e6 : 0;
 
     if (o.json) {
-        printf("{\"socket\": \"");
-        json_str(o.socket);
-        printf("\", \"rw\": \"%s\", \"bs\": %" PRIu64 ", \"iodepth\": %u, "
+        bench_json_open(o.socket);
+        printf(", \"rw\": \"%s\", \"bs\": %" PRIu64 ", \"iodepth\": %u, "
                "\"numjobs\": %u, \"ring\": \"%s\", \"indirect\": %s, \"event_idx\": %s, "
                "\"queue_size\": %u, \"completion\": \"%s\",\n \"jobs\": [",
                rw_names[o.rw], o.bs, o.iodepth, o.numjobs, in->packed ? "packed" : "split",
@@ -1502,7 +1322,7 @@ int main(int argc, char **argv)
             status = 1;
         }
     }
-    if (stopping() && !status)
+    if (bench_stopping() && !status)
         fprintf(stderr, "vhostd-bench: interrupted\n");
     free(total_h);
     free(res);
