@@ -34,8 +34,13 @@ count() {
     else
         failed=$((failed + 1)); printf '   %-28s FAILED (rc %d, log %s)\n' "$name" "$rc" "$log"
     fi
+    # A failure's own lines first (a guest's console can print pages before them), then the
+    # context a test printed around its failures.
     if [ "$rc" -ne 0 ]; then
-        grep -E '^(FAIL|  )|ERROR|error:|SUMMARY' "$log" | head -n 40 | sed 's/^/      /'
+        {
+            grep -E '^FAIL' "$log" | head -n 20
+            grep -E '^  |ERROR|error:|SUMMARY' "$log" | head -n 40
+        } | sed 's/^/      /'
     fi
 }
 

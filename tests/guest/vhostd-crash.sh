@@ -21,7 +21,8 @@
 #
 # Env: VHOSTD (default build/vhostd), GUEST_DIR (build/guest), LOG_DIR (build/vhostd-crash),
 # KILLS (15: kills per case), MIN_KILLS (10: fewer, because the workload ended first, fails),
-# OPS_4K (8000: 4 KiB writes per guest thread; more makes the workload last longer),
+# OPS_4K (16000: 4 KiB writes per guest thread; sized so the workload outlasts KILLS kills on
+# a fast host, where each kill costs the workload only the random delay below),
 # ATTEMPTS (3: a case whose kills caught no request in flight, data clean, runs again, this often),
 # GUEST_TIMEOUT (300 s per boot), CASES (subset of "split packed").
 set -euo pipefail
@@ -34,15 +35,15 @@ LOG_DIR=${LOG_DIR:-$REPO/build/vhostd-crash}
 KILLS=${KILLS:-15}
 MIN_KILLS=${MIN_KILLS:-10}
 ATTEMPTS=${ATTEMPTS:-3}
-OPS_4K=${OPS_4K:-8000}
+OPS_4K=${OPS_4K:-16000}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-300}
 CASES=${CASES:-split packed}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 QUEUES=2
 # Random delay before each kill, after the restarted vhostd got its session back (ms).
-MIN_DELAY_MS=150
-MAX_DELAY_MS=1200
+MIN_DELAY_MS=50
+MAX_DELAY_MS=700
 # Bound on waiting for QEMU to reconnect to a restarted vhostd (its reconnect period is 1 s).
 SESSION_WAIT_S=30
 
