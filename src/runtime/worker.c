@@ -117,6 +117,7 @@ struct vhd_worker {
     unsigned nkickless;  /* entries polled every turn (kickless, not stopped) */
     unsigned ndetaching; /* entries with a detach in progress */
     bool submit_pending; /* SQEs queued since the last io_uring_submit */
+    bool uring_used;     /* a device used the ring: peek the CQ (vhd_worker_uring) */
     bool polling;        /* adaptive: in the poll window, notifications disabled */
     bool more;           /* some queue still has work: do not sleep */
     bool stopping;       /* RT_REQ_STOP taken */
@@ -181,13 +182,20 @@ void vhd_queue_mark_used(struct vhd_queue *q)
     }
 }
 
+/*
+ * A worker peeks its CQ only once a device on it has used the ring (here,
+ * vhd_worker_submit_pending, vhd_worker_get_sqe): before that no CQE can
+ * arrive, and a net-only worker never pays the peek in its turns.
+ */
 struct io_uring *vhd_worker_uring(struct vhd_worker *w)
 {
+    w->uring_used = true;
     return &w->ring;
 }
 
 void vhd_worker_submit_pending(struct vhd_worker *w)
 {
+    w->uring_used = true;
     w->submit_pending = true;
 }
 
@@ -200,8 +208,10 @@ struct io_uring_sqe *vhd_worker_get_sqe(struct vhd_worker *w)
         io_uring_submit(&w->ring);
         sqe = io_uring_get_sqe(&w->ring);
     }
-    if (sqe)
+    if (sqe) {
+        w->uring_used = true;
         w->submit_pending = true;
+    }
     return sqe;
 }
 
@@ -786,7 +796,7 @@ static void *worker_main(void *arg)
         if (w->stopping)
             break;
 
-        bool work = worker_reap(w) > 0;
+        bool work = w->uring_used && worker_reap(w) > 0;
         work |= worker_process_queues(w);
         if (w->submit_pending)
             worker_submit(w);
