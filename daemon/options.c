@@ -5,6 +5,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -219,49 +220,289 @@ static int parse_worker_list(char *s, int *nworkers, int *workers)
     return *nworkers ? 0 : -1;
 }
 
+/* ---- device keys: --blk and --net (and their config-file lines) ---- */
+
+/* The device kinds, as bits of struct dev_key's kinds. */
+enum { DEV_BLK = 1, DEV_NET = 2 };
+
+/* How a key's value is parsed and stored. */
+enum key_type {
+    KEY_STR,     /* const char *; max: longest length (0: any) */
+    KEY_CHOICE,  /* const char *, one of choices */
+    KEY_SIZE,    /* uint64_t, vhd_parse_size, not 0 */
+    KEY_UINT,    /* uint32_t in min..max */
+    KEY_POW2,    /* uint32_t, a power of two in min..max */
+    KEY_BOOL,    /* bool: on/off, yes/no, true/false, 1/0 */
+    KEY_RINGS,   /* split|packed|both into allow_split and allow_packed */
+    KEY_MAC,     /* uint8_t[6], vhd_parse_mac */
+    KEY_WORKERS, /* a worker list; commas may continue it (parse_device) */
+};
+
 /*
- * Client-mode keys, shared by --blk and --net: 1 when k was one of them
- * (parsed into *client / *max_ms), 0 when it is another key, -1 on a bad value.
+ * One key of a device spec: its name, which kinds take it, how its value is
+ * parsed, where it goes in struct vhd_opt_blk (dst[0]) and struct vhd_opt_net
+ * (dst[1]), and what a bad value is told.
  */
-static int parse_client_key(const char *opt, const char *k, const char *v, bool *client,
-                            uint32_t *max_ms, char *err, size_t errlen)
+struct dev_key {
+    const char *name;
+    const char *alias; /* another spelling ("block_size"), or NULL */
+    unsigned kinds;    /* DEV_BLK | DEV_NET: the specs that accept it */
+    enum key_type type;
+    uint64_t min, max;
+    const char *const *choices; /* KEY_CHOICE: NULL-terminated */
+    const char *expect;         /* "KEY=VALUE: <expect>"; KEY_UINT: follows "expected MIN..MAX" */
+    size_t dst[2];              /* offset of the field, per kind (unused for kinds not taking it) */
+    size_t flag[2];             /* offset of a bool set when the key is given; 0: none */
+};
+
+#define BLK_AT(f)                          \
+    {                                      \
+        offsetof(struct vhd_opt_blk, f), 0 \
+    }
+#define NET_AT(f)                          \
+    {                                      \
+        0, offsetof(struct vhd_opt_net, f) \
+    }
+#define BOTH_AT(f)                                                       \
+    {                                                                    \
+        offsetof(struct vhd_opt_blk, f), offsetof(struct vhd_opt_net, f) \
+    }
+#define ON_OFF         "expected on or off"
+#define WORKERS_EXPECT "expected a list like 0,1 or 0-3"
+
+/* KEY_RINGS writes allow_packed right after allow_split. */
+_Static_assert(offsetof(struct vhd_opt_blk, allow_packed) ==
+                   offsetof(struct vhd_opt_blk, allow_split) + sizeof(bool),
+               "blk rings fields");
+_Static_assert(offsetof(struct vhd_opt_net, allow_packed) ==
+                   offsetof(struct vhd_opt_net, allow_split) + sizeof(bool),
+               "net rings fields");
+
+static const char *const blk_backends[] = {"uring", "null", NULL};
+static const char *const net_backends[] = {"loopback", "switch", "tap", "gen", NULL};
+
+static const struct dev_key dev_keys[] = {
+    {"socket", NULL, DEV_BLK | DEV_NET, KEY_STR, 0, 0, NULL, NULL, BOTH_AT(socket), {0, 0}},
+    {"name", NULL, DEV_BLK | DEV_NET, KEY_STR, 0, 0, NULL, NULL, BOTH_AT(name), {0, 0}},
+    {"image", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(image), {0, 0}},
+    {"backend",
+     NULL,
+     DEV_BLK,
+     KEY_CHOICE,
+     0,
+     0,
+     blk_backends,
+     "expected uring or null",
+     BLK_AT(backend),
+     {0, 0}},
+    {"backend",
+     NULL,
+     DEV_NET,
+     KEY_CHOICE,
+     0,
+     0,
+     net_backends,
+     "expected loopback, switch, tap or gen",
+     NET_AT(backend),
+     {0, 0}},
+    {"switch",
+     NULL,
+     DEV_NET,
+     KEY_STR,
+     0,
+     31,
+     NULL,
+     "name longer than 31 bytes",
+     NET_AT(switch_name),
+     {0, 0}},
+    {"tap",
+     NULL,
+     DEV_NET,
+     KEY_STR,
+     0,
+     15,
+     NULL,
+     "interface name longer than 15 bytes",
+     NET_AT(tap_name),
+     {0, 0}},
+    {"size",
+     NULL,
+     DEV_BLK,
+     KEY_SIZE,
+     0,
+     0,
+     NULL,
+     "expected a size like 512M or 8G",
+     BLK_AT(size),
+     {0, 0}},
+    {"queues", NULL, DEV_BLK, KEY_UINT, 1, VHD_OPT_MAX_QUEUES, NULL, "", BLK_AT(queues), {0, 0}},
+    {"queues",
+     NULL,
+     DEV_NET,
+     KEY_UINT,
+     1,
+     VHD_OPT_MAX_QUEUES,
+     NULL,
+     " queue pairs",
+     NET_AT(queues),
+     {0, 0}},
+    {"block-size",
+     "block_size",
+     DEV_BLK,
+     KEY_POW2,
+     512,
+     4096,
+     NULL,
+     "expected a power of two in 512..4096",
+     BLK_AT(block_size),
+     {0, 0}},
+    {"serial",
+     NULL,
+     DEV_BLK,
+     KEY_STR,
+     0,
+     20,
+     NULL,
+     "at most 20 characters",
+     BLK_AT(serial),
+     {0, 0}},
+    {"ro", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(ro), {0, 0}},
+    {"direct", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(direct), {0, 0}},
+    {"mac", NULL, DEV_NET, KEY_MAC, 0, 0, NULL, "expected a unicast address like 52:54:00:12:34:56",
+     NET_AT(mac), NET_AT(mac_set)},
+    {"mtu", NULL, DEV_NET, KEY_UINT, 68, 65535, NULL, "", NET_AT(mtu), {0, 0}},
+    {"rings",
+     NULL,
+     DEV_BLK | DEV_NET,
+     KEY_RINGS,
+     0,
+     0,
+     NULL,
+     "expected split, packed or both",
+     BOTH_AT(allow_split),
+     {0, 0}},
+    {"workers", NULL, DEV_BLK | DEV_NET, KEY_WORKERS, 0, 0, NULL, WORKERS_EXPECT, {0, 0}, {0, 0}},
+    /* client mode */
+    {"client", NULL, DEV_BLK | DEV_NET, KEY_BOOL, 0, 0, NULL, ON_OFF, BOTH_AT(client), {0, 0}},
+    {"reconnect-max",
+     "reconnect_max",
+     DEV_BLK | DEV_NET,
+     KEY_UINT,
+     VHD_OPT_RECONNECT_MAX_MIN_MS,
+     VHD_OPT_RECONNECT_MAX_MAX_MS,
+     NULL,
+     " milliseconds",
+     BOTH_AT(reconnect_max_ms),
+     {0, 0}},
+};
+
+/* One device spec being parsed: its kind and the fields every kind has. */
+struct dev_spec {
+    const char *opt; /* "--blk" or "--net": the prefix of every message */
+    unsigned kind;   /* DEV_BLK or DEV_NET */
+    void *dev;       /* struct vhd_opt_blk or struct vhd_opt_net */
+    const char **socket, **name;
+    bool *client;
+    uint32_t *reconnect_max_ms;
+    int *nworkers, *workers;
+};
+
+/* The dev_spec of d, a struct vhd_opt_blk or vhd_opt_net (the fields every kind has). */
+#define DEV_SPEC(opt_, kind_, d)                                                                \
+    {                                                                                           \
+        .opt = (opt_), .kind = (kind_), .dev = (d), .socket = &(d)->socket, .name = &(d)->name, \
+        .client = &(d)->client, .reconnect_max_ms = &(d)->reconnect_max_ms,                     \
+        .nworkers = &(d)->nworkers, .workers = (d)->workers,                                    \
+    }
+
+/* The entry for key k of this kind; NULL, with *other set when another kind takes k. */
+static const struct dev_key *find_key(unsigned kind, const char *k, unsigned *other)
 {
+    *other = 0;
+    for (size_t i = 0; i < sizeof(dev_keys) / sizeof(dev_keys[0]); i++) {
+        const struct dev_key *d = &dev_keys[i];
+        if (strcmp(k, d->name) && (!d->alias || strcmp(k, d->alias)))
+            continue;
+        if (d->kinds & kind)
+            return d;
+        *other |= d->kinds;
+    }
+    return NULL;
+}
+
+/* Store value v of key d (not KEY_WORKERS) into dev; 0, or -1 when v is not a value of d. */
+static int set_key(const struct dev_key *d, unsigned kind, void *dev, const char *v)
+{
+    char *dst = (char *)dev + d->dst[kind == DEV_NET];
     uint64_t n;
 
-    if (!strcmp(k, "client")) {
-        if (parse_bool(v, client))
-            return fail(err, errlen, "%s: client=%s: expected on or off", opt, v);
-        return 1;
+    switch (d->type) {
+    case KEY_STR:
+        if (d->max && strlen(v) > d->max)
+            return -1;
+        *(const char **)dst = v;
+        break;
+    case KEY_CHOICE: {
+        const char *const *c = d->choices;
+        while (*c && strcmp(v, *c))
+            c++;
+        if (!*c)
+            return -1;
+        *(const char **)dst = v;
+        break;
     }
-    if (!strcmp(k, "reconnect-max") || !strcmp(k, "reconnect_max")) {
-        if (parse_uint(v, VHD_OPT_RECONNECT_MAX_MAX_MS, &n) || n < VHD_OPT_RECONNECT_MAX_MIN_MS)
-            return fail(err, errlen, "%s: reconnect-max=%s: expected %u..%u milliseconds", opt, v,
-                        VHD_OPT_RECONNECT_MAX_MIN_MS, VHD_OPT_RECONNECT_MAX_MAX_MS);
-        *max_ms = (uint32_t)n;
-        return 1;
+    case KEY_SIZE:
+        if (vhd_parse_size(v, &n) || n == 0)
+            return -1;
+        *(uint64_t *)dst = n;
+        break;
+    case KEY_UINT:
+    case KEY_POW2:
+        if (parse_uint(v, d->max, &n) || n < d->min || (d->type == KEY_POW2 && (n & (n - 1))))
+            return -1;
+        *(uint32_t *)dst = (uint32_t)n;
+        break;
+    case KEY_BOOL:
+        if (parse_bool(v, (bool *)dst))
+            return -1;
+        break;
+    case KEY_RINGS: {
+        bool *allow = (bool *)dst; /* allow_split, allow_packed */
+        allow[0] = !strcmp(v, "split") || !strcmp(v, "both");
+        allow[1] = !strcmp(v, "packed") || !strcmp(v, "both");
+        if (!allow[0] && !allow[1])
+            return -1;
+        break;
     }
+    case KEY_MAC:
+        if (vhd_parse_mac(v, (uint8_t *)dst))
+            return -1;
+        break;
+    case KEY_WORKERS:
+        return -1;
+    }
+    size_t flag = d->flag[kind == DEV_NET];
+    if (flag)
+        *(bool *)((char *)dev + flag) = true;
     return 0;
 }
 
 /*
- * Split "k=v,k=v" at commas. A worker list may use commas too ("workers=0,1"),
- * so a token without '=' after workers= continues the list.
+ * Parse "k=v,k=v" into the device of sp, whose defaults are already set, and
+ * check what every kind needs (the worker list, socket=, client mode); the
+ * caller checks its kind's own rules after. A worker list may use commas too
+ * ("workers=0,1"), so a token without '=' after workers= continues the list.
  */
-int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_opt_blk *b, char *err,
-                          size_t errlen)
+static int parse_device(struct vhd_options *o, const char *spec, const struct dev_spec *sp,
+                        char *err, size_t errlen)
 {
+    const char *opt = sp->opt;
     char *s = own(o, spec);
     char wl[256] = "";
-    bool in_workers = false, have_size = false;
+    bool in_workers = false;
 
     if (!s)
         return fail(err, errlen, "out of memory");
-    memset(b, 0, sizeof(*b));
-    b->backend = "uring";
-    b->queues = 1;
-    b->block_size = 512;
-    b->allow_split = b->allow_packed = true;
-
     for (char *save = NULL, *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) {
@@ -270,73 +511,60 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
                 strcat(wl, tok);
                 continue;
             }
-            return fail(err, errlen, "--blk: '%s' is not KEY=VALUE", tok);
+            return fail(err, errlen, "%s: '%s' is not KEY=VALUE", opt, tok);
         }
         *eq = '\0';
         const char *k = tok, *v = eq + 1;
         in_workers = false;
-        uint64_t n;
         if (!*v)
-            return fail(err, errlen, "--blk: %s= needs a value", k);
-        if (!strcmp(k, "socket")) {
-            b->socket = v;
-        } else if (!strcmp(k, "image")) {
-            b->image = v;
-        } else if (!strcmp(k, "name")) {
-            b->name = v;
-        } else if (!strcmp(k, "backend")) {
-            if (strcmp(v, "uring") && strcmp(v, "null"))
-                return fail(err, errlen, "--blk: backend=%s: expected uring or null", v);
-            b->backend = v;
-        } else if (!strcmp(k, "size")) {
-            if (vhd_parse_size(v, &b->size) || b->size == 0)
-                return fail(err, errlen, "--blk: size=%s: expected a size like 512M or 8G", v);
-            have_size = true;
-        } else if (!strcmp(k, "queues")) {
-            if (parse_uint(v, VHD_OPT_MAX_QUEUES, &n) || n == 0)
-                return fail(err, errlen, "--blk: queues=%s: expected 1..%d", v, VHD_OPT_MAX_QUEUES);
-            b->queues = (uint32_t)n;
-        } else if (!strcmp(k, "block-size") || !strcmp(k, "block_size")) {
-            if (parse_uint(v, 4096, &n) || n < 512 || (n & (n - 1)))
-                return fail(err, errlen,
-                            "--blk: block-size=%s: expected a power of two in 512..4096", v);
-            b->block_size = (uint32_t)n;
-        } else if (!strcmp(k, "serial")) {
-            if (strlen(v) > 20)
-                return fail(err, errlen, "--blk: serial=%s: at most 20 characters", v);
-            b->serial = v;
-        } else if (!strcmp(k, "ro")) {
-            if (parse_bool(v, &b->ro))
-                return fail(err, errlen, "--blk: ro=%s: expected on or off", v);
-        } else if (!strcmp(k, "direct")) {
-            if (parse_bool(v, &b->direct))
-                return fail(err, errlen, "--blk: direct=%s: expected on or off", v);
-        } else if (!strcmp(k, "rings")) {
-            b->allow_split = !strcmp(v, "split") || !strcmp(v, "both");
-            b->allow_packed = !strcmp(v, "packed") || !strcmp(v, "both");
-            if (!b->allow_split && !b->allow_packed)
-                return fail(err, errlen, "--blk: rings=%s: expected split, packed or both", v);
-        } else if (!strcmp(k, "workers")) {
+            return fail(err, errlen, "%s: %s= needs a value", opt, k);
+        unsigned other;
+        const struct dev_key *d = find_key(sp->kind, k, &other);
+        if (!d && other)
+            return fail(err, errlen, "%s: unknown key '%s' (only %s takes it)", opt, k,
+                        other & DEV_BLK ? "--blk" : "--net");
+        if (!d)
+            return fail(err, errlen, "%s: unknown key '%s'", opt, k);
+        if (d->type == KEY_WORKERS) {
             if (strlen(v) >= sizeof(wl))
-                return fail(err, errlen, "--blk: workers=: list too long");
+                return fail(err, errlen, "%s: workers=: list too long", opt);
             strcpy(wl, v);
             in_workers = true;
-        } else {
-            int ck = parse_client_key("--blk", k, v, &b->client, &b->reconnect_max_ms, err, errlen);
-            if (ck < 0)
-                return -1;
-            if (ck == 0)
-                return fail(err, errlen, "--blk: unknown key '%s'", k);
+        } else if (set_key(d, sp->kind, sp->dev, v)) {
+            if (d->type == KEY_UINT)
+                return fail(err, errlen, "%s: %s=%s: expected %" PRIu64 "..%" PRIu64 "%s", opt,
+                            d->name, v, d->min, d->max, d->expect);
+            return fail(err, errlen, "%s: %s=%s: %s", opt, d->name, v, d->expect);
         }
     }
-    if (wl[0] && parse_worker_list(wl, &b->nworkers, b->workers))
-        return fail(err, errlen, "--blk: workers=%s: expected a list like 0,1 or 0-3", wl);
-    if (!b->socket)
-        return fail(err, errlen, "--blk: socket=PATH is required");
-    if (b->reconnect_max_ms && !b->client)
-        return fail(err, errlen, "--blk: reconnect-max= goes with client=on");
+    /* parse_worker_list cuts wl at its separators: the message shows the first item. */
+    if (wl[0] && parse_worker_list(wl, sp->nworkers, sp->workers))
+        return fail(err, errlen, "%s: workers=%s: " WORKERS_EXPECT, opt, wl);
+    if (!*sp->socket)
+        return fail(err, errlen, "%s: socket=PATH is required", opt);
+    if (*sp->reconnect_max_ms && !*sp->client)
+        return fail(err, errlen, "%s: reconnect-max= goes with client=on", opt);
+    if (!*sp->name) {
+        const char *slash = strrchr(*sp->socket, '/');
+        *sp->name = slash ? slash + 1 : *sp->socket;
+    }
+    return 0;
+}
+
+int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_opt_blk *b, char *err,
+                          size_t errlen)
+{
+    const struct dev_spec sp = DEV_SPEC("--blk", DEV_BLK, b);
+
+    memset(b, 0, sizeof(*b));
+    b->backend = "uring";
+    b->queues = 1;
+    b->block_size = 512;
+    b->allow_split = b->allow_packed = true;
+    if (parse_device(o, spec, &sp, err, errlen))
+        return -1;
     if (!strcmp(b->backend, "null")) {
-        if (!have_size)
+        if (!b->size) /* size= takes no 0 */
             return fail(err, errlen, "--blk: backend=null needs size=");
         if (b->image)
             return fail(err, errlen, "--blk: backend=null takes no image=");
@@ -345,10 +573,6 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
     }
     if (b->size % b->block_size)
         return fail(err, errlen, "--blk: size is not a multiple of block-size %u", b->block_size);
-    if (!b->name) {
-        const char *slash = strrchr(b->socket, '/');
-        b->name = slash ? slash + 1 : b->socket;
-    }
     return 0;
 }
 
@@ -370,102 +594,22 @@ int vhd_parse_mac(const char *s, uint8_t mac[6])
     return 0;
 }
 
-/* Like --blk: "k=v,..." with commas inside a workers= list. */
 int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_opt_net *n, char *err,
                           size_t errlen)
 {
-    char *s = own(o, spec);
-    char wl[256] = "";
-    bool in_workers = false;
+    const struct dev_spec sp = DEV_SPEC("--net", DEV_NET, n);
 
-    if (!s)
-        return fail(err, errlen, "out of memory");
     memset(n, 0, sizeof(*n));
     n->backend = "loopback";
     n->queues = 1;
     n->mtu = 1500;
     n->allow_split = n->allow_packed = true;
-
-    for (char *save = NULL, *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) {
-            if (in_workers && strlen(wl) + strlen(tok) + 2 < sizeof(wl)) {
-                strcat(wl, ":");
-                strcat(wl, tok);
-                continue;
-            }
-            return fail(err, errlen, "--net: '%s' is not KEY=VALUE", tok);
-        }
-        *eq = '\0';
-        const char *k = tok, *v = eq + 1;
-        in_workers = false;
-        uint64_t u;
-        if (!*v)
-            return fail(err, errlen, "--net: %s= needs a value", k);
-        if (!strcmp(k, "socket")) {
-            n->socket = v;
-        } else if (!strcmp(k, "name")) {
-            n->name = v;
-        } else if (!strcmp(k, "backend")) {
-            if (strcmp(v, "loopback") && strcmp(v, "switch") && strcmp(v, "tap") &&
-                strcmp(v, "gen"))
-                return fail(err, errlen, "--net: backend=%s: expected loopback, switch, tap or gen",
-                            v);
-            n->backend = v;
-        } else if (!strcmp(k, "switch")) {
-            if (strlen(v) >= 32)
-                return fail(err, errlen, "--net: switch=%s: name longer than 31 bytes", v);
-            n->switch_name = v;
-        } else if (!strcmp(k, "tap")) {
-            if (strlen(v) >= 16)
-                return fail(err, errlen, "--net: tap=%s: interface name longer than 15 bytes", v);
-            n->tap_name = v;
-        } else if (!strcmp(k, "queues")) {
-            if (parse_uint(v, VHD_OPT_MAX_QUEUES, &u) || u == 0)
-                return fail(err, errlen, "--net: queues=%s: expected 1..%d queue pairs", v,
-                            VHD_OPT_MAX_QUEUES);
-            n->queues = (uint32_t)u;
-        } else if (!strcmp(k, "mac")) {
-            if (vhd_parse_mac(v, n->mac))
-                return fail(err, errlen,
-                            "--net: mac=%s: expected a unicast address like 52:54:00:12:34:56", v);
-            n->mac_set = true;
-        } else if (!strcmp(k, "mtu")) {
-            if (parse_uint(v, 65535, &u) || u < 68)
-                return fail(err, errlen, "--net: mtu=%s: expected 68..65535", v);
-            n->mtu = (uint32_t)u;
-        } else if (!strcmp(k, "rings")) {
-            n->allow_split = !strcmp(v, "split") || !strcmp(v, "both");
-            n->allow_packed = !strcmp(v, "packed") || !strcmp(v, "both");
-            if (!n->allow_split && !n->allow_packed)
-                return fail(err, errlen, "--net: rings=%s: expected split, packed or both", v);
-        } else if (!strcmp(k, "workers")) {
-            if (strlen(v) >= sizeof(wl))
-                return fail(err, errlen, "--net: workers=: list too long");
-            strcpy(wl, v);
-            in_workers = true;
-        } else {
-            int ck = parse_client_key("--net", k, v, &n->client, &n->reconnect_max_ms, err, errlen);
-            if (ck < 0)
-                return -1;
-            if (ck == 0)
-                return fail(err, errlen, "--net: unknown key '%s'", k);
-        }
-    }
-    if (wl[0] && parse_worker_list(wl, &n->nworkers, n->workers))
-        return fail(err, errlen, "--net: workers=%s: expected a list like 0,1 or 0-3", wl);
-    if (!n->socket)
-        return fail(err, errlen, "--net: socket=PATH is required");
-    if (n->reconnect_max_ms && !n->client)
-        return fail(err, errlen, "--net: reconnect-max= goes with client=on");
+    if (parse_device(o, spec, &sp, err, errlen))
+        return -1;
     if (!strcmp(n->backend, "switch") != (n->switch_name != NULL))
         return fail(err, errlen, "--net: switch=NAME goes with backend=switch, and only with it");
     if (!strcmp(n->backend, "tap") != (n->tap_name != NULL))
         return fail(err, errlen, "--net: tap=IFNAME goes with backend=tap, and only with it");
-    if (!n->name) {
-        const char *slash = strrchr(n->socket, '/');
-        n->name = slash ? slash + 1 : n->socket;
-    }
     return 0;
 }
 

@@ -107,6 +107,145 @@ VHD_TEST(blk_rejects)
     }
 }
 
+/*
+ * Every device key's error path, word for word: one table serves --blk and
+ * --net, so each kind's messages (bad value, unknown key, a key only the other
+ * kind takes, the checks after the keys) are pinned here.
+ */
+VHD_TEST(device_key_messages)
+{
+    static const struct {
+        const char *arg, *msg;
+    } cases[] = {
+        {"--blk=image=a.img", "--blk: socket=PATH is required"},
+        {"--blk=socket=s", "--blk: image=PATH is required (or backend=null,size=...)"},
+        {"--blk=socket=s,backend=null", "--blk: backend=null needs size="},
+        {"--blk=socket=s,backend=null,size=1M,image=x", "--blk: backend=null takes no image="},
+        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring or null"},
+        {"--blk=socket=s,image=x,size=0", "--blk: size=0: expected a size like 512M or 8G"},
+        {"--blk=socket=s,image=x,size=12Q", "--blk: size=12Q: expected a size like 512M or 8G"},
+        {"--blk=socket=s,image=x,queues=0", "--blk: queues=0: expected 1..64"},
+        {"--blk=socket=s,image=x,queues=65", "--blk: queues=65: expected 1..64"},
+        {"--blk=socket=s,image=x,queues=-1", "--blk: queues=-1: expected 1..64"},
+        {"--blk=socket=s,image=x,block-size=1000",
+         "--blk: block-size=1000: expected a power of two in 512..4096"},
+        {"--blk=socket=s,image=x,block_size=8192",
+         "--blk: block-size=8192: expected a power of two in 512..4096"},
+        {"--blk=socket=s,image=x,block-size=256",
+         "--blk: block-size=256: expected a power of two in 512..4096"},
+        {"--blk=socket=s,image=x,ro=maybe", "--blk: ro=maybe: expected on or off"},
+        {"--blk=socket=s,image=x,direct=2", "--blk: direct=2: expected on or off"},
+        {"--blk=socket=s,image=x,serial=123456789012345678901",
+         "--blk: serial=123456789012345678901: at most 20 characters"},
+        {"--blk=socket=s,image=x,colour=blue", "--blk: unknown key 'colour'"},
+        {"--blk=socket=s,image=x,mac=52:54:00:12:34:56",
+         "--blk: unknown key 'mac' (only --net takes it)"},
+        {"--blk=socket=s,image=x,mtu=1500", "--blk: unknown key 'mtu' (only --net takes it)"},
+        {"--blk=socket=s,image=x,tap=t0", "--blk: unknown key 'tap' (only --net takes it)"},
+        {"--blk=socket=s,image=x,switch=s0", "--blk: unknown key 'switch' (only --net takes it)"},
+        {"--blk=socket=s,image=x,rings=ring", "--blk: rings=ring: expected split, packed or both"},
+        {"--blk=socket=s,image=x,workers=a", "--blk: workers=a: expected a list like 0,1 or 0-3"},
+        {"--blk=socket=s,image=x,workers=0,1,x",
+         "--blk: workers=0: expected a list like 0,1 or 0-3"},
+        {"--blk=socket=s,image=x,workers=3-1", "--blk: workers=3: expected a list like 0,1 or 0-3"},
+        {"--blk=socket=s,image=x,size=1000", "--blk: size is not a multiple of block-size 512"},
+        {"--blk=socket=s,image", "--blk: 'image' is not KEY=VALUE"},
+        {"--blk=socket=s,image=", "--blk: image= needs a value"},
+        {"--blk=socket=s,image=x,=3", "--blk: unknown key ''"},
+        {"--blk=socket=s,image=x,client=maybe", "--blk: client=maybe: expected on or off"},
+        {"--blk=socket=s,image=x,client=on,reconnect_max=5",
+         "--blk: reconnect-max=5: expected 10..3600000 milliseconds"},
+        {"--blk=socket=s,image=x,client=on,reconnect-max=3600001",
+         "--blk: reconnect-max=3600001: expected 10..3600000 milliseconds"},
+        {"--blk=socket=s,image=x,reconnect-max=100", "--blk: reconnect-max= goes with client=on"},
+        {"--blk=socket=s,image=x,name=", "--blk: name= needs a value"},
+        {"--net=queues=2", "--net: socket=PATH is required"},
+        {"--net=socket=s,backend=tap", "--net: tap=IFNAME goes with backend=tap, and only with it"},
+        {"--net=socket=s,backend=switch",
+         "--net: switch=NAME goes with backend=switch, and only with it"},
+        {"--net=socket=s,switch=sw0",
+         "--net: switch=NAME goes with backend=switch, and only with it"},
+        {"--net=socket=s,backend=loopback,tap=t0",
+         "--net: tap=IFNAME goes with backend=tap, and only with it"},
+        {"--net=socket=s,backend=switch,switch=0123456789abcdef0123456789abcdef",
+         "--net: switch=0123456789abcdef0123456789abcdef: name longer than 31 bytes"},
+        {"--net=socket=s,backend=tap,tap=0123456789abcdef",
+         "--net: tap=0123456789abcdef: interface name longer than 15 bytes"},
+        {"--net=socket=s,backend=bogus",
+         "--net: backend=bogus: expected loopback, switch, tap or gen"},
+        {"--net=socket=s,backend=uring",
+         "--net: backend=uring: expected loopback, switch, tap or gen"},
+        {"--net=socket=s,queues=0", "--net: queues=0: expected 1..64 queue pairs"},
+        {"--net=socket=s,queues=65", "--net: queues=65: expected 1..64 queue pairs"},
+        {"--net=socket=s,mtu=67", "--net: mtu=67: expected 68..65535"},
+        {"--net=socket=s,mtu=65536", "--net: mtu=65536: expected 68..65535"},
+        {"--net=socket=s,mtu=x", "--net: mtu=x: expected 68..65535"},
+        {"--net=socket=s,mac=01:00:5e:00:00:01",
+         "--net: mac=01:00:5e:00:00:01: expected a unicast address like 52:54:00:12:34:56"},
+        {"--net=socket=s,mac=52:54:00",
+         "--net: mac=52:54:00: expected a unicast address like 52:54:00:12:34:56"},
+        {"--net=socket=s,rings=ring", "--net: rings=ring: expected split, packed or both"},
+        {"--net=socket=s,workers=x", "--net: workers=x: expected a list like 0,1 or 0-3"},
+        {"--net=socket=s,workers=0,1-x", "--net: workers=0: expected a list like 0,1 or 0-3"},
+        {"--net=socket=s,image=x", "--net: unknown key 'image' (only --blk takes it)"},
+        {"--net=socket=s,size=1M", "--net: unknown key 'size' (only --blk takes it)"},
+        {"--net=socket=s,ro=on", "--net: unknown key 'ro' (only --blk takes it)"},
+        {"--net=socket=s,serial=a", "--net: unknown key 'serial' (only --blk takes it)"},
+        {"--net=socket=s,block-size=512", "--net: unknown key 'block-size' (only --blk takes it)"},
+        {"--net=socket=s,direct=on", "--net: unknown key 'direct' (only --blk takes it)"},
+        {"--net=socket=s,colour=blue", "--net: unknown key 'colour'"},
+        {"--net=socket=s,mtu", "--net: 'mtu' is not KEY=VALUE"},
+        {"--net=socket=s,mtu=", "--net: mtu= needs a value"},
+        {"--net=socket=s,client=yess", "--net: client=yess: expected on or off"},
+        {"--net=socket=s,client=on,reconnect-max=9",
+         "--net: reconnect-max=9: expected 10..3600000 milliseconds"},
+        {"--net=socket=s,reconnect_max=100", "--net: reconnect-max= goes with client=on"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        struct vhd_options o;
+        char err[256] = "";
+        int rc = parse(&o, err, cases[i].arg, NULL, NULL, NULL);
+        if (rc == 0 || strcmp(err, cases[i].msg)) {
+            fprintf(stderr, "  %s: rc %d, message '%s'\n", cases[i].arg, rc, err);
+            VHD_CHECK(0);
+        }
+        vhd_options_free(&o);
+    }
+    /* A worker list longer than the parser keeps. */
+    char arg[400];
+    struct vhd_options o;
+    char err[256] = "";
+    snprintf(arg, sizeof(arg), "--blk=socket=s,image=x,workers=%0300d", 1);
+    VHD_CHECK(parse(&o, err, arg, NULL, NULL, NULL) < 0);
+    VHD_CHECK(!strcmp(err, "--blk: workers=: list too long"));
+    vhd_options_free(&o);
+}
+
+/* The spellings and keys the other tests do not set: aliases, direct=, rings=split. */
+VHD_TEST(device_key_spellings)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    int rc = parse(&o, err,
+                   "--blk=socket=s,backend=null,size=8G,direct=yes,block_size=4096,rings=split,"
+                   "client=on,reconnect_max=77",
+                   "--net=socket=/x/n.sock,backend=gen,reconnect_max=10,client=1", NULL, NULL);
+    if (rc)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK(o.blk[0].direct && !o.blk[0].ro);
+    VHD_CHECK_EQ(o.blk[0].block_size, 4096);
+    VHD_CHECK(o.blk[0].allow_split && !o.blk[0].allow_packed);
+    VHD_CHECK(o.blk[0].client);
+    VHD_CHECK_EQ(o.blk[0].reconnect_max_ms, 77);
+    VHD_CHECK(!strcmp(o.net[0].backend, "gen"));
+    VHD_CHECK(!strcmp(o.net[0].name, "n.sock"));
+    VHD_CHECK(o.net[0].client);
+    VHD_CHECK_EQ(o.net[0].reconnect_max_ms, 10);
+    VHD_CHECK(!o.net[0].mac_set);
+    vhd_options_free(&o);
+}
+
 VHD_TEST(global_rejects)
 {
     struct vhd_options o;
