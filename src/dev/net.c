@@ -582,6 +582,15 @@ static int net_rx_process(struct vhd_queue *q, struct net_queue *rq, unsigned bu
 
     if (vhd_unlikely(rq->broken))
         return -EPROTO;
+    /*
+     * A generator's buffers are work only while its pair is in use: a
+     * disabled ring, or a pair beyond VQ_PAIRS_SET, takes no frame, and left
+     * active it would keep an event-mode worker spinning on buffers it
+     * never fills. Passive (dev.h) until then: it runs again on a kick, a
+     * re-attach (enable) or while a worker polls.
+     */
+    if (net->be->ops->rx_buffers_are_work)
+        q->passive = !q->enabled || rq->pair >= vhd_load_relaxed(&net->curr_pairs);
     if (net->be->ops->rx_poll && q->enabled)
         return net->be->ops->rx_poll(net->be, rq->pair, q->worker, budget);
     return 0;

@@ -164,7 +164,7 @@ struct vhd_queue {
     bool have_addr;
     /*
      * Available chains on this ring are not work by themselves (set by the
-     * device in queue_init, read by the worker at attach). A virtio-net
+     * device in queue_init, read by the worker after each processing). A virtio-net
      * receive queue is such a ring: the driver keeps it stocked with empty
      * buffers, and it runs when its backend has frames (its wake fd, or the
      * pair's transmit path) or the driver kicks, never just because buffers
@@ -172,7 +172,9 @@ struct vhd_queue {
      * event-mode worker spinning. The device must not keep work waiting for
      * chains without a wake-up of its own (net drops frames when the
      * receive ring has no buffers, as a NIC does). Polling modes still
-     * process it while they poll.
+     * process it while they poll. The device may also change it from
+     * queue_process (the worker owns q then): a ring whose chains are work
+     * only at times (a generator's ring while its pair is out of use).
      */
     bool passive;
     bool started;   /* vhost-user ring state: started (kick fd received) */

@@ -99,7 +99,6 @@ struct rt_entry {
     bool kickless;      /* no kick fd: polled every turn */
     bool kick_in_epoll; /* q->kick_fd is registered in the worker's epoll */
     bool wake_in_epoll; /* wake_fd is registered (tagged e | 1, edge-triggered) */
-    bool passive;       /* q->passive at attach: chains on the ring are not work by themselves */
     int wake_fd;        /* the device's extra fd (dev ops queue_wake_fd), or -1 */
     bool broken;        /* queue_process failed: never popped again */
     bool detaching;     /* a detach was taken: not popped, waiting for inflight_io == 0 */
@@ -336,7 +335,7 @@ static void worker_entry_set_notify(struct vhd_worker *w, struct rt_entry *e)
 
     if (w->mode == VHD_POLL_ALWAYS || (w->mode == VHD_POLL_ADAPTIVE && w->polling)) {
         vhd_vq_disable_notify(vq);
-    } else if (vhd_vq_enable_notify(vq) && !e->passive) {
+    } else if (vhd_vq_enable_notify(vq) && !e->q->passive) {
         /* Work slipped in before the enable became visible: do not wait for a kick. */
         e->pending = true;
     }
@@ -404,7 +403,7 @@ static bool worker_process_queues(struct vhd_worker *w)
          * passive ring (dev.h) chains are not work: notifications are armed,
          * and what the ring holds does not keep us awake.
          */
-        if (w->mode == VHD_POLL_NEVER && vhd_vq_enable_notify(&q->vq) && !e->passive) {
+        if (w->mode == VHD_POLL_NEVER && vhd_vq_enable_notify(&q->vq) && !q->passive) {
             e->pending = true;
             more = true;
         }
@@ -438,7 +437,7 @@ static bool worker_enable_notify_all(struct vhd_worker *w)
         if (e->broken || e->detaching)
             continue;
         /* A passive ring's chains are not work (dev.h): armed, but not a reason to stay up. */
-        if (vhd_vq_enable_notify(&e->q->vq) && !e->passive) {
+        if (vhd_vq_enable_notify(&e->q->vq) && !e->q->passive) {
             e->pending = true;
             slipped = true;
         }
@@ -512,7 +511,6 @@ static int worker_do_attach(struct vhd_worker *w, struct vhd_queue *q)
     if (!e)
         return -ENOMEM;
     e->q = q;
-    e->passive = q->passive;
     if (q->kick_fd >= 0) {
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = e};
         if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, q->kick_fd, &ev) < 0) {
