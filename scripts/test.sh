@@ -73,6 +73,7 @@ unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_fro
 unit_tests+=(test_inflight)
 unit_tests+=(test_net_gen)
 unit_tests+=(test_crash)
+unit_tests+=(test_dirtylog)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build

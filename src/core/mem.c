@@ -478,3 +478,34 @@ bool vhd_mem_faulted(const struct vhd_mem *mem)
             return true;
     return false;
 }
+
+/* Does region r's host range hold [p, p+len)? Compares lengths, not ends. */
+static bool region_holds_hva(const struct vhd_mem_region *r, uintptr_t p, uint64_t len)
+{
+    uintptr_t base = (uintptr_t)r->hva;
+
+    return r->hva && p >= base && p - base < r->size && len <= r->size - (p - base);
+}
+
+int vhd_mem_hva_to_gpa(const struct vhd_mem *mem, const void *hva, uint64_t len, uint32_t *hint,
+                       uint64_t *gpa)
+{
+    uintptr_t p = (uintptr_t)hva;
+    uint32_t h = *hint;
+
+    if (!mem)
+        return -EFAULT;
+    if (h < mem->nregions && region_holds_hva(&mem->regions[h], p, len)) {
+        *gpa = mem->regions[h].gpa + (p - (uintptr_t)mem->regions[h].hva);
+        return 0;
+    }
+    for (uint32_t i = 0; i < mem->nregions; i++) {
+        const struct vhd_mem_region *r = &mem->regions[i];
+        if (region_holds_hva(r, p, len)) {
+            *hint = i;
+            *gpa = r->gpa + (p - (uintptr_t)r->hva);
+            return 0;
+        }
+    }
+    return -EFAULT;
+}

@@ -136,6 +136,18 @@ int vhd_mem_gpa_to_iov(const struct vhd_mem *mem, uint64_t gpa, uint64_t len, st
 void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len);
 
 /*
+ * vhd_mem_hva_to_gpa - the guest-physical address of host pointer hva, when
+ * [hva, hva+len) lies inside one region's mapping (what pop hands out: a
+ * segment never crosses a region). 0 and *gpa, or -EFAULT. Regions' host
+ * ranges are disjoint (each is its own mapping), so the answer is unique.
+ * *hint as for the GPA lookups (a region index; any value is safe). Not on
+ * the fast path: dirty logging uses it to log the buffers a device wrote
+ * (a check of the hinted region, then a scan of the table).
+ */
+int vhd_mem_hva_to_gpa(const struct vhd_mem *mem, const void *hva, uint64_t len, uint32_t *hint,
+                       uint64_t *gpa);
+
+/*
  * vhd_mem_faulted - did the front-end take memory away under one of the
  * table's mappings (a SIGBUS absorbed by the guard, see memguard.h)? Such
  * a table reads zeros where the lost pages were; its device must be reset.

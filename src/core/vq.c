@@ -150,6 +150,11 @@ int vhd_vq__map_rings(struct vhd_vq *vq)
      */
     if (((uintptr_t)d & 15) || ((uintptr_t)a & (vq->packed ? 3 : 1)) || ((uintptr_t)u & 3))
         return vhd_vq__fail(vq, VHD_VQ_E_RING_ADDR);
+    /* Dirty logging: where the used descriptors go, as a GPA (rings are given as UVAs). */
+    uint32_t hint = 0;
+    vq->log_desc_gpa = vq->desc_addr;
+    if (!vq->addr_is_gpa && vhd_mem_hva_to_gpa(vq->mem, d, 16, &hint, &vq->log_desc_gpa) < 0)
+        vq->log_desc_gpa = 0; /* cannot happen: d was just translated from this table */
     if (vq->packed) {
         vq->ring.packed.desc = d;
         vq->ring.packed.driver = a;
@@ -230,4 +235,44 @@ int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool w
         c->rlen += len;
     }
     return 0;
+}
+
+/* ---- dirty logging ---- */
+
+void vhd_vq_set_log(struct vhd_vq *vq, const struct vhd_dirtylog *log, bool log_used,
+                    uint64_t used_gpa)
+{
+    vq->log = log;
+    vq->log_used = log != NULL && log_used;
+    vq->log_used_gpa = used_gpa;
+}
+
+/*
+ * Each segment came from pop on this queue's table, so it lies inside one
+ * region's mapping: its GPA is found by the reverse lookup (hinted by the
+ * queue's region hint). Logging by host address keeps pop untouched: pop
+ * does not record GPAs for a feature that is off nearly all the time. A
+ * segment that does not translate (cannot happen) is skipped.
+ */
+void vhd_vq__log_iov(struct vhd_vq *vq, const struct iovec *iov, uint32_t n, uint64_t len)
+{
+    for (uint32_t i = 0; i < n && len > 0; i++) {
+        uint64_t l = iov[i].iov_len < len ? iov[i].iov_len : len;
+        uint64_t gpa;
+        if (l && vhd_mem_hva_to_gpa(vq->mem, iov[i].iov_base, l, &vq->mem_hint, &gpa) == 0)
+            vhd_dirtylog_mark(vq->log, gpa, l);
+        len -= l;
+    }
+}
+
+void vhd_vq__log_used(const struct vhd_vq *vq, uint64_t off, uint64_t len)
+{
+    if (vq->log_used)
+        vhd_dirtylog_mark(vq->log, vq->log_used_gpa + off, len);
+}
+
+void vhd_vq__log_desc(const struct vhd_vq *vq, uint64_t off, uint64_t len)
+{
+    if (vq->log_used)
+        vhd_dirtylog_mark(vq->log, vq->log_desc_gpa + off, len);
 }

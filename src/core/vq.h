@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 
 #include "compiler.h"
+#include "dirtylog.h"
 #include "inflight.h"
 #include "mem.h"
 #include "virtio.h"
@@ -153,6 +154,17 @@ struct vhd_vq {
                                   (saturating): unpop gives those back first */
     uint16_t inf_desc_num;     /* records in the region (checked at start) */
 
+    /*
+     * ---- dirty logging (VHOST_F_LOG_ALL, dirtylog.h), used only when log is set ----
+     * Set by vhd_vq_set_log at a quiescent point. When off, the cost is one
+     * test of log per flush, per notification change and per request the
+     * device completes (vhd_vq_log_write); nothing in pop.
+     */
+    const struct vhd_dirtylog *log; /* NULL: not logging */
+    uint64_t log_used_gpa;          /* log_guest_addr: split used ring; packed device area */
+    uint64_t log_desc_gpa;          /* packed: the descriptor ring's GPA (set by map_rings) */
+    bool log_used;                  /* VHOST_VRING_F_LOG: log our ring writes too */
+
     /* ---- configuration, cold ---- */
     bool addr_is_gpa;
     uint64_t desc_addr, avail_addr, used_addr;
@@ -237,7 +249,40 @@ void vhd_vq_invalidate(struct vhd_vq *vq);
 /* Slow path: (re)translate the ring addresses. 0, or -VHD_VQ_E_RING_ADDR (queue broken). */
 int vhd_vq__map_rings(struct vhd_vq *vq);
 
+/*
+ * vhd_vq_set_log - log this queue's writes to guest memory in log (NULL:
+ * stop logging). log_used (VHOST_VRING_F_LOG) adds the device's ring writes
+ * (split: used elements, used->idx, used->flags, avail_event; packed: used
+ * descriptors and the device event area), logged at used_gpa, the ring's
+ * log_guest_addr (spec "Migration": the used ring's first byte is logged
+ * there; packed: the device area; packed descriptors at the descriptor
+ * ring's own GPA). Data the device writes is logged by the device through
+ * vhd_vq_log_write(). Control path, queue not in use by a worker; after
+ * vhd_vq_init (which clears it).
+ */
+void vhd_vq_set_log(struct vhd_vq *vq, const struct vhd_dirtylog *log, bool log_used,
+                    uint64_t used_gpa);
+
+/* Logging slow paths (vq.c); callers test vq->log first. */
+void vhd_vq__log_iov(struct vhd_vq *vq, const struct iovec *iov, uint32_t n, uint64_t len);
+void vhd_vq__log_used(const struct vhd_vq *vq, uint64_t off, uint64_t len);
+void vhd_vq__log_desc(const struct vhd_vq *vq, uint64_t off, uint64_t len);
+
 /* ---- datapath (owning worker only) ---- */
+
+/*
+ * vhd_vq_log_write - the device wrote the first len bytes of iov[0..n)
+ * (segments that pop handed out from this queue, in guest memory): mark
+ * their pages dirty when logging is on. Call it after the bytes are
+ * written and before the chain is pushed. When logging is off this is one
+ * predictable test.
+ */
+static inline void vhd_vq_log_write(struct vhd_vq *vq, const struct iovec *iov, uint32_t n,
+                                    uint64_t len)
+{
+    if (vhd_unlikely(vq->log != NULL))
+        vhd_vq__log_iov(vq, iov, n, len);
+}
 
 int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
                       struct vhd_vq_chain *c);

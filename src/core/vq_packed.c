@@ -515,6 +515,20 @@ static void packed_inflight_flushed(struct vhd_vq *vq, struct vhd_inflight_packe
 }
 
 /*
+ * Dirty logging, after the batch is published: the used descriptors written
+ * from slot `from` up to used_idx (wrapping), `slots` of them (1..size).
+ */
+static __attribute__((noinline)) void packed_log_flush(struct vhd_vq *vq, uint16_t from,
+                                                       uint32_t slots)
+{
+    uint32_t run = slots < vq->size - (uint32_t)from ? slots : vq->size - (uint32_t)from;
+
+    vhd_vq__log_desc(vq, 16ull * from, 16ull * run);
+    if (slots > run)
+        vhd_vq__log_desc(vq, 0, 16ull * (slots - run));
+}
+
+/*
  * Publish the batch: store the head's flags with release, last. It orders
  * every id/len/flags store of the batch before it, and pairs with the
  * driver's acquire load of that slot's flags (2.8.22): one store publishes
@@ -551,6 +565,10 @@ void vhd_vq__packed_flush(struct vhd_vq *vq)
     vhd_store_release(&vq->ring.packed.desc[vq->batch_head].flags, vhd_le16(vq->batch_head_flags));
     if (vhd_unlikely(inf != NULL))
         packed_inflight_flushed(vq, inf);
+    if (vhd_unlikely(vq->log != NULL))
+        packed_log_flush(vq, vq->published_used,
+                         pos_dist(vq->size, vq->published_used, vq->published_used_wrap,
+                                  vq->used_idx, vq->used_wrap));
     vq->published_used = vq->used_idx;
     vq->published_used_wrap = vq->used_wrap;
     vq->batch_npending = 0;
@@ -615,6 +633,8 @@ bool vhd_vq__packed_enable_notify(struct vhd_vq *vq)
     } else {
         vhd_store_relaxed(&dev->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_ENABLE));
     }
+    if (vhd_unlikely(vq->log != NULL))
+        vhd_vq__log_used(vq, 0, sizeof(*dev));
     /*
      * The classic race: the driver may have made a descriptor available
      * after our last look and, reading our old DISABLE, not kicked. A full
@@ -631,6 +651,8 @@ bool vhd_vq__packed_enable_notify(struct vhd_vq *vq)
 void vhd_vq__packed_disable_notify(struct vhd_vq *vq)
 {
     vhd_store_relaxed(&vq->ring.packed.device->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_DISABLE));
+    if (vhd_unlikely(vq->log != NULL))
+        vhd_vq__log_used(vq, 0, sizeof(struct vhd_vring_packed_event));
 }
 
 /* A chain is available at last_avail_idx. */

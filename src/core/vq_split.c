@@ -24,6 +24,7 @@
  *              its avail->idx store and reading avail_event / used->flags
  *              (2.7.13.4.1).
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "vq.h"
@@ -404,6 +405,22 @@ static void split_inflight_flushed(struct vhd_vq *vq, uint16_t n)
 }
 
 /*
+ * Dirty logging, after the release store of used->idx: the n used elements
+ * from index `from` (wrapping round the ring) and used->idx itself. Marked
+ * after the stores, so a front-end that sees a bit sees what we wrote.
+ */
+static __attribute__((noinline)) void split_log_flush(struct vhd_vq *vq, uint16_t from, uint16_t n)
+{
+    uint32_t first = from & vq->mask;
+    uint32_t run = n < vq->size - first ? n : vq->size - first;
+
+    vhd_vq__log_used(vq, 4 + 8ull * first, 8ull * run);
+    if (n > run)
+        vhd_vq__log_used(vq, 4, 8ull * (n - run));
+    vhd_vq__log_used(vq, offsetof(struct vhd_vring_used, idx), sizeof(uint16_t));
+}
+
+/*
  * Publish every pushed element with one release store of used->idx
  * (pairing B): the elements and the data written into the buffers become
  * visible to the driver no later than the index. No store when nothing new.
@@ -413,6 +430,8 @@ void vhd_vq__split_flush(struct vhd_vq *vq)
     if (vq->used_idx == vq->published_used)
         return;
     vhd_store_release(&vq->ring.split.used->idx, vhd_le16(vq->used_idx));
+    if (vhd_unlikely(vq->log != NULL))
+        split_log_flush(vq, vq->published_used, (uint16_t)(vq->used_idx - vq->published_used));
     if (vhd_unlikely(vq->inf.any != NULL))
         split_inflight_flushed(vq, (uint16_t)(vq->used_idx - vq->published_used));
     vq->published_used = vq->used_idx;
@@ -483,6 +502,8 @@ bool vhd_vq__split_enable_notify(struct vhd_vq *vq)
         vhd_store_relaxed(split_avail_event(vq), vhd_le16(vq->avail_shadow));
     else
         vhd_store_relaxed(&vq->ring.split.used->flags, vhd_le16(0));
+    if (vhd_unlikely(vq->log != NULL))
+        vhd_vq__log_used(vq, vq->event_idx ? 4 + 8ull * vq->size : 0, sizeof(uint16_t));
 
     /*
      * Pairing D: the enable above must be visible before we re-read
@@ -507,8 +528,11 @@ bool vhd_vq__split_enable_notify(struct vhd_vq *vq)
  */
 void vhd_vq__split_disable_notify(struct vhd_vq *vq)
 {
-    if (!vq->event_idx)
+    if (!vq->event_idx) {
         vhd_store_relaxed(&vq->ring.split.used->flags, vhd_le16(VRING_USED_F_NO_NOTIFY));
+        if (vhd_unlikely(vq->log != NULL))
+            vhd_vq__log_used(vq, 0, sizeof(uint16_t));
+    }
 }
 
 /*

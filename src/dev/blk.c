@@ -217,12 +217,33 @@ static void blk_push(struct blk_queue *bq, struct blk_req *r, uint32_t used)
 }
 
 /*
+ * Dirty logging (live migration): every byte this request may have written
+ * into guest memory. IN and GET_ID write the data part (a failed read may
+ * have written some of it: logging a page too many only re-sends it), and
+ * every request writes its status byte. The rings are the engine's.
+ */
+static __attribute__((noinline)) void blk_log_written(struct blk_queue *bq, struct blk_req *r)
+{
+    struct vhd_vq *vq = &bq->q->vq;
+
+    if (r->type == VIRTIO_BLK_T_IN || r->type == VIRTIO_BLK_T_GET_ID) {
+        struct iovec *iov;
+        uint32_t cnt = writable_data(r, &iov);
+        vhd_vq_log_write(vq, iov, cnt, r->chain.wlen - 1u);
+    }
+    struct iovec st = {.iov_base = r->status, .iov_len = 1};
+    vhd_vq_log_write(vq, &st, 1, 1);
+}
+
+/*
  * Complete r with a status. `used` counts the bytes written into the
  * device-writable buffers including the status byte (2.7.8: used length).
  */
 static void blk_complete(struct blk_queue *bq, struct blk_req *r, uint8_t status, uint32_t used)
 {
     *r->status = status;
+    if (vhd_unlikely(bq->q->vq.log != NULL))
+        blk_log_written(bq, r);
     bq->st.completed++;
     if (status == VIRTIO_BLK_S_OK)
         bq->st.status_ok++;
@@ -793,6 +814,7 @@ const struct vhd_dev_ops vhd_blk_ops = {
     .reset = blk_reset,
     /* Chains recorded in flight before a crash come back from vhd_vq_pop like new ones. */
     .inflight_shmfd = true,
+    .dirty_log = true,
 };
 
 /* ---- creation ---- */

@@ -146,16 +146,15 @@ static int c_unknown_request_noack(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
-/* A known request the back-end does not implement (SET_LOG_BASE). */
+/* A known request the back-end does not implement (SET_LOG_FD). */
 static int c_unsupported_request(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
     int rc = vhd_chaos__steps(ctx, &s, UPTO(FEATURES));
     if (!rc) {
-        struct vu_log l = {.size = 4096, .offset = 0};
         int fd = s.m->fd;
-        rc = vhd_chaos__observe(
-            &s, vhd_chaos__ack(&s, VHOST_USER_SET_LOG_BASE, &l, sizeof(l), &fd, 1), "SET_LOG_BASE");
+        rc = vhd_chaos__observe(&s, vhd_chaos__ack(&s, VHOST_USER_SET_LOG_FD, NULL, 0, &fd, 1),
+                                "SET_LOG_FD");
     }
     vhd_chaos__close(&s);
     return rc;

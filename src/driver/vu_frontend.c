@@ -76,6 +76,8 @@ static const char *req_name(uint32_t req)
         return "GET_INFLIGHT_FD";
     case VHOST_USER_SET_INFLIGHT_FD:
         return "SET_INFLIGHT_FD";
+    case VHOST_USER_SET_LOG_BASE:
+        return "SET_LOG_BASE";
     default:
         return "request";
     }
@@ -534,6 +536,109 @@ void vhd_vuf_inflight_release(struct vhd_vuf_inflight *in)
     if (in->fd >= 0)
         close(in->fd);
     vhd_vuf_inflight_init(in);
+}
+
+/* ---- dirty logging ---- */
+
+/* Pages per bitmap chunk (QEMU's vhost_log_chunk_t is a u64). */
+#define LOG_CHUNK_PAGES 64u
+
+int vhd_vuf_log_alloc(struct vhd_vuf_log *log, uint64_t top, const char *name)
+{
+    uint64_t pages = (top + 4095) / 4096;
+    uint64_t size = (pages + LOG_CHUNK_PAGES - 1) / LOG_CHUNK_PAGES * sizeof(uint64_t);
+
+    log->fd = -1;
+    log->chunks = NULL;
+    log->size = 0;
+    if (size == 0)
+        size = sizeof(uint64_t);
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    if (ftruncate(fd, (off_t)size) < 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    log->fd = fd;
+    log->chunks = p;
+    log->size = size;
+    return 0;
+}
+
+void vhd_vuf_log_release(struct vhd_vuf_log *log)
+{
+    if (log->chunks)
+        munmap(log->chunks, log->size);
+    if (log->fd >= 0)
+        close(log->fd);
+    log->chunks = NULL;
+    log->fd = -1;
+    log->size = 0;
+}
+
+size_t vhd_vuf_log_collect(struct vhd_vuf_log *log, uint64_t *pages, size_t max)
+{
+    size_t n = 0;
+
+    for (uint64_t i = 0; i < log->size / sizeof(uint64_t); i++) {
+        /* Read and clear in one step: a bit the back-end sets meanwhile is kept for later. */
+        uint64_t v = __atomic_exchange_n(&log->chunks[i], 0, __ATOMIC_ACQ_REL);
+        while (v) {
+            unsigned b = (unsigned)__builtin_ctzll(v);
+            v &= v - 1;
+            if (n < max)
+                pages[n] = i * LOG_CHUNK_PAGES + b;
+            n++;
+        }
+    }
+    return n;
+}
+
+int vhd_vuf_set_log_base(struct vhd_vuf *f, int fd, uint64_t size, uint64_t offset)
+{
+    struct vu_log l = {.size = size, .offset = offset};
+    struct vu_rx rx;
+
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_LOG_SHMFD))
+        return fail(f, -ENOTSUP, "SET_LOG_BASE: LOG_SHMFD not negotiated");
+    int rc = send_msg(f, VHOST_USER_SET_LOG_BASE, 0, &l, sizeof(l), fd >= 0 ? &fd : NULL,
+                      fd >= 0 ? 1 : 0);
+    if (rc == 0)
+        rc = recv_reply(f, VHOST_USER_SET_LOG_BASE, &rx);
+    if (rc < 0)
+        return rc;
+    if (rx.hdr.size != sizeof(uint64_t))
+        return broken(
+            f, fail(f, -EPROTO, "SET_LOG_BASE: reply of %u bytes (expected 8)", rx.hdr.size));
+    if (rx.payload.u64 != 0)
+        return fail(f, -EIO, "SET_LOG_BASE: refused by the back-end: %s",
+                    rx.payload.u64 < 4096 ? strerror((int)rx.payload.u64) : "unknown error");
+    return 0;
+}
+
+int vhd_vuf_set_log_all(struct vhd_vuf *f, bool on)
+{
+    uint64_t v = f->features & ~BIT(VHOST_F_LOG_ALL);
+    return vhd_vuf_set_features(f, on ? v | BIT(VHOST_F_LOG_ALL) : v);
+}
+
+int vhd_vuf_ring_set_log(struct vhd_vuf *f, const struct vhd_vuf_ring *r, bool on, uint64_t log_gpa)
+{
+    struct vu_vring_addr a = {.index = r->index,
+                              .flags = on ? 1u << VHOST_VRING_F_LOG : 0,
+                              .desc = r->desc,
+                              .used = r->used,
+                              .avail = r->avail,
+                              .log = log_gpa};
+    return call_noreply(f, VHOST_USER_SET_VRING_ADDR, &a, sizeof(a), NULL, 0);
 }
 
 int vhd_vuf_sync(struct vhd_vuf *f)

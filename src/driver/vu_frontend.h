@@ -173,6 +173,60 @@ int vhd_vuf_set_inflight_fd(struct vhd_vuf *f, const struct vhd_vuf_inflight *in
 void vhd_vuf_inflight_release(struct vhd_vuf_inflight *in);
 
 /*
+ * Dirty logging (protocol feature LOG_SHMFD, spec "Migration"): a bitmap in
+ * shared memory, one bit per 4 KiB guest-physical page, that the back-end
+ * sets for every page it writes while VHOST_F_LOG_ALL is negotiated. The
+ * front-end reads and clears it (what QEMU does while it migrates).
+ */
+struct vhd_vuf_log {
+    int fd;           /* memfd; -1: none */
+    uint64_t *chunks; /* our mapping: page p is bit p % 64 of chunks[p / 64] */
+    uint64_t size;    /* bytes (a multiple of 8) */
+};
+
+/*
+ * vhd_vuf_log_alloc - a zeroed log covering guest-physical [0, top) (QEMU's
+ * vhost_get_log_size: whole 64-page chunks), in a memfd named name. The log
+ * is ours; the back-end gets a copy of the fd. 0 or -errno.
+ */
+int vhd_vuf_log_alloc(struct vhd_vuf_log *log, uint64_t top, const char *name);
+
+/* Unmap and close (idempotent; a zeroed or released log is fine). */
+void vhd_vuf_log_release(struct vhd_vuf_log *log);
+
+/*
+ * vhd_vuf_log_collect - take the dirty pages: each 64-page chunk is read and
+ * cleared with one atomic exchange (the back-end sets bits concurrently).
+ * Writes up to max page numbers (ascending) to pages and returns how many
+ * pages were dirty (possibly more than max).
+ */
+size_t vhd_vuf_log_collect(struct vhd_vuf_log *log, uint64_t *pages, size_t max);
+
+/*
+ * vhd_vuf_set_log_base - SET_LOG_BASE: the log is size bytes at offset of
+ * fd (fd -1: none sent, which a back-end must refuse). Needs LOG_SHMFD
+ * (-ENOTSUP). Waits for the back-end's reply (u64: 0, else its errno): a
+ * refusal is -EIO with the reason, and the session stays usable.
+ */
+int vhd_vuf_set_log_base(struct vhd_vuf *f, int fd, uint64_t size, uint64_t offset);
+
+/*
+ * vhd_vuf_set_log_all - SET_FEATURES with the features last set, with or
+ * without VHOST_F_LOG_ALL: dirty logging on or off (-EINVAL when not
+ * offered). Rings keep running.
+ */
+int vhd_vuf_set_log_all(struct vhd_vuf *f, bool on);
+
+/*
+ * vhd_vuf_ring_set_log - SET_VRING_ADDR again for a started ring (same
+ * addresses), with VHOST_VRING_F_LOG on or off and log_gpa, the
+ * guest-physical address at which the back-end logs writes to the ring's
+ * used part (split: the used ring; packed: the device event area).
+ */
+int vhd_vuf_ring_set_log(struct vhd_vuf *f, const struct vhd_vuf_ring *r, bool on,
+                         uint64_t log_gpa);
+
+/*
  * vhd_vuf_sync - make sure every message sent so far was handled: a no-op
  * with REPLY_ACK (each message was acknowledged), else a GET_FEATURES round
  * trip (the back-end handles messages in order), as QEMU does.

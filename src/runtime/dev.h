@@ -117,6 +117,14 @@ struct vhd_dev_ops {
     bool inflight_shmfd;
 
     /*
+     * The device logs every byte it writes into guest buffers with
+     * vhd_vq_log_write() (the engine logs the rings itself): the transport
+     * offers VHOST_F_LOG_ALL and VHOST_USER_PROTOCOL_F_LOG_SHMFD (dirty
+     * logging for live migration, core/dirtylog.h).
+     */
+    bool dirty_log;
+
+    /*
      * queue_wake_fd - optional (NULL: none): an extra fd the worker watches
      * for q while q is attached, besides its kick fd. The runtime registers
      * it edge-triggered (EPOLLIN | EPOLLET) at attach and removes it when q
@@ -162,6 +170,7 @@ struct vhd_queue {
     uint64_t addr_desc, addr_avail, addr_used, addr_log; /* SET_VRING_ADDR (front-end VAs) */
     uint32_t base; /* SET_VRING_BASE value (vhost-user encoding) */
     bool have_addr;
+    bool addr_log_on; /* SET_VRING_ADDR flags: VHOST_VRING_F_LOG (log used-ring writes) */
     /*
      * Available chains on this ring are not work by themselves (set by the
      * device in queue_init, read by the worker after each processing). A virtio-net

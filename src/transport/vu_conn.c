@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/dirtylog.h"
 #include "core/inflight.h"
 #include "core/memguard.h"
 #include "core/virtio.h"
@@ -54,6 +55,8 @@ struct vhd_vu_conn {
     uint16_t inflight_num_queues;
     uint16_t inflight_queue_size;
     int inflight_guard; /* its vhd_memguard slot (a truncated file cannot kill us), or -1 */
+    /* SET_LOG_BASE: the dirty log (NULL: none); queues use it while LOG_ALL is negotiated. */
+    struct vhd_dirtylog *log;
 };
 
 /* ---- the request table ---- */
@@ -107,6 +110,7 @@ struct vu_req_info {
     bool gate_offered;      /* the spec only requires the back-end to offer it */
     bool reply;             /* the request has its own reply (REPLY_ACK adds nothing) */
     bool empty_error_reply; /* failures are a zero-size reply (GET_CONFIG) */
+    bool errno_reply;       /* failures reply u64 errno (SET_LOG_BASE), once the gate is met */
 };
 
 static int h_get_features(struct vhd_vu_conn *c, struct vu_req *r);
@@ -138,6 +142,7 @@ static int h_send_rarp(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_net_set_mtu(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_get_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
 static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
+static int h_set_log_base(struct vhd_vu_conn *c, struct vu_req *r);
 
 /* Payload sizes and gates, for the table below. */
 #define U64             ((uint16_t)sizeof(uint64_t))
@@ -145,6 +150,7 @@ static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
 #define ADDR            ((uint16_t)sizeof(struct vu_vring_addr))
 #define MREG            ((uint16_t)sizeof(struct vu_mem_single))
 #define INFLIGHT        ((uint16_t)sizeof(struct vu_inflight))
+#define LOG             ((uint16_t)sizeof(struct vu_log))
 #define PF(name)        BIT(VHOST_USER_PROTOCOL_F_##name)
 #define REQ(id, h, ...) [VHOST_USER_##id] = {.name = #id, .handler = (h), __VA_ARGS__}
 
@@ -162,7 +168,9 @@ static const struct vu_req_info vu_reqs[VHOST_USER_REQUEST_MAX] = {
     REQ(SET_OWNER, h_set_owner),
     REQ(RESET_OWNER, h_reset_owner),
     REQ(SET_MEM_TABLE, h_set_mem_table, .size_rule = SZ_MEM_TABLE, .fd_rule = FD_PER_REGION),
-    REQ(SET_LOG_BASE, NULL),
+    /* Spec "Communication": with LOG_SHMFD, SET_LOG_BASE has a reply. */
+    REQ(SET_LOG_BASE, h_set_log_base, .size = LOG, .fd_rule = FD_ONE, .gate = PF(LOG_SHMFD),
+        .reply = true, .errno_reply = true),
     REQ(SET_LOG_FD, NULL),
     REQ(SET_VRING_NUM, h_set_vring_num, .size = STATE, .index_rule = IDX_STATE),
     REQ(SET_VRING_ADDR, h_set_vring_addr, .size = ADDR, .index_rule = IDX_ADDR),
@@ -219,7 +227,11 @@ const char *vu_request_name(uint32_t request)
 
 /* ---- offered features ---- */
 
-/* Virtio bits the transport cannot honour yet, whatever the device offers. */
+/*
+ * Virtio bits the transport cannot honour yet, whatever the device offers.
+ * VHOST_F_LOG_ALL is the transport's own: offered for devices that log
+ * their writes (ops->dirty_log).
+ */
 #define VU_FEATURES_NOT_YET (BIT(VHOST_F_LOG_ALL) | BIT(VIRTIO_F_ACCESS_PLATFORM))
 
 /* Layouts allowed; both flags false means "not configured": both allowed. */
@@ -235,6 +247,8 @@ uint64_t vhd_vu_offered_features(const struct vhd_dev *dev)
     uint64_t f = dev->ops->features ? dev->ops->features((struct vhd_dev *)dev) : 0;
 
     f &= ~VU_FEATURES_NOT_YET;
+    if (dev->ops->dirty_log)
+        f |= BIT(VHOST_F_LOG_ALL);
     if (!layout_allowed(dev, true))
         f &= ~BIT(VIRTIO_F_RING_PACKED);
     return f | BIT(VHOST_USER_F_PROTOCOL_FEATURES);
@@ -244,9 +258,9 @@ uint64_t vhd_vu_offered_features(const struct vhd_dev *dev)
  * Offered: MQ (the spec says back-ends should always implement it), REPLY_ACK,
  * BACKEND_REQ (config change notifications), CONFIG when the device has a
  * config space, RESET_DEVICE, CONFIGURE_MEM_SLOTS, STATUS, and INFLIGHT_SHMFD
- * for devices that resubmit (ops->inflight_shmfd). Not offered until built:
- * LOG_SHMFD, BACKEND_SEND_FD (we never send fds), INBAND_NOTIFICATIONS,
- * PAGEFAULT, and the rest.
+ * for devices that resubmit (ops->inflight_shmfd), LOG_SHMFD for devices that
+ * log their writes (ops->dirty_log). Not offered: BACKEND_SEND_FD (we never
+ * send fds), INBAND_NOTIFICATIONS, PAGEFAULT (postcopy), and the rest.
  */
 uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
 {
@@ -262,6 +276,8 @@ uint64_t vhd_vu_offered_protocol_features(const struct vhd_dev *dev)
         f |= BIT(VHOST_USER_PROTOCOL_F_RARP);
     if (dev->ops->inflight_shmfd)
         f |= BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
+    if (dev->ops->dirty_log)
+        f |= BIT(VHOST_USER_PROTOCOL_F_LOG_SHMFD);
     return f;
 }
 
@@ -327,6 +343,19 @@ static void close_fd(int *fd)
 static bool queue_should_run(const struct vhd_queue *q)
 {
     return q->started && (q->enabled || q->dev->ops->run_disabled);
+}
+
+/*
+ * Point q's engine at the dirty log, or at none: logging runs while
+ * VHOST_F_LOG_ALL is negotiated and a log is set (QEMU may start a ring
+ * with LOG_ALL before it sends the log: vhost_dev_start). q must be
+ * detached (or not started: vhd_vq_init clears it anyway).
+ */
+static void queue_apply_log(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    const struct vhd_dirtylog *log = feature_has(c, VHOST_F_LOG_ALL) ? c->log : NULL;
+
+    vhd_vq_set_log(&q->vq, log, q->addr_log_on, q->addr_log);
 }
 
 /*
@@ -605,6 +634,8 @@ static int conn_reset_device(struct vhd_vu_conn *c, bool keep_session)
         dev->protocol_features = 0;
         c->protocol_features_set = false;
         close_fd(&c->backend_fd);
+        vhd_dirtylog_free(c->log); /* every ring is stopped: nothing marks it */
+        c->log = NULL;
     }
     return 0;
 }
@@ -715,6 +746,10 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
     if (vhd_mem_faulted(c->dev->mem)) {
         /* The rings may read zeros now (memguard.h); the front-end must reset. */
         conn_mark_broken(c, "guest memory was truncated by the front-end (SIGBUS absorbed)", true);
+        found = true;
+    }
+    if (vhd_dirtylog_faulted(c->log)) {
+        conn_mark_broken(c, "the dirty log was truncated by the front-end (SIGBUS absorbed)", true);
         found = true;
     }
     if (c->inflight_guard >= 0 && vhd_memguard_faulted(c->inflight_guard)) {
@@ -863,6 +898,18 @@ static void req_close_fds(struct vu_req *r)
         close_fd(&r->fds[i]);
 }
 
+/*
+ * Does the request have a reply of its own? An errno_reply request has one
+ * only once its gate is negotiated (SET_LOG_BASE: with LOG_SHMFD); before,
+ * it is acked (REPLY_ACK) like any request without one.
+ */
+static bool req_has_reply(const struct vhd_vu_conn *c, const struct vu_req_info *info)
+{
+    if (!info->reply)
+        return false;
+    return !info->errno_reply || !info->gate || (c->dev->protocol_features & info->gate);
+}
+
 int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
                        const union vu_payload *payload, int *fds, unsigned nfds)
 {
@@ -915,7 +962,7 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
         (void)vhd_vu_conn_config_changed(c);
     }
     req_close_fds(&r); /* fds the handler did not keep */
-    if (info->reply) {
+    if (req_has_reply(c, info)) {
         rc = send_reply_fd(c, req, &r.reply, r.reply_size, r.reply_fd);
         close_fd(&r.reply_fd); /* the front-end has its own copy now */
         return rc;
@@ -931,9 +978,13 @@ fail:
     close_fd(&r.reply_fd);
     VHD_LOG_RL(VHD_LOG_WARN, "%s: %s (request %u, size %u, %u fds) failed: %s (%s)", c->dev->name,
                vu_request_name(req), req, hdr->size, nfds, r.why ? r.why : "error", strerror(-rc));
-    if (info && info->reply) {
+    if (info && req_has_reply(c, info)) {
         if (info->empty_error_reply)
             return send_reply(c, req, NULL, 0);
+        if (info->errno_reply) {
+            uint64_t err = (uint64_t)-rc;
+            return send_reply(c, req, &err, sizeof(err));
+        }
         return rc; /* no error form of this reply: end the session */
     }
     if (need_reply && (ack_before || proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK))) {
@@ -981,8 +1032,9 @@ static int h_get_features(struct vhd_vu_conn *c, struct vu_req *r)
 /*
  * SET_FEATURES: the value must be a subset of what GET_FEATURES offers, with
  * a ring layout the device allows. Virtio features are fixed once the rings
- * run (the only runtime change QEMU makes is VHOST_F_LOG_ALL, not offered),
- * so a different value while a ring is started is refused. The device sees
+ * run, so a different value while a ring is started is refused, except for
+ * VHOST_F_LOG_ALL: QEMU turns dirty logging on and off on running rings
+ * (spec "Migration"); every started queue follows it (queue_apply_log). The device sees
  * the virtio bits only (PROTOCOL_FEATURES stripped), with its queues
  * detached. Spec "Ring states": without PROTOCOL_FEATURES every ring is
  * enabled immediately.
@@ -1001,10 +1053,12 @@ static int h_set_features(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "ring layout not allowed for this device";
         return -EINVAL;
     }
-    if (c->features_set && any_ring_started(dev) && vf != dev->features) {
+    if (c->features_set && any_ring_started(dev) &&
+        ((vf ^ dev->features) & ~BIT(VHOST_F_LOG_ALL))) {
         r->why = "features changed while a ring is started";
         return -EBUSY;
     }
+    uint64_t prev = dev->features; /* ops->set_features may store the new value */
     int rc = dev_quiesce(c);
     if (rc < 0) {
         dev_resume(c);
@@ -1022,12 +1076,19 @@ static int h_set_features(struct vhd_vu_conn *c, struct vu_req *r)
     if (!c->features_set || dev->features != vf || c->acked_features != f)
         vhd_log(VHD_LOG_INFO, "%s: features 0x%llx%s", dev->name, (unsigned long long)vf,
                 (f & BIT(VHOST_USER_F_PROTOCOL_FEATURES)) ? " + PROTOCOL_FEATURES" : "");
+    if ((vf ^ prev) & BIT(VHOST_F_LOG_ALL))
+        vhd_log(VHD_LOG_INFO, "%s: dirty logging %s%s", dev->name,
+                (vf & BIT(VHOST_F_LOG_ALL)) ? "on" : "off",
+                (vf & BIT(VHOST_F_LOG_ALL)) && !c->log ? " (no log yet: SET_LOG_BASE)" : "");
     dev->features = vf;
     c->acked_features = f;
     c->features_set = true;
     if (!(f & BIT(VHOST_USER_F_PROTOCOL_FEATURES)))
         for (uint32_t i = 0; i < dev->num_queues; i++)
             dev->queues[i].enabled = true;
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        if (dev->queues[i].started)
+            queue_apply_log(c, &dev->queues[i]);
     dev_resume(c);
     return 0;
 }
@@ -1215,19 +1276,22 @@ static int h_set_vring_num(struct vhd_vu_conn *c, struct vu_req *r)
 
 /*
  * SET_VRING_ADDR: front-end virtual addresses (IOMMU_PLATFORM is not
- * offered). The only flag is VHOST_VRING_F_LOG, which needs VHOST_F_LOG_ALL
- * (not offered), so flags must be 0. Alignments that hold for both layouts
- * are checked now (descriptors 16, avail 2, used 4), the rest at ring start.
- * While the ring is started the same addresses may be sent again (QEMU does
- * when toggling logging); new ones are refused.
+ * offered). The only flag is VHOST_VRING_F_LOG (log used-ring writes at the
+ * guest-physical log address), for devices that offer dirty logging.
+ * Alignments that hold for both layouts are checked now (descriptors 16,
+ * avail 2, used 4), the rest at ring start. While the ring is started the
+ * same addresses may be sent again (QEMU does when toggling logging): the
+ * log flag and address change with the ring detached; new ring addresses
+ * are refused.
  */
 static int h_set_vring_addr(struct vhd_vu_conn *c, struct vu_req *r)
 {
     const struct vu_vring_addr *a = &r->p->addr;
     struct vhd_queue *q = req_queue(c, a->index);
+    uint32_t flags_ok = c->dev->ops->dirty_log ? 1u << VHOST_VRING_F_LOG : 0;
 
-    if (a->flags) {
-        r->why = "ring address flags not supported (no dirty logging)";
+    if (a->flags & ~flags_ok) {
+        r->why = "unknown ring address flags (or VHOST_VRING_F_LOG without dirty logging)";
         return -EINVAL;
     }
     if ((a->desc & 15) || (a->avail & 1) || (a->used & 3)) {
@@ -1239,13 +1303,25 @@ static int h_set_vring_addr(struct vhd_vu_conn *c, struct vu_req *r)
             r->why = "ring is started";
             return -EBUSY;
         }
+        bool log_on = (a->flags & flags_ok) != 0;
+        if (log_on == q->addr_log_on && a->log == q->addr_log)
+            return 0;
+        int rc = queue_detach(c, q);
+        if (rc < 0) {
+            r->why = "the ring did not stop";
+            return rc;
+        }
+        q->addr_log_on = log_on;
         q->addr_log = a->log;
+        queue_apply_log(c, q);
+        (void)queue_sync(c, q);
         return 0;
     }
     q->addr_desc = a->desc;
     q->addr_avail = a->avail;
     q->addr_used = a->used;
     q->addr_log = a->log;
+    q->addr_log_on = (a->flags & flags_ok) != 0;
     q->have_addr = true;
     return 0;
 }
@@ -1357,6 +1433,7 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
         r->why = "ring base out of range";
         return rc;
     }
+    queue_apply_log(c, q);
     if (c->inflight) {
         rc = queue_set_inflight(c, r, q);
         if (rc < 0)
@@ -1812,5 +1889,66 @@ static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
     c->inflight_queue_size = in->queue_size;
     vhd_log(VHD_LOG_INFO, "%s: inflight area set: %u queues of %u", c->dev->name, in->num_queues,
             in->queue_size);
+    return 0;
+}
+
+/* ---- handlers: dirty logging (LOG_SHMFD, spec "Migration") ---- */
+
+/*
+ * SET_LOG_BASE: map the front-end's dirty log (fd, mmap size and offset,
+ * checked by vhd_dirtylog_map; the fd is closed afterwards, the mapping
+ * keeps it) and swap it in: this device's queues are quiesced (their
+ * in-flight requests complete and are logged into the old log), every
+ * started queue is pointed at the new log, the queues resume, and only then
+ * is the old log unmapped, when no worker can touch it. The reply (spec
+ * "Communication": SET_LOG_BASE has one with LOG_SHMFD) is a u64: 0, or the
+ * positive errno of a refusal, which leaves the previous log in place.
+ * QEMU reads the reply without looking at it, and sends a log from its own
+ * sealed memfd, which passes these checks.
+ */
+static int h_set_log_base(struct vhd_vu_conn *c, struct vu_req *r)
+{
+    const struct vu_log *l = &r->p->log;
+    struct vhd_dev *dev = c->dev;
+    struct vhd_dirtylog *log = NULL;
+    const char *why = "bad log";
+
+    int rc = vhd_dirtylog_map(r->fds[0], l->size, l->offset, &log, &why);
+    if (rc < 0) {
+        r->why = why;
+        return rc;
+    }
+    rc = dev_quiesce(c);
+    if (rc < 0) {
+        dev_resume(c);
+        vhd_dirtylog_free(log);
+        r->why = "queues did not stop";
+        return rc;
+    }
+    struct vhd_dirtylog *old = c->log;
+    c->log = log;
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        if (dev->queues[i].started)
+            queue_apply_log(c, &dev->queues[i]);
+    dev_resume(c);
+    vhd_dirtylog_free(old);
+
+    /* The spec wants a log "large enough to cover all known guest addresses". */
+    uint64_t top = 0;
+    for (uint32_t i = 0; dev->mem && i < dev->mem->nregions; i++) {
+        const struct vhd_mem_region *reg = &dev->mem->regions[i];
+        if (reg->gpa + reg->size > top)
+            top = reg->gpa + reg->size;
+    }
+    uint64_t covers = l->size * 8 * VHD_DIRTYLOG_PAGE;
+    if (top > covers)
+        vhd_log(VHD_LOG_WARN,
+                "%s: dirty log covers %llu bytes of guest memory, which reaches %llu: writes "
+                "above are not logged",
+                dev->name, (unsigned long long)covers, (unsigned long long)top);
+    vhd_log(VHD_LOG_INFO, "%s: dirty log set: %llu bytes%s", dev->name, (unsigned long long)l->size,
+            old ? " (replaces the previous one)" : "");
+    r->reply.u64 = 0;
+    r->reply_size = sizeof(uint64_t);
     return 0;
 }

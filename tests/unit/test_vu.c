@@ -542,7 +542,7 @@ static void sess_open(struct sess *s, int devi, uint64_t proto)
     memset(s, 0, sizeof(*s));
     s->fd = cli_connect_session(devi, &f);
     VHD_CHECK(f & BIT(VHOST_USER_F_PROTOCOL_FEATURES));
-    /* Not built yet: never offered even though the device offers them. */
+    /* Never offered: LOG_ALL (this device does not log its writes: ops->dirty_log), IOMMU. */
     VHD_CHECK(!(f & BIT(VHOST_F_LOG_ALL)));
     VHD_CHECK(!(f & BIT(VIRTIO_F_ACCESS_PLATFORM)));
     uint64_t pf = cli_get_u64(s->fd, VHOST_USER_GET_PROTOCOL_FEATURES);
