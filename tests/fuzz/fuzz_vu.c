@@ -171,6 +171,7 @@ static const struct vhd_dev_ops f_ops = {
     .queue_process = f_process,
     .reset = f_reset,
     .inflight_shmfd = true, /* GET/SET_INFLIGHT_FD and rings tracked in the area */
+    .dirty_log = true,      /* LOG_ALL, SET_LOG_BASE, ring log flags */
 };
 
 /* ---- fds ---- */
@@ -608,6 +609,36 @@ int main(int argc, char **argv)
     msg(&s, &k_small, 1, 0, VHOST_USER_SET_INFLIGHT_FD, NR, &inf, sizeof(inf)); /* file short */
     ring(&s, 2, false);
     write_seed(argv[1], "inflight", &s);
+
+    /* 8: dirty logging: a log, LOG_ALL and ring log flags on running rings, replaced, refused. */
+    memset(&s, 0, sizeof(s));
+    negotiate(&s, all | (1u << VHOST_USER_PROTOCOL_F_LOG_SHMFD));
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_FEATURES, NR, U64(feat));
+    mem_table(&s);
+    struct vu_log lg = {.size = 4096, .offset = 0};
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg));
+    ring(&s, 0, false);
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_FEATURES, NR, U64(feat | (1ull << VHOST_F_LOG_ALL)));
+    struct vu_vring_addr la = {0,       1u << VHOST_VRING_F_LOG, 0x7000000, 0x7002000, 0x7001000,
+                               0x102000};
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_VRING_ADDR, NR, &la, sizeof(la));
+    lg.offset = 8192; /* a new log at an offset, replacing the first under running rings */
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg));
+    lg.size = 8192; /* the small memfd is one page: refused */
+    msg(&s, &k_small, 1, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg));
+    lg = (struct vu_log){.size = 0, .offset = 0};
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg));
+    lg.size = 64;
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg)); /* no fd */
+    lg.offset = 100;
+    msg(&s, K_MEM, 1, 0, VHOST_USER_SET_LOG_BASE, V1, &lg, sizeof(lg)); /* unaligned */
+    la.flags = 2;                                                       /* unknown flag */
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_VRING_ADDR, NR, &la, sizeof(la));
+    ring(&s, 1, false);
+    msg(&s, NULL, 0, 0, VHOST_USER_SET_FEATURES, NR, U64(feat));
+    st = (struct vu_vring_state){0, 0};
+    msg(&s, NULL, 0, 0, VHOST_USER_GET_VRING_BASE, V1, &st, 8);
+    write_seed(argv[1], "dirty-log", &s);
     return 0;
 }
 #endif /* FUZZ_VU_WRITE_SEEDS */
