@@ -38,6 +38,7 @@ void vhd_vq_fini(struct vhd_vq *vq)
     vq->inf_resubmit_n = 0;
     vq->inf_resubmit_pos = 0;
     vq->inf_new = 0;
+    vq->inf_resubmit_only = false;
     vq->inf.any = NULL;
 }
 

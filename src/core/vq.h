@@ -153,6 +153,9 @@ struct vhd_vq {
     uint16_t inf_new;          /* new chains popped after the list and not given back
                                   (saturating): unpop gives those back first */
     uint16_t inf_desc_num;     /* records in the region (checked at start) */
+    bool inf_resubmit_only;    /* pop only the chains to pop again, nothing new (a ring
+                                  being stopped finishes what a restart owes; set by
+                                  the owner, cleared by vhd_vq_fini) */
 
     /*
      * ---- dirty logging (VHOST_F_LOG_ALL, dirtylog.h), used only when log is set ----
@@ -380,8 +383,12 @@ static inline bool vhd_vq_enable_notify(struct vhd_vq *vq)
 {
     if (vhd_vq__ready(vq) < 0)
         return false;
-    if (vhd_unlikely(vq->inf.any != NULL) && vhd_vq_resubmit_pending(vq))
-        return true; /* chains to pop again need no kick */
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        if (vhd_vq_resubmit_pending(vq))
+            return true; /* chains to pop again need no kick */
+        if (vq->inf_resubmit_only)
+            return false;
+    }
     return vq->packed ? vhd_vq__packed_enable_notify(vq) : vhd_vq__split_enable_notify(vq);
 }
 
@@ -412,8 +419,12 @@ static inline bool vhd_vq_has_work(struct vhd_vq *vq)
 {
     if (vhd_vq__ready(vq) < 0)
         return false;
-    if (vhd_unlikely(vq->inf.any != NULL) && vhd_vq_resubmit_pending(vq))
-        return true;
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        if (vhd_vq_resubmit_pending(vq))
+            return true;
+        if (vq->inf_resubmit_only)
+            return false;
+    }
     return vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
 }
 

@@ -381,6 +381,8 @@ static __attribute__((noinline)) int packed_pop_tracked(struct vhd_vq *vq, struc
 {
     if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
         return packed_pop_resubmit(vq, iov, max_iov, c);
+    if (vhd_unlikely(vq->inf_resubmit_only))
+        return 0;
     /*
      * The spec's record keeping assumes a pop never falls between the
      * pushes of a batch and its publication (free_head == old_free_head

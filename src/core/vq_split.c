@@ -331,6 +331,8 @@ static __attribute__((noinline)) int split_pop_tracked(struct vhd_vq *vq, struct
 {
     if (vq->inf_resubmit_pos < vq->inf_resubmit_n)
         return split_pop_resubmit(vq, iov, max_iov, c);
+    if (vhd_unlikely(vq->inf_resubmit_only))
+        return 0;
     int rc = split_pop(vq, iov, max_iov, c, true);
     /* A new chain after the list: unpop must give it back before any listed one. */
     if (rc == 1 && vq->inf_resubmit_n != 0 && vq->inf_new != UINT16_MAX)

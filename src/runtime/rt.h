@@ -80,6 +80,18 @@ int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker);
  */
 int vhd_rt_detach(struct vhd_rt *rt, struct vhd_queue *q, int timeout_ms);
 
+/*
+ * vhd_rt_drain - run a detached queue q on worker `worker` until a turn of
+ * q->dev->ops->queue_process takes fewer chains than the budget (the device
+ * took everything it would: with vhd_vq inf_resubmit_only, the chains left
+ * to resubmit), then detach it as vhd_rt_detach does. The control thread
+ * uses it to finish a stopped ring's work before answering for it. Returns
+ * 0 once the control thread owns q again, -EBUSY when q is attached,
+ * -EINVAL, or -ETIMEDOUT after timeout_ms: then, if the worker had taken
+ * q, q stays parked there (q->attached set) as after a timed-out detach.
+ */
+int vhd_rt_drain(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker, int timeout_ms);
+
 /* The io_uring of the worker running the caller (backends use it). Worker threads only. */
 struct io_uring *vhd_worker_uring(struct vhd_worker *w);
 

@@ -65,6 +65,7 @@ static char rt_tag_mailbox, rt_tag_uring;
 enum rt_req_type {
     RT_REQ_ATTACH, /* take q: register its kick, set notifications, process once */
     RT_REQ_DETACH, /* let go of q once its in-flight I/O has completed */
+    RT_REQ_DRAIN,  /* take q, run it until it takes less than a budget, then detach */
     RT_REQ_STOP,   /* leave the loop (vhd_rt_free) */
 };
 
@@ -103,6 +104,7 @@ struct rt_entry {
     bool broken;        /* queue_process failed: never popped again */
     bool detaching;     /* a detach was taken: not popped, waiting for inflight_io == 0 */
     uint64_t detach_id; /* request to complete when drained; 0: none (its poster gave up) */
+    uint64_t drain_id;  /* RT_REQ_DRAIN: running until a turn takes less than a budget */
 };
 
 struct vhd_worker {
@@ -304,6 +306,22 @@ static void worker_entry_stop(struct vhd_worker *w, struct rt_entry *e)
 }
 
 /*
+ * A drain (vhd_rt_drain) is over: the queue's turn took less than a budget,
+ * or it broke. From here it is a detach in progress, completed by
+ * worker_check_detaching once its in-flight I/O is in.
+ */
+static void worker_drain_done(struct vhd_worker *w, struct rt_entry *e)
+{
+    worker_entry_stop(w, e);
+    if (!e->detaching) {
+        e->detaching = true;
+        w->ndetaching++;
+    }
+    e->detach_id = e->drain_id;
+    e->drain_id = 0;
+}
+
+/*
  * queue_process failed: the queue is broken until the control thread resets
  * it. It stays attached (its in-flight I/O still completes and is flushed);
  * the control thread learns of it through q->broken and rt->event_fd.
@@ -316,6 +334,8 @@ static void worker_queue_broke(struct vhd_worker *w, struct rt_entry *e, int rc)
 
     worker_entry_stop(w, e);
     e->broken = true;
+    if (e->drain_id)
+        worker_drain_done(w, e);
     if (q->vq.error)
         why = vhd_vq_strerror(q->vq.error);
     else
@@ -392,6 +412,10 @@ static bool worker_process_queues(struct vhd_worker *w)
             continue;
         }
         e->pending = false;
+        if (vhd_unlikely(e->drain_id)) {
+            worker_drain_done(w, e); /* the device took all it would */
+            continue;
+        }
         /*
          * Event mode: the ring looked empty. Re-arm the kick and check again:
          * the driver may have added a chain after our last pop and, seeing
@@ -625,6 +649,17 @@ static void worker_handle_mail(struct vhd_worker *w)
                 req_complete(w, r, worker_do_attach(w, r->q));
                 completed = true;
                 break;
+            case RT_REQ_DRAIN: {
+                /* Attach (processed at the next turn), then detach when it has run dry. */
+                int rc = worker_do_attach(w, r->q);
+                if (rc < 0) {
+                    req_complete(w, r, rc);
+                    completed = true;
+                } else {
+                    w->entries[w->nentries - 1]->drain_id = r->id;
+                }
+                break;
+            }
             case RT_REQ_DETACH: {
                 int rc = worker_begin_detach(w, r->q, r->id);
                 if (rc < 0) {
@@ -1124,6 +1159,36 @@ int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
         q->worker_idx = (int)worker;
     } else {
         vhd_log(VHD_LOG_ERROR, "%s: queue %u: attach to worker %u failed: %s", q->dev->name,
+                q->index, worker, strerror(-rc));
+    }
+    return rc;
+}
+
+int vhd_rt_drain(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker, int timeout_ms)
+{
+    if (!rt || !q || timeout_ms < 0 || !q->dev || !q->dev->ops || !q->dev->ops->queue_process)
+        return -EINVAL;
+    if (worker >= rt->nworkers)
+        return -EINVAL;
+    if (q->attached)
+        return -EBUSY;
+    if (q->kick_fd >= 0) {
+        int fl = fcntl(q->kick_fd, F_GETFL); /* as vhd_rt_attach */
+        if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(q->kick_fd, F_SETFL, fl | O_NONBLOCK) < 0))
+            return -errno;
+    }
+
+    struct rt_req req = {.type = RT_REQ_DRAIN, .q = q};
+    int rc = rt_post_wait(&rt->workers[worker], &req, timeout_ms);
+    if (rc == -ETIMEDOUT && req.taken) {
+        /* Taken, not finished: parked on the worker like a timed-out detach. */
+        q->attached = true;
+        q->worker_idx = (int)worker;
+        vhd_log(VHD_LOG_WARN,
+                "%s: queue %u: did not drain within %d ms; queue stays with worker %u",
+                q->dev->name, q->index, timeout_ms, worker);
+    } else if (rc < 0) {
+        vhd_log(VHD_LOG_ERROR, "%s: queue %u: drain on worker %u failed: %s", q->dev->name,
                 q->index, worker, strerror(-rc));
     }
     return rc;

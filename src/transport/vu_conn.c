@@ -442,15 +442,74 @@ static void dev_resume(struct vhd_vu_conn *c)
 }
 
 /*
+ * Finish what a restarted ring owes before it stops: the chains the inflight
+ * area listed for resubmission that were not popped yet (a ring stopped
+ * right after its start, or started but never enabled, which no worker
+ * runs).
+ *
+ * Why complete them rather than answer around them. The engine placed
+ * last_avail_idx after every chain in flight when the ring started
+ * (inflight.c), so the base GET_VRING_BASE returns already counts these
+ * chains as consumed. Only a front-end that hands the same area back would
+ * find them again; one that gets only the base (a migration destination,
+ * a front-end that resets the area) would lose them. A base that leaves
+ * them out cannot be given either: the chains in flight need not be the
+ * last ones made available (split: any heads among avail[0 .. base)), so a
+ * lower base would make a back-end pop completed chains again. The spec
+ * gives GET_VRING_BASE the next index to process with every request before
+ * it done (QEMU's vhost-user-blk stops the device this way before a
+ * migration and takes used->idx from memory; libvhost-user returns its
+ * last_avail_idx as set at restart, and has this gap). So: run the ring on its worker, popping
+ * only the listed chains (inf_resubmit_only), until they have completed
+ * and been published like any request in flight at a stop. Then base ==
+ * used position and the area holds nothing, whoever starts the ring next.
+ * A disabled ring runs too: these requests were accepted before the
+ * restart; no new chain is taken. Bounded by the detach timeout; on
+ * failure the device is broken (NEEDS_RESET) and the area still lists them.
+ */
+static int queue_finish_resubmit(struct vhd_vu_conn *c, struct vhd_queue *q)
+{
+    uint32_t n = vhd_vq_resubmit_pending(&q->vq);
+
+    if (n == 0 || q->broken || q->vq.error)
+        return 0;
+    vhd_log(VHD_LOG_INFO, "%s: queue %u: stopping: completing %u resubmitted requests first",
+            c->dev->name, q->index, n);
+    q->vq.inf_resubmit_only = true;
+    /* Each pass runs until a turn takes less than a budget; a device may stop short. */
+    for (int pass = 0; pass < 8 && vhd_vq_resubmit_pending(&q->vq) && !q->broken; pass++) {
+        q->worker_idx = (int)queue_worker_of(c->dev, q->index);
+        int rc = vhd_rt_drain(c->dev->rt, q, (unsigned)q->worker_idx, c->detach_timeout_ms);
+        if (rc < 0) {
+            if (!q->attached)
+                q->vq.inf_resubmit_only = false;
+            conn_mark_broken(c, "a stopped ring could not complete its resubmitted requests",
+                             false);
+            return rc;
+        }
+    }
+    q->vq.inf_resubmit_only = false;
+    if (vhd_vq_resubmit_pending(&q->vq) && !q->broken) {
+        conn_mark_broken(c, "a stopped ring could not complete its resubmitted requests", true);
+        return -EIO;
+    }
+    return 0;
+}
+
+/*
  * Stop a started ring (GET_VRING_BASE, reset, disconnect): detach (drains
- * in-flight I/O), save its base, queue_fini, close the kick fd (the spec
- * restarts a ring only on a new kick fd).
+ * in-flight I/O), complete what a restart left to resubmit, save its base,
+ * queue_fini, close the kick fd (the spec restarts a ring only on a new
+ * kick fd).
  */
 static int queue_stop(struct vhd_vu_conn *c, struct vhd_queue *q)
 {
     if (!q->started)
         return 0;
     int rc = queue_detach(c, q);
+    if (rc < 0)
+        return rc;
+    rc = queue_finish_resubmit(c, q);
     if (rc < 0)
         return rc;
     q->base = vhd_vq_get_base(&q->vq);

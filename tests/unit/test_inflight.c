@@ -1020,7 +1020,29 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-static void blk_crash(bool packed)
+/* GET_VRING_BASE on ring 0: the base in the reply. */
+static uint32_t tvu_get_base(struct tvu *t)
+{
+    struct vu_vring_state gs = {.index = 0};
+    struct vu_hdr gh = {
+        .request = VHOST_USER_GET_VRING_BASE, .flags = VHOST_USER_VERSION, .size = sizeof(gs)};
+    union vu_payload rp;
+    int rfd;
+    VHD_CHECK_EQ(vu_send(t->cli, &gh, &gs, NULL, 0, 1000), 0);
+    VHD_CHECK_EQ(vhd_vu_conn_process(t->c), 0);
+    VHD_CHECK_EQ(tvu_reply(t, VHOST_USER_GET_VRING_BASE, &rp, &rfd), sizeof(gs));
+    VHD_CHECK_EQ(rfd, -1);
+    return rp.state.num;
+}
+
+/*
+ * How back-end #2's ring ends: BLK_RUN runs it (resubmissions, then new
+ * requests, then a stop); BLK_STOP_DISABLED stops it started but never
+ * enabled (nothing ran it); BLK_STOP_AT_ONCE enables it and stops it at once.
+ */
+enum { BLK_RUN, BLK_STOP_DISABLED, BLK_STOP_AT_ONCE };
+
+static void blk_crash_mode(bool packed, int mode)
 {
     char image[256];
     const char *dir = getenv("TMPDIR");
@@ -1139,10 +1161,36 @@ static void blk_crash(bool packed)
     VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_CALL, &idx, 8, callfd), 0);
     VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_KICK, &idx, 8, kickfd), 0);
     st.num = 1;
-    VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), -1), 0);
+    if (mode != BLK_STOP_DISABLED)
+        VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), -1), 0);
+    uint32_t got = 0, nreq = NREQ + 2;
+    if (mode != BLK_RUN) {
+        /*
+         * Stopped before the resubmissions ran (or while they run): the
+         * reply comes after all four completed, the base is the used
+         * position and the area lists nothing, so a front-end that gets
+         * only the base (a migration destination) loses nothing.
+         */
+        uint32_t base = tvu_get_base(&t);
+        while (got < 4 && vhd_drv_vq_get_used(&dq, &ck, &len) == 1) {
+            uint32_t tag = (uint32_t)(uintptr_t)ck - 1;
+            VHD_CHECK(tag < NREQ && !seen[tag]);
+            seen[tag] = true;
+            VHD_CHECK_EQ(rq[tag].status, VIRTIO_BLK_S_OK);
+            got++;
+        }
+        VHD_CHECK_EQ(got, 4);
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&dq, &ck, &len), 0);
+        /* Every chain made available is used: 2 slots each in a packed ring. */
+        uint32_t pos = packed ? 2 * NREQ | 1u << 15 : NREQ;
+        VHD_CHECK_EQ(base, packed ? pos | pos << 16 : pos);
+        if (!packed)
+            VHD_CHECK_EQ(vhd_le16(dq.ring.split.used->idx), NREQ);
+        nreq = NREQ;
+        goto check_image;
+    }
 
     /* The four left are executed once each, without a kick. */
-    uint32_t got = 0;
     for (uint64_t t0 = mono_ms(); got < 4 && mono_ms() - t0 < 5000;) {
         int rc = vhd_drv_vq_get_used(&dq, &ck, &len);
         VHD_CHECK(rc >= 0);
@@ -1181,20 +1229,13 @@ static void blk_crash(bool packed)
     VHD_CHECK_EQ(got, 6);
 
     /* GET_VRING_BASE stops the ring with nothing left in flight in the area. */
-    struct vu_vring_state gs = {.index = 0};
-    struct vu_hdr gh = {
-        .request = VHOST_USER_GET_VRING_BASE, .flags = VHOST_USER_VERSION, .size = sizeof(gs)};
-    union vu_payload rp;
-    int rfd;
-    VHD_CHECK_EQ(vu_send(t.cli, &gh, &gs, NULL, 0, 1000), 0);
-    VHD_CHECK_EQ(vhd_vu_conn_process(t.c), 0);
-    VHD_CHECK_EQ(tvu_reply(&t, VHOST_USER_GET_VRING_BASE, &rp, &rfd), sizeof(gs));
-    VHD_CHECK_EQ(rfd, -1);
+    uint32_t base = tvu_get_base(&t);
     if (!packed)
-        VHD_CHECK_EQ(rp.state.num, vhd_le16(dq.ring.split.used->idx));
+        VHD_CHECK_EQ(base, vhd_le16(dq.ring.split.used->idx));
 
+check_image:
     /* The image: written exactly for the requests executed by back-end #2. */
-    for (uint32_t i = 0; i < NREQ + 2; i++) {
+    for (uint32_t i = 0; i < nreq; i++) {
         uint8_t buf[SECT];
         VHD_CHECK_EQ(pread(img, buf, SECT, (off_t)i * SECT), SECT);
         uint8_t want = (i == 1 || i == 4) ? 0 : (uint8_t)(0x40 + i);
@@ -1224,12 +1265,33 @@ static void blk_crash(bool packed)
 
 VHD_TEST(blk_crash_resubmit_split)
 {
-    blk_crash(false);
+    blk_crash_mode(false, BLK_RUN);
 }
 
 VHD_TEST(blk_crash_resubmit_packed)
 {
-    blk_crash(true);
+    blk_crash_mode(true, BLK_RUN);
+}
+
+/* A restarted ring stopped before its resubmissions ran completes them first. */
+VHD_TEST(blk_crash_stop_disabled_split)
+{
+    blk_crash_mode(false, BLK_STOP_DISABLED);
+}
+
+VHD_TEST(blk_crash_stop_disabled_packed)
+{
+    blk_crash_mode(true, BLK_STOP_DISABLED);
+}
+
+VHD_TEST(blk_crash_stop_at_once_split)
+{
+    blk_crash_mode(false, BLK_STOP_AT_ONCE);
+}
+
+VHD_TEST(blk_crash_stop_at_once_packed)
+{
+    blk_crash_mode(true, BLK_STOP_AT_ONCE);
 }
 
 /*
