@@ -39,6 +39,8 @@ void vhd_vq_fini(struct vhd_vq *vq)
     vq->inf_resubmit_pos = 0;
     vq->inf_new = 0;
     vq->inf_resubmit_only = false;
+    vq->inf_stale = false;
+    vq->inf_dropped = 0;
     vq->inf.any = NULL;
 }
 
@@ -155,6 +157,54 @@ static bool packed_flags_avail(uint16_t flags, bool w)
            ((flags & VRING_PACKED_DESC_F_USED) != 0) != w;
 }
 
+/* 2.8.1: ... or used in that lap (both flags equal to w)? */
+static bool packed_flags_used(uint16_t flags, bool w)
+{
+    return ((flags & VRING_PACKED_DESC_F_AVAIL) != 0) == w &&
+           ((flags & VRING_PACKED_DESC_F_USED) != 0) == w;
+}
+
+/* A new packed region: empty, its positions those of the queue (set_base). */
+static void packed_init_region(struct vhd_vq *vq, struct vhd_inflight_packed *inf)
+{
+    uint32_t dn = vq->inf_desc_num;
+
+    /* Not valid while it is rewritten: a crash in between leaves a new area. */
+    inf->version = 0;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    memset(inf->desc, 0, (size_t)dn * sizeof(inf->desc[0]));
+    for (uint32_t i = 0; i < dn; i++)
+        inf->desc[i].next = (uint16_t)(i + 1); /* dn (end of list) after the last */
+    inf->features = 0;
+    inf->desc_num = (uint16_t)dn;
+    inf->free_head = inf->old_free_head = 0;
+    inf->used_idx = inf->old_used_idx = vq->used_idx;
+    inf->used_wrap_counter = inf->old_used_wrap_counter = vq->used_wrap;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    inf->version = VHD_INFLIGHT_VERSION;
+    vq->inf_counter = 1;
+}
+
+/*
+ * Does the area's used position (slot u of lap w, `slots` ring slots in
+ * flight from there) describe this ring? Only what a back-end that stopped
+ * there leaves can be seen at slot u: with chains in flight, the first of
+ * them, still as the driver made it available in lap w (no used element
+ * was published there, and a rolled-back batch never wrote that slot's
+ * flags); with none, anything but a descriptor used in lap w (the device
+ * writes used elements only behind its used position, and the driver
+ * makes the slot available again only in the next lap). A driver that
+ * re-initialised its ring (zeroed, restarted from slot 0 of lap 1) shows
+ * neither, unless it has already refilled up to slot u.
+ */
+static bool packed_area_explains_ring(const struct vhd_vq *vq, uint16_t u, bool w, uint32_t slots)
+{
+    const struct vhd_vring_packed_desc *d = &vq->ring.packed.desc[vhd_index_nospec(u, vq->size)];
+    uint16_t flags = vhd_le16(vhd_load_acquire(&d->flags));
+
+    return slots > 0 ? packed_flags_avail(flags, w) : !packed_flags_used(flags, w);
+}
+
 /*
  * Packed start. Spec steps "When reconnecting": if used_idx (and its wrap
  * counter) differ from the old ones, a batch was being completed: look at
@@ -168,6 +218,20 @@ static bool packed_flags_avail(uint16_t flags, bool w)
  * buffer id below the queue size used by no other chain, and all chains
  * together no more slots than the ring. The ring position: used = the old
  * used position; avail = used + the slots of the chains in flight.
+ *
+ * The front-end's base and the area. A split ring's used position is in
+ * guest memory; a packed ring's is not, and a front-end has none to give
+ * after a back-end crash: QEMU sends what it sent at the last start (it
+ * never learns a packed position from a back-end that died), as SPDK's and
+ * DPDK's reconnect code note before they take the area's position. So the
+ * area's position stands when the base disagrees, provided the area still
+ * describes the ring (packed_area_explains_ring). When it does not, the
+ * area is not this ring's (a front-end that reset its guest, whose driver
+ * re-initialised the ring, but kept the old area; the spec has a front-end
+ * take a new area at reset): the base given stands, and the records are
+ * dropped, since the requests they list belong to the driver before its
+ * reset and must not run again. A base that agrees (our driver sends the
+ * used position it has reaped up to) needs no such check.
  */
 static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
 {
@@ -180,17 +244,7 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     /* No id in flight: UINT16_MAX (a push of an id never popped is clamped, never trusted). */
     memset(vq->inf_head_of_id, 0xff, size * sizeof(uint16_t));
     if (inf->version == 0) {
-        memset(inf->desc, 0, (size_t)dn * sizeof(inf->desc[0]));
-        for (uint32_t i = 0; i < dn; i++)
-            inf->desc[i].next = (uint16_t)(i + 1); /* dn (end of list) after the last */
-        inf->features = 0;
-        inf->desc_num = (uint16_t)dn;
-        inf->free_head = inf->old_free_head = 0;
-        inf->used_idx = inf->old_used_idx = vq->used_idx;
-        inf->used_wrap_counter = inf->old_used_wrap_counter = vq->used_wrap;
-        __atomic_signal_fence(__ATOMIC_SEQ_CST);
-        inf->version = VHD_INFLIGHT_VERSION;
-        vq->inf_counter = 1;
+        packed_init_region(vq, inf);
         return 0;
     }
     if (inf->version != VHD_INFLIGHT_VERSION || inf->desc_num != dn)
@@ -245,6 +299,16 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
         ents[n].counter = r->counter;
         ents[n].rec = (uint16_t)i;
         n++;
+    }
+
+    bool agree = vq->used_idx == inf->old_used_idx && vq->used_wrap == inf->old_used_wrap_counter;
+    if (!agree &&
+        !packed_area_explains_ring(vq, inf->old_used_idx, inf->old_used_wrap_counter, slots)) {
+        vq->inf_stale = true;
+        vq->inf_dropped = (uint16_t)n; /* n <= size */
+        memset(vq->inf_head_of_id, 0xff, size * sizeof(uint16_t));
+        packed_init_region(vq, inf); /* the positions set_base gave */
+        return 0;
     }
     if (resubmit_list(vq, ents, n) < 0)
         return -1;

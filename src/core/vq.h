@@ -153,6 +153,9 @@ struct vhd_vq {
     uint16_t inf_new;          /* new chains popped after the list and not given back
                                   (saturating): unpop gives those back first */
     uint16_t inf_desc_num;     /* records in the region (checked at start) */
+    bool inf_stale;            /* packed start: the area did not describe the ring: the
+                                  base set_base gave was kept, the area reset */
+    uint16_t inf_dropped;      /* ... and this many chains it listed were dropped */
     bool inf_resubmit_only;    /* pop only the chains to pop again, nothing new (a ring
                                   being stopped finishes what a restart owes; set by
                                   the owner, cleared by vhd_vq_fini) */
@@ -216,7 +219,11 @@ int vhd_vq_start(struct vhd_vq *vq);
  *    taken from the area and the used ring, not from set_base: split,
  *    last_avail_idx = used->idx + chains in flight (a front-end restores its
  *    base to used->idx after a crash); packed, the used position recorded
- *    in the area, and the avail position after the slots still in flight.
+ *    in the area, and the avail position after the slots still in flight
+ *    (a front-end has no packed position after a crash) -- unless set_base
+ *    disagrees and the ring does not look as the area says (inflight.c,
+ *    packed_start): then set_base's position stands, the region is reset
+ *    and vq->inf_stale / inf_dropped say so.
  * A region that does not fit (version, desc_num other than desc_num,
  * desc_num < queue size, records out of range) fails the start with
  * -EBADMSG and vq->error = VHD_VQ_E_INFLIGHT. Returns 0 or -EINVAL

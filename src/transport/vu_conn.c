@@ -1559,6 +1559,12 @@ static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
         r->fds[0] = -1;
     vhd_log(VHD_LOG_DEBUG, "%s: queue %u started (size %u, %s)%s", c->dev->name, q->index, q->size,
             q->vq.packed ? "packed" : "split", q->enabled ? "" : ", disabled");
+    if (q->vq.inf_stale)
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u: the inflight area does not describe the ring (a reset driver "
+                   "with an old area?): starting from the front-end's base 0x%x, %u requests it "
+                   "listed dropped",
+                   c->dev->name, q->index, q->base, q->vq.inf_dropped);
     if (vhd_vq_resubmit_pending(&q->vq))
         vhd_log(VHD_LOG_INFO, "%s: queue %u: resubmitting %u requests in flight before a restart",
                 c->dev->name, q->index, vhd_vq_resubmit_pending(&q->vq));

@@ -1039,8 +1039,15 @@ static uint32_t tvu_get_base(struct tvu *t)
  * How back-end #2's ring ends: BLK_RUN runs it (resubmissions, then new
  * requests, then a stop); BLK_STOP_DISABLED stops it started but never
  * enabled (nothing ran it); BLK_STOP_AT_ONCE enables it and stops it at once.
+ * BLK_RUN gives the base a front-end has after a crash (split: used->idx;
+ * packed: a stale one, QEMU's last); BLK_BASE_AGREES gives the used
+ * position the driver reaped up to (our driver: the area's position).
+ * BLK_GUEST_RESET (packed): the driver re-initialises its ring (zeroed, as
+ * after a device reset) and queues two new requests, and the front-end
+ * restarts from the fresh base with the old area: only the new requests
+ * may run, none of the four the area lists.
  */
-enum { BLK_RUN, BLK_STOP_DISABLED, BLK_STOP_AT_ONCE };
+enum { BLK_RUN, BLK_STOP_DISABLED, BLK_STOP_AT_ONCE, BLK_BASE_AGREES, BLK_GUEST_RESET };
 
 static void blk_crash_mode(bool packed, int mode)
 {
@@ -1154,6 +1161,21 @@ static void blk_crash_mode(bool packed, int mode)
     VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ADDR, &va, sizeof(va), -1), 0);
     /* Split: QEMU's base after a crash is used->idx; packed: stale (the area knows). */
     st.num = packed ? 0 : vhd_le16(dq.ring.split.used->idx);
+    if (mode == BLK_BASE_AGREES && packed) {
+        uint32_t pos = dq.last_used | (dq.used_wrap ? 1u << 15 : 0);
+        st.num = pos | pos << 16;
+    }
+    if (mode == BLK_GUEST_RESET) {
+        vhd_drv_vq_fini(&dq);
+        VHD_CHECK_EQ(vhd_drv_vq_init(&dq, &dp), 0);
+        for (uint32_t i = NREQ; i < NREQ + 2; i++) {
+            uint64_t g = rq_gpa + i * sizeof(struct breq);
+            struct vhd_drv_buf b[2] = {{g, 16 + SECT}, {g + 16 + SECT, 1}};
+            VHD_CHECK_EQ(vhd_drv_vq_add(&dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+        }
+        vhd_drv_vq_publish(&dq);
+        st.num = packed ? 1u << 15 | 1u << 31 : 0;
+    }
     VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_BASE, &st, sizeof(st), -1), 0);
     int callfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), kickfd = eventfd(0, EFD_CLOEXEC);
     VHD_CHECK(callfd >= 0 && kickfd >= 0);
@@ -1164,7 +1186,36 @@ static void blk_crash_mode(bool packed, int mode)
     if (mode != BLK_STOP_DISABLED)
         VHD_CHECK_EQ(tvu_msg(&t, VHOST_USER_SET_VRING_ENABLE, &st, sizeof(st), -1), 0);
     uint32_t got = 0, nreq = NREQ + 2;
-    if (mode != BLK_RUN) {
+    if (mode == BLK_GUEST_RESET) {
+        /* The two new requests, and nothing else. */
+        for (uint64_t t0 = mono_ms(); got < 2 && mono_ms() - t0 < 5000;) {
+            int rc = vhd_drv_vq_get_used(&dq, &ck, &len);
+            VHD_CHECK(rc >= 0);
+            if (rc == 0) {
+                usleep(1000);
+                continue;
+            }
+            uint32_t tag = (uint32_t)(uintptr_t)ck - 1;
+            VHD_CHECK(tag >= NREQ && tag < NREQ + 2 && !seen[tag]);
+            seen[tag] = true;
+            VHD_CHECK_EQ(rq[tag].status, VIRTIO_BLK_S_OK);
+            got++;
+        }
+        VHD_CHECK_EQ(got, 2);
+        usleep(50000);
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&dq, &ck, &len), 0);
+        VHD_CHECK_EQ(tvu_get_base(&t), 4u | 1u << 15 | 4u << 16 | 1u << 31);
+        for (uint32_t i = 0; i < NREQ + 2; i++) {
+            uint8_t buf[SECT];
+            VHD_CHECK_EQ(pread(img, buf, SECT, (off_t)i * SECT), SECT);
+            uint8_t want = i >= NREQ ? (uint8_t)(0x40 + i) : 0;
+            for (uint32_t k = 0; k < SECT; k++)
+                VHD_CHECK_EQ(buf[k], want);
+        }
+        nreq = 0; /* checked above */
+        goto check_image;
+    }
+    if (mode != BLK_RUN && mode != BLK_BASE_AGREES) {
         /*
          * Stopped before the resubmissions ran (or while they run): the
          * reply comes after all four completed, the base is the used
@@ -1292,6 +1343,18 @@ VHD_TEST(blk_crash_stop_at_once_split)
 VHD_TEST(blk_crash_stop_at_once_packed)
 {
     blk_crash_mode(true, BLK_STOP_AT_ONCE);
+}
+
+/* Packed: the front-end's base agrees with the area (the used position it reaped up to). */
+VHD_TEST(blk_crash_base_agrees_packed)
+{
+    blk_crash_mode(true, BLK_BASE_AGREES);
+}
+
+/* Packed: a driver reset with the old area kept: the front-end's base stands, the records go. */
+VHD_TEST(blk_guest_reset_old_area_packed)
+{
+    blk_crash_mode(true, BLK_GUEST_RESET);
 }
 
 /*
