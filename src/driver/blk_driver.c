@@ -19,6 +19,7 @@
 #include "core/compiler.h"
 #include "core/virtio.h"
 #include "dev/virtio_blk.h"
+#include "driver/drv_session.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "driver/vu_frontend.h"
@@ -789,24 +790,11 @@ static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q, bool re
         vhd_drv_vq_disable_cb(&q->dq);
         q->broken = false;
         q->plugged = false;
-        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
-        q->resume_base = in->packed ? 0x80008000u : 0;
+        q->resume_base = vhd_drv_ring_fresh_base(in->packed);
     }
-    uint64_t v;
-    while (read(q->call_fd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
-    }
-
-    struct vhd_vuf_ring r = {
-        .index = q->index,
-        .num = in->queue_size,
-        .desc = vhd_guestmem_uva(&d->gm, q->dq.desc_gpa),
-        .avail = vhd_guestmem_uva(&d->gm, q->dq.avail_gpa),
-        .used = vhd_guestmem_uva(&d->gm, q->dq.used_gpa),
-        .base = q->resume_base,
-        .kick_fd = q->kick_fd,
-        .call_fd = q->call_fd,
-    };
-    rc = vhd_vuf_ring_start(&d->vuf, &r);
+    vhd_drv_drain_eventfd(q->call_fd);
+    rc = vhd_drv_ring_announce(&d->vuf, &d->gm, &q->dq, q->index, q->resume_base, q->kick_fd,
+                               q->call_fd);
     if (rc < 0)
         return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
     q->dead = false;
@@ -882,23 +870,15 @@ static int session_open(struct vhd_blkdrv *d)
     if (!o->no_inflight)
         want_proto |= BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
 
-    vhd_vuf_init(f, o->timeout_ms);
-    int rc = o->listen ? vhd_vuf_accept(f, d->path) : vhd_vuf_connect(f, d->path);
-    if (rc == 0)
-        rc = vhd_vuf_handshake(f, want_proto);
+    const struct vhd_drv_session_params sp = {.path = d->path,
+                                              .listen = o->listen,
+                                              .timeout_ms = o->timeout_ms,
+                                              .want_proto = want_proto,
+                                              .packed = o->packed};
+    int rc = vhd_drv_session_open(f, &sp, d->err, sizeof(d->err));
     if (rc < 0)
-        goto fail_vuf;
-
-    uint64_t offered = f->offered;
-    if (!(offered & BIT(VIRTIO_F_VERSION_1))) {
-        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_F_VERSION_1 (legacy only)");
         goto fail;
-    }
-    if (o->packed && !(offered & BIT(VIRTIO_F_RING_PACKED))) {
-        rc = dfail(d, -ENOTSUP, "the back-end does not offer packed rings (VIRTIO_F_RING_PACKED)");
-        goto fail;
-    }
-    uint64_t feat = offered & wanted_features(o);
+    uint64_t feat = f->offered & wanted_features(o);
     if (o->num_queues > 1 && !(feat & BIT(VIRTIO_BLK_F_MQ))) {
         rc = dfail(d, -ENOTSUP, "%u queues asked for, but the device has one (no VIRTIO_BLK_F_MQ)",
                    o->num_queues);
@@ -1161,31 +1141,17 @@ int vhd_blkdrv_connect(const struct vhd_blkdrv_opts *opts, struct vhd_blkdrv **o
     if (o->timeout_ms <= 0)
         o->timeout_ms = VHD_VUF_DEFAULT_TIMEOUT_MS;
 
-    if (!o->socket_path || !*o->socket_path) {
-        rc = dfail(d, -EINVAL, "no socket path");
+    rc = vhd_drv_check_opts(o->socket_path, "num_queues", o->num_queues, MAX_QUEUES, o->queue_size,
+                            o->packed, &d->path, d->err, sizeof(d->err));
+    if (rc < 0)
         goto fail;
-    }
-    if (o->num_queues > MAX_QUEUES) {
-        rc = dfail(d, -EINVAL, "num_queues %u: at most %u", o->num_queues, MAX_QUEUES);
-        goto fail;
-    }
-    if (o->queue_size > VHD_VQ_MAX_SIZE || (!o->packed && (o->queue_size & (o->queue_size - 1)))) {
-        rc = dfail(d, -EINVAL, "queue_size %u: 1..32768%s", o->queue_size,
-                   o->packed ? "" : ", a power of two for split rings");
-        goto fail;
-    }
+    o->socket_path = d->path;
     if (o->mem_regions > VHD_GUESTMEM_MAX_REGIONS ||
         o->mem_regions > VHOST_USER_MEM_TABLE_MAX_REGIONS) {
         rc = dfail(d, -EINVAL, "mem_regions %u: 1..%u", o->mem_regions,
                    VHOST_USER_MEM_TABLE_MAX_REGIONS);
         goto fail;
     }
-    d->path = strdup(o->socket_path);
-    if (!d->path) {
-        rc = dfail(d, -ENOMEM, "out of memory");
-        goto fail;
-    }
-    o->socket_path = d->path;
 
     uint64_t region_size = 0, pool = 0;
     rc = plan_memory(d, &region_size, &pool);

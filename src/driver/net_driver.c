@@ -21,6 +21,7 @@
 #include "core/compiler.h"
 #include "core/virtio.h"
 #include "dev/virtio_net.h"
+#include "driver/drv_session.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "driver/vu_frontend.h"
@@ -146,13 +147,6 @@ static inline void publish_and_kick(struct vhd_netdrv_pair *p, struct netdrv_rin
     vhd_drv_vq_publish(&r->dq);
     if (vhd_drv_vq_kick_needed(&r->dq))
         kick(p, r);
-}
-
-static void drain_eventfd(int fd)
-{
-    uint64_t v;
-    while (read(fd, &v, sizeof(v)) == (ssize_t)sizeof(v)) {
-    }
 }
 
 /* ======================= transmit ======================= */
@@ -450,8 +444,8 @@ int vhd_netdrv_wait(struct vhd_netdrv_pair *p, int timeout_ms)
             rc = n < 0 ? -errno : n > 0 ? 1 : 0;
             break;
         }
-        drain_eventfd(p->rx.call_fd);
-        drain_eventfd(p->tx.call_fd);
+        vhd_drv_drain_eventfd(p->rx.call_fd);
+        vhd_drv_drain_eventfd(p->tx.call_fd);
     }
     vhd_drv_vq_disable_cb(&p->rx.dq);
     vhd_drv_vq_disable_cb(&p->tx.dq);
@@ -507,24 +501,14 @@ static int ring_start(struct vhd_netdrv *d, struct netdrv_ring *r)
         return dfail(d, rc, "ring %u: set-up: %s", r->index, strerror(-rc));
     /* No notifications until someone waits (vhd_netdrv_wait). */
     vhd_drv_vq_disable_cb(&r->dq);
-    drain_eventfd(r->call_fd);
+    vhd_drv_drain_eventfd(r->call_fd);
     return 0;
 }
 
 static int ring_announce(struct vhd_netdrv *d, struct netdrv_ring *r)
 {
-    struct vhd_vuf_ring vr = {
-        .index = r->index,
-        .num = d->info.queue_size,
-        .desc = vhd_guestmem_uva(&d->gm, r->dq.desc_gpa),
-        .avail = vhd_guestmem_uva(&d->gm, r->dq.avail_gpa),
-        .used = vhd_guestmem_uva(&d->gm, r->dq.used_gpa),
-        /* A fresh ring: split next avail 0; packed avail and used at slot 0, wrap counters 1. */
-        .base = d->info.packed ? 0x80008000u : 0,
-        .kick_fd = r->kick_fd,
-        .call_fd = r->call_fd,
-    };
-    int rc = vhd_vuf_ring_start(&d->vuf, &vr);
+    int rc = vhd_drv_ring_announce(&d->vuf, &d->gm, &r->dq, r->index,
+                                   vhd_drv_ring_fresh_base(d->info.packed), r->kick_fd, r->call_fd);
     if (rc < 0)
         return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
     return 0;
@@ -612,25 +596,17 @@ static int session_open(struct vhd_netdrv *d)
     const struct vhd_netdrv_opts *o = &d->o;
     struct vhd_netdrv_info *in = &d->info;
 
-    vhd_vuf_init(f, o->timeout_ms);
-    int rc = vhd_vuf_connect(f, d->path);
-    if (rc == 0)
-        rc = vhd_vuf_handshake(
-            f, BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
-                   BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_RARP) |
-                   (o->ctrl_vq ? BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) : 0));
+    const struct vhd_drv_session_params sp = {
+        .path = d->path,
+        .timeout_ms = o->timeout_ms,
+        .want_proto = BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                      BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_RARP) |
+                      (o->ctrl_vq ? BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) : 0),
+        .packed = o->packed};
+    int rc = vhd_drv_session_open(f, &sp, d->err, sizeof(d->err));
     if (rc < 0)
-        goto fail_vuf;
-
+        return rc;
     uint64_t offered = f->offered;
-    if (!(offered & BIT(VIRTIO_F_VERSION_1))) {
-        rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_F_VERSION_1 (legacy only)");
-        goto fail;
-    }
-    if (o->packed && !(offered & BIT(VIRTIO_F_RING_PACKED))) {
-        rc = dfail(d, -ENOTSUP, "the back-end does not offer packed rings (VIRTIO_F_RING_PACKED)");
-        goto fail;
-    }
     if (o->mrg_rxbuf && !(offered & BIT(VIRTIO_NET_F_MRG_RXBUF))) {
         rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_NET_F_MRG_RXBUF");
         goto fail;
@@ -874,19 +850,11 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
     if (o->timeout_ms <= 0)
         o->timeout_ms = VHD_VUF_DEFAULT_TIMEOUT_MS;
 
-    if (!o->socket_path || !*o->socket_path) {
-        rc = dfail(d, -EINVAL, "no socket path");
+    rc = vhd_drv_check_opts(o->socket_path, "num_pairs", o->num_pairs, VHD_NETDRV_MAX_PAIRS,
+                            o->queue_size, o->packed, &d->path, d->err, sizeof(d->err));
+    if (rc < 0)
         goto fail;
-    }
-    if (o->num_pairs > VHD_NETDRV_MAX_PAIRS) {
-        rc = dfail(d, -EINVAL, "num_pairs %u: at most %u", o->num_pairs, VHD_NETDRV_MAX_PAIRS);
-        goto fail;
-    }
-    if (o->queue_size > VHD_VQ_MAX_SIZE || (!o->packed && (o->queue_size & (o->queue_size - 1)))) {
-        rc = dfail(d, -EINVAL, "queue_size %u: 1..32768%s", o->queue_size,
-                   o->packed ? "" : ", a power of two for split rings");
-        goto fail;
-    }
+    o->socket_path = d->path;
     if (o->rx_buf_size < MIN_RX_BUF_SIZE || o->rx_buf_size > MAX_TX_FRAME + VHD_NETDRV_HDR_LEN) {
         rc = dfail(d, -EINVAL, "rx_buf_size %u: %u..%u", o->rx_buf_size, MIN_RX_BUF_SIZE,
                    MAX_TX_FRAME + VHD_NETDRV_HDR_LEN);
@@ -896,12 +864,6 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
         rc = dfail(d, -EINVAL, "max_tx_frame %u: at most %u", o->max_tx_frame, MAX_TX_FRAME);
         goto fail;
     }
-    d->path = strdup(o->socket_path);
-    if (!d->path) {
-        rc = dfail(d, -ENOMEM, "out of memory");
-        goto fail;
-    }
-    o->socket_path = d->path;
 
     uint64_t region_size = PAGE_ALIGN(o->num_pairs * pair_bytes(o));
     if (o->ctrl_vq)
@@ -1010,7 +972,7 @@ int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *
         }
         if (rc == 1) {
             vhd_drv_vq_disable_cb(&d->ctrl.dq);
-            drain_eventfd(d->ctrl.call_fd);
+            vhd_drv_drain_eventfd(d->ctrl.call_fd);
             if (used_len < 1)
                 return -EIO; /* the device gave the command back unanswered */
             return d->cbuf[CTRL_ACK_OFF] == VIRTIO_NET_OK ? 0 : -EINVAL;
@@ -1024,7 +986,7 @@ int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *
         }
         struct pollfd pf = {.fd = d->ctrl.call_fd, .events = POLLIN};
         (void)poll(&pf, 1, left > 100 ? 100 : (int)left);
-        drain_eventfd(d->ctrl.call_fd);
+        vhd_drv_drain_eventfd(d->ctrl.call_fd);
     }
 }
 

@@ -350,9 +350,18 @@ VHD_TEST(bad_options)
     char err[256];
     struct vhd_netdrv_opts o = {.socket_path = "/nonexistent/x.sock", .queue_size = 100};
     VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+    VHD_CHECK(!strcmp(err, "queue_size 100: 1..32768, a power of two for split rings"));
     o.queue_size = 0;
+    o.socket_path = "";
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+    VHD_CHECK(!strcmp(err, "no socket path"));
+    o.socket_path = "/nonexistent/x.sock";
     o.num_pairs = VHD_NETDRV_MAX_PAIRS + 1;
     VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
+    char want[64];
+    snprintf(want, sizeof(want), "num_pairs %u: at most %u", VHD_NETDRV_MAX_PAIRS + 1,
+             VHD_NETDRV_MAX_PAIRS);
+    VHD_CHECK(!strcmp(err, want));
     o.num_pairs = 1;
     o.rx_buf_size = 16;
     VHD_CHECK_EQ(vhd_netdrv_connect(&o, &d, err, sizeof(err)), -EINVAL);
@@ -363,6 +372,14 @@ VHD_TEST(bad_options)
     struct vhd_netdrv_opts o2 = {.socket_path = dm.sock, .num_pairs = 3};
     VHD_CHECK_EQ(vhd_netdrv_connect(&o2, &d, err, sizeof(err)), -ENOTSUP);
     VHD_CHECK(strstr(err, "pairs") != NULL);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+
+    /* A back-end offering split rings only refuses a driver that wants packed. */
+    daemon_prepare(&dm);
+    vhostd_start(&dm, 1, ",rings=split");
+    struct vhd_netdrv_opts o3 = {.socket_path = dm.sock, .packed = true};
+    VHD_CHECK_EQ(vhd_netdrv_connect(&o3, &d, err, sizeof(err)), -ENOTSUP);
+    VHD_CHECK(!strcmp(err, "the back-end does not offer packed rings (VIRTIO_F_RING_PACKED)"));
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
