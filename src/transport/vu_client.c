@@ -5,7 +5,6 @@
  * exponential back-off on a timerfd when a connect fails or a session ends.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,20 +34,6 @@ struct vhd_vu_client {
     unsigned attempts;
     int last_logged_err; /* errno of the last failure logged at info level; 0: none yet */
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static uint64_t now_ms(void)
 {
@@ -178,21 +163,21 @@ struct vhd_vu_client *vhd_vu_client_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     int rc;
 
     if (!ctl || !dev || !path) {
-        set_err(err, errlen, "invalid arguments");
+        vhd_vu_set_err(err, errlen, "invalid arguments");
         errno = EINVAL;
         return NULL;
     }
     size_t len = strlen(path);
     if (len == 0 || len >= sizeof(cl->sa.sun_path)) {
-        set_err(err, errlen, "%s: socket path empty or longer than %zu bytes", path,
-                sizeof(cl->sa.sun_path) - 1);
+        vhd_vu_set_err(err, errlen, "%s: socket path empty or longer than %zu bytes", path,
+                       sizeof(cl->sa.sun_path) - 1);
         errno = ENAMETOOLONG;
         return NULL;
     }
     cl = calloc(1, sizeof(*cl));
     if (!cl || !(cl->path = strdup(path))) {
         free(cl);
-        set_err(err, errlen, "out of memory");
+        vhd_vu_set_err(err, errlen, "out of memory");
         errno = ENOMEM;
         return NULL;
     }
@@ -208,20 +193,20 @@ struct vhd_vu_client *vhd_vu_client_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     cl->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (cl->timer_fd < 0) {
         rc = errno;
-        set_err(err, errlen, "timerfd: %s", strerror(rc));
+        vhd_vu_set_err(err, errlen, "timerfd: %s", strerror(rc));
         goto free_cl;
     }
     rc = vhd_ctl_add(ctl, cl->timer_fd, EPOLLIN, on_timer, cl, &cl->timer_src);
     if (rc < 0) {
         rc = -rc;
-        set_err(err, errlen, "cannot watch the reconnect timer: %s", strerror(rc));
+        vhd_vu_set_err(err, errlen, "cannot watch the reconnect timer: %s", strerror(rc));
         goto close_timer;
     }
     /* The first attempt runs from the loop, like every later one. */
     rc = arm_timer(cl, 0);
     if (rc < 0) {
         rc = -rc;
-        set_err(err, errlen, "cannot arm the reconnect timer: %s", strerror(rc));
+        vhd_vu_set_err(err, errlen, "cannot arm the reconnect timer: %s", strerror(rc));
         goto del_timer;
     }
     vhd_log(VHD_LOG_INFO, "%s: client mode: connecting to %s (back-off %u..%u ms)", dev->name, path,

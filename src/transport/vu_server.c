@@ -5,7 +5,6 @@
  * protocol error, and unlink our socket on exit.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,20 +31,6 @@ struct vhd_vu_server {
     ino_t sock_ino;
     struct vhd_vu_session sess;
 };
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || errlen == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int sockaddr_of(const char *path, struct sockaddr_un *sa)
 {
@@ -139,42 +124,44 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     int rc;
 
     if (!ctl || !dev || !path) {
-        set_err(err, errlen, "invalid arguments");
+        vhd_vu_set_err(err, errlen, "invalid arguments");
         errno = EINVAL;
         return NULL;
     }
     if (sockaddr_of(path, &sa) < 0) {
-        set_err(err, errlen, "%s: socket path empty or longer than %zu bytes", path,
-                sizeof(sa.sun_path) - 1);
+        vhd_vu_set_err(err, errlen, "%s: socket path empty or longer than %zu bytes", path,
+                       sizeof(sa.sun_path) - 1);
         errno = ENAMETOOLONG;
         return NULL;
     }
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            set_err(err, errlen, "%s: exists and is not a socket", path);
+            vhd_vu_set_err(err, errlen, "%s: exists and is not a socket", path);
             errno = EEXIST;
             return NULL;
         }
         rc = socket_is_live(&sa);
         if (rc > 0) {
-            set_err(err, errlen, "%s: socket path in use (a server answers on it)", path);
+            vhd_vu_set_err(err, errlen, "%s: socket path in use (a server answers on it)", path);
             errno = EADDRINUSE;
             return NULL;
         }
         if (rc < 0) {
-            set_err(err, errlen, "%s: cannot check the existing socket: %s", path, strerror(-rc));
+            vhd_vu_set_err(err, errlen, "%s: cannot check the existing socket: %s", path,
+                           strerror(-rc));
             errno = -rc;
             return NULL;
         }
         if (unlink(path) < 0 && errno != ENOENT) {
             rc = errno;
-            set_err(err, errlen, "%s: cannot remove the stale socket: %s", path, strerror(rc));
+            vhd_vu_set_err(err, errlen, "%s: cannot remove the stale socket: %s", path,
+                           strerror(rc));
             errno = rc;
             return NULL;
         }
     } else if (errno != ENOENT) {
         rc = errno;
-        set_err(err, errlen, "%s: %s", path, strerror(rc));
+        vhd_vu_set_err(err, errlen, "%s: %s", path, strerror(rc));
         errno = rc;
         return NULL;
     }
@@ -182,7 +169,7 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     struct vhd_vu_server *srv = calloc(1, sizeof(*srv));
     if (!srv || !(srv->path = strdup(path))) {
         free(srv);
-        set_err(err, errlen, "out of memory");
+        vhd_vu_set_err(err, errlen, "out of memory");
         errno = ENOMEM;
         return NULL;
     }
@@ -191,15 +178,15 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     srv->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (srv->listen_fd < 0) {
         rc = errno;
-        set_err(err, errlen, "socket: %s", strerror(rc));
+        vhd_vu_set_err(err, errlen, "socket: %s", strerror(rc));
         goto free_srv;
     }
     if (bind(srv->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = errno;
         if (rc == EADDRINUSE)
-            set_err(err, errlen, "%s: socket path in use", path);
+            vhd_vu_set_err(err, errlen, "%s: socket path in use", path);
         else
-            set_err(err, errlen, "%s: bind: %s", path, strerror(rc));
+            vhd_vu_set_err(err, errlen, "%s: bind: %s", path, strerror(rc));
         goto close_listen;
     }
     if (stat(path, &st) == 0) {
@@ -208,13 +195,13 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     }
     if (listen(srv->listen_fd, SERVER_BACKLOG) < 0) {
         rc = errno;
-        set_err(err, errlen, "%s: listen: %s", path, strerror(rc));
+        vhd_vu_set_err(err, errlen, "%s: listen: %s", path, strerror(rc));
         goto unlink_path;
     }
     rc = vhd_ctl_add(ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
     if (rc < 0) {
         rc = -rc;
-        set_err(err, errlen, "%s: cannot watch the socket: %s", path, strerror(rc));
+        vhd_vu_set_err(err, errlen, "%s: cannot watch the socket: %s", path, strerror(rc));
         goto unlink_path;
     }
     vhd_log(VHD_LOG_INFO, "%s: listening on %s", dev->name, path);

@@ -4,10 +4,23 @@
  * (see vu_session.h).
  */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 
 #include "runtime/log.h"
 #include "vu_session.h"
+
+void vhd_vu_set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || errlen == 0)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
 
 int vhd_vu_session_start(struct vhd_vu_session *s, struct vhd_ctl *ctl, struct vhd_dev *dev, int fd,
                          vhd_ctl_fn fn, void *opaque, enum vhd_vu_session_step *failed)

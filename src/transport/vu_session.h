@@ -12,6 +12,7 @@
 #define VHD_VU_SESSION_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "ctl.h"
 #include "runtime/dev.h"
@@ -50,5 +51,12 @@ bool vhd_vu_session_serve(struct vhd_vu_session *s);
 
 /* vhd_vu_conn_check_queues of the current session; false without one. */
 bool vhd_vu_session_check_queues(struct vhd_vu_session *s);
+
+/*
+ * vhd_vu_set_err - the one-line reason of a failed vhd_vu_server_new or
+ * vhd_vu_client_new into err (errlen bytes); nothing when err is NULL.
+ */
+void vhd_vu_set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 #endif /* VHD_VU_SESSION_H */
