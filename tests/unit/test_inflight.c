@@ -152,6 +152,29 @@ static uint32_t ifx_collect(struct ifx *t)
     return n;
 }
 
+/* Device: pop n chains, which must be tags first..first+n-1 in that order. */
+static void ifx_pop_range(struct ifx *t, uint32_t first, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        VHD_CHECK_EQ(ifx_pop(t), (int)(first + i));
+}
+
+/* Driver: make tags first..first+n-1 available; device: take them all, in order. */
+static void ifx_take(struct ifx *t, uint32_t first, uint32_t n)
+{
+    ifx_add_n(t, first, n);
+    ifx_pop_range(t, first, n);
+}
+
+/* Device: complete tags first..first+n-1 as one batch; the driver must collect all n. */
+static void ifx_complete_range(struct ifx *t, uint32_t first, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ifx_push(t, first + i);
+    vhd_vq_flush(&t->f.vq);
+    VHD_CHECK_EQ(ifx_collect(t), n);
+}
+
 /*
  * Crash: forget the device queue without completing anything (only our
  * private allocations are freed; the area and the rings stay as they are),
@@ -273,21 +296,15 @@ BOTH(crash_before_publish)
 {
     struct ifx t;
     ifx_setup(&t, packed, 16, 16);
-    ifx_add_n(&t, 0, 4);
-    for (uint32_t i = 0; i < 4; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_take(&t, 0, 4);
     ifx_push(&t, 2);
     ifx_push(&t, 0);
     ifx_crash_restart(&t);
     VHD_CHECK_EQ(ifx_collect(&t), 0);
     VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 4);
-    for (uint32_t i = 0; i < 4; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_pop_range(&t, 0, 4);
     VHD_CHECK_EQ(ifx_pop(&t), -1);
-    for (uint32_t i = 0; i < 4; i++)
-        ifx_push(&t, i);
-    vhd_vq_flush(&t.f.vq);
-    VHD_CHECK_EQ(ifx_collect(&t), 4);
+    ifx_complete_range(&t, 0, 4);
     ifx_check_area_clean(&t);
     ifx_teardown(&t);
 }
@@ -305,9 +322,7 @@ BOTH(crash_mid_flush_repaired)
 {
     struct ifx t;
     ifx_setup(&t, packed, 16, 16);
-    ifx_add_n(&t, 0, 6);
-    for (uint32_t i = 0; i < 6; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_take(&t, 0, 6);
     ifx_push(&t, 3);
     vhd_vq_flush(&t.f.vq);
     VHD_CHECK_EQ(ifx_collect(&t), 1);
@@ -349,9 +364,7 @@ BOTH(crash_during_resubmit)
 {
     struct ifx t;
     ifx_setup(&t, packed, 16, 16);
-    ifx_add_n(&t, 0, 5);
-    for (uint32_t i = 0; i < 5; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_take(&t, 0, 5);
     ifx_push(&t, 1);
     vhd_vq_flush(&t.f.vq);
     ifx_crash_restart(&t);
@@ -406,10 +419,7 @@ static void unpop(bool packed, bool tracked)
     VHD_CHECK_EQ(ifx_pop(&t), 1);
     VHD_CHECK_EQ(ifx_pop(&t), 2);
     VHD_CHECK_EQ(ifx_pop(&t), -1);
-    for (uint32_t i = 0; i < 3; i++)
-        ifx_push(&t, i);
-    vhd_vq_flush(&t.f.vq);
-    VHD_CHECK_EQ(ifx_collect(&t), 3);
+    ifx_complete_range(&t, 0, 3);
     if (tracked)
         ifx_check_area_clean(&t);
     ifx_teardown(&t);
@@ -456,12 +466,9 @@ BOTH(unpop_across_end_of_resubmission)
 {
     struct ifx t;
     ifx_setup(&t, packed, 8, 8);
-    ifx_add_n(&t, 0, 3);
-    for (int i = 0; i < 3; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), i);
+    ifx_take(&t, 0, 3);
     ifx_crash_restart(&t);
-    for (int i = 0; i < 3; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), i);
+    ifx_pop_range(&t, 0, 3);
     ifx_add_n(&t, 3, 1);
     VHD_CHECK_EQ(ifx_pop(&t), 3);
     VHD_CHECK_EQ(vhd_vq_unpop(&t.f.vq, &t.chain[3]), 0);
@@ -470,10 +477,7 @@ BOTH(unpop_across_end_of_resubmission)
     VHD_CHECK_EQ(ifx_pop(&t), 2);
     VHD_CHECK_EQ(ifx_pop(&t), 3);
     VHD_CHECK_EQ(ifx_pop(&t), -1);
-    for (uint32_t i = 0; i < 4; i++)
-        ifx_push(&t, i);
-    vhd_vq_flush(&t.f.vq);
-    VHD_CHECK_EQ(ifx_collect(&t), 4);
+    ifx_complete_range(&t, 0, 4);
     ifx_check_area_clean(&t);
     ifx_teardown(&t);
 }
@@ -1614,15 +1618,12 @@ VHD_TEST(stale_used_after_rollback_packed)
 {
     struct ifx t;
     ifx_setup(&t, true, 8, 8);
-    ifx_add_n(&t, 0, 3);
-    for (uint32_t i = 0; i < 3; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_take(&t, 0, 3);
     ifx_push(&t, 0);
     ifx_push(&t, 1); /* its used descriptor is written in slot 2, not yet published */
     ifx_crash_restart(&t);
     VHD_CHECK_EQ(ifx_collect(&t), 0);
-    for (uint32_t i = 0; i < 3; i++)
-        VHD_CHECK_EQ(ifx_pop(&t), (int)i);
+    ifx_pop_range(&t, 0, 3);
     ifx_push(&t, 2);
     vhd_vq_flush(&t.f.vq);
     VHD_CHECK_EQ(ifx_collect(&t), 1);
