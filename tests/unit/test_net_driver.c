@@ -40,6 +40,7 @@
 #define MAX_DAEMONS 2
 
 #include "daemon_fixture.h"
+#include "netdrv_fixture.h"
 
 /* ======================= daemons ======================= */
 
@@ -216,11 +217,7 @@ static void run_variant(const struct variant *v, bool interrupt)
                                 .packed = v->packed,
                                 .mrg_rxbuf = v->mrg};
     struct vhd_netdrv *d;
-    char err[256];
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
     VHD_CHECK_EQ(in->num_pairs, v->pairs);
     VHD_CHECK_EQ(in->packed, v->packed);
@@ -277,11 +274,7 @@ static void run_merge(bool packed)
                                 .rx_buf_size = 512,
                                 .max_tx_frame = 9014};
     struct vhd_netdrv *d;
-    char err[256];
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     struct vhd_netdrv_pair *p = vhd_netdrv_get_pair(d, 0);
     VHD_CHECK(loop_frames(d, lens, 6, 300, 1, false) >= 2);
     /* Several in flight too: up to 256 / 18 buffers of the largest frame fit the ring. */
@@ -400,10 +393,7 @@ VHD_TEST(get_queue_num_counts_pairs)
     daemon_prepare(&dm);
     vhostd_start(&dm, 3, "");
     struct vhd_netdrv_opts o = {.socket_path = dm.sock, .num_pairs = 3, .queue_size = 64};
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     VHD_CHECK_EQ(vhd_netdrv_get_info(d)->queue_num, 3);
     VHD_CHECK_EQ(vhd_netdrv_get_info(d)->device_pairs, 3);
     loop_frames(d, lens, 2, 20, 4, false); /* every pair, the last one (rings 4, 5) included */
@@ -440,16 +430,12 @@ static void idle_cpu(const char *poll, const char *backend)
     char keys[64];
     struct daemon dm;
     struct vhd_netdrv *d;
-    char err[256];
 
     snprintf(keys, sizeof(keys), ",backend=%s", backend);
     daemon_prepare(&dm);
     vhostd_start_opts(&dm, 2, keys, extra);
     struct vhd_netdrv_opts o = {.socket_path = dm.sock, .num_pairs = 2, .queue_size = 256};
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     if (!strcmp(backend, "loopback"))
         loop_frames(d, lens, 2, 50, 8, false);
     sleep_ms(200); /* let the adaptive poll window close */
@@ -511,11 +497,7 @@ static struct vhd_netdrv *connect_ctrl(struct daemon *dm, unsigned pairs)
     struct vhd_netdrv_opts o = {
         .socket_path = dm->sock, .num_pairs = pairs, .queue_size = 64, .ctrl_vq = true};
     struct vhd_netdrv *d;
-    char err[256];
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
     VHD_CHECK(in->ctrl_vq);
     VHD_CHECK(in->config_notify);
@@ -715,14 +697,10 @@ VHD_TEST(switch_two_ports_two_pairs)
     vhostd_start_args(&dm, NULL, args);
 
     struct vhd_netdrv *d[2];
-    char err[256];
     const char *socks[2] = {dm.sock, sock_b};
     for (int i = 0; i < 2; i++) {
         struct vhd_netdrv_opts o = {.socket_path = socks[i], .num_pairs = PAIRS, .queue_size = 128};
-        int rc = vhd_netdrv_connect(&o, &d[i], err, sizeof(err));
-        if (rc < 0)
-            fprintf(stderr, "  connect %d: %s\n", i, err);
-        VHD_CHECK_EQ(rc, 0);
+        d[i] = netdrv_connect_ok(&o, i ? "1" : "0");
     }
     const uint8_t *mac[2] = {vhd_netdrv_get_info(d[0])->mac, vhd_netdrv_get_info(d[1])->mac};
     VHD_CHECK(memcmp(mac[0], mac[1], 6) != 0);
@@ -892,12 +870,8 @@ VHD_TEST(tap_two_pairs_in_netns)
     vhostd_start_args(&dm, g_ns, args);
 
     struct vhd_netdrv *d;
-    char err[256];
     struct vhd_netdrv_opts o = {.socket_path = dm.sock, .num_pairs = PAIRS, .queue_size = 128};
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     const uint8_t *mac = vhd_netdrv_get_info(d)->mac;
     char macs[32];
     snprintf(macs, sizeof(macs), "%02x:%02x:%02x:%02x:%02x:%02x", mac[0], mac[1], mac[2], mac[3],
@@ -1188,11 +1162,7 @@ static void tso_session(struct daemon *dm, bool tso, uint16_t sport, bool first)
                                 .max_tx_frame = 65536 + 14 + 4,
                                 .offloads = want};
     struct vhd_netdrv *d;
-    char err[256];
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     VHD_CHECK_EQ(vhd_netdrv_get_info(d)->features & want, want);
     if (!tso)
         VHD_CHECK(!(vhd_netdrv_get_info(d)->features & (1ull << VIRTIO_NET_F_GUEST_TSO4)));
@@ -1258,6 +1228,7 @@ static void tso_session(struct daemon *dm, bool tso, uint16_t sport, bool first)
         hdr[6] = 34;                              /* csum_start: the TCP header */
         hdr[8] = 16;                              /* csum_offset: its checksum field */
     }
+    int rc;
     while ((rc = vhd_netdrv_tx_hdr(p, &io, hdr)) == 0 && ms_now() - t0 < 2 * WAIT_MS)
         sleep_ms(1);
     VHD_CHECK_EQ(rc, 1);

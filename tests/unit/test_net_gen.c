@@ -25,6 +25,7 @@
 #define MAX_DAEMONS 1
 
 #include "daemon_fixture.h"
+#include "netdrv_fixture.h"
 
 #define GEN_LEN       64u     /* the backend's frame length */
 #define GEN_ETHERTYPE 0x88b5u /* the backend's ethertype */
@@ -182,11 +183,7 @@ static void run_variant(const struct variant *v)
                                 .packed = v->packed,
                                 .mrg_rxbuf = v->mrg};
     struct vhd_netdrv *d;
-    char err[256];
-    int rc = vhd_netdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
+    d = netdrv_connect_ok(&o, NULL);
     VHD_CHECK_EQ(vhd_netdrv_get_info(d)->num_pairs, v->pairs);
 
     uint64_t rx_seen = 0, tx_sent = 0;
