@@ -264,98 +264,29 @@ static void b_ind_outside(struct vhd_chaos_sess *s)
     vhd_chaos__split_publish(s, OFF_R0, 0, 1);
 }
 
-static int c_control(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_control);
-}
-static int c_loop(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_loop);
-}
-static int c_longer_than_queue(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_longer_than_queue);
-}
-static int c_head_oob(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_head_oob);
-}
-static int c_next_oob(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_next_oob);
-}
-static int c_avail_jump(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_avail_jump);
-}
-static int c_addr_outside(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_addr_outside);
-}
-static int c_addr_past_end(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_addr_past_end);
-}
-static int c_len_wraps(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_len_wraps);
-}
-static int c_write_before_read(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_write_before_read);
-}
-static int c_status_readonly(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_status_readonly);
-}
-static int c_hdr_short(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_hdr_short);
-}
-static int c_zero_len(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_zero_len);
-}
-static int c_sector_oob(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_sector_oob);
-}
-static int c_len_unaligned(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_len_unaligned);
-}
-static int c_bad_type(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_bad_type);
-}
-static int c_ind_control(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_control);
-}
-static int c_ind_nested(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_nested);
-}
-static int c_ind_with_next(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_with_next);
-}
-static int c_ind_loop(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_loop);
-}
-static int c_ind_len_bad(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_len_bad);
-}
-static int c_ind_outside(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_ind_outside);
-}
-static int c_ind_not_negotiated(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_ind_control);
-}
+VHD_CHAOS_VARIANT(c_control, chain_case, false, false, b_control)
+VHD_CHAOS_VARIANT(c_loop, chain_case, false, false, b_loop)
+VHD_CHAOS_VARIANT(c_longer_than_queue, chain_case, false, false, b_longer_than_queue)
+VHD_CHAOS_VARIANT(c_head_oob, chain_case, false, false, b_head_oob)
+VHD_CHAOS_VARIANT(c_next_oob, chain_case, false, false, b_next_oob)
+VHD_CHAOS_VARIANT(c_avail_jump, chain_case, false, false, b_avail_jump)
+VHD_CHAOS_VARIANT(c_addr_outside, chain_case, false, false, b_addr_outside)
+VHD_CHAOS_VARIANT(c_addr_past_end, chain_case, false, false, b_addr_past_end)
+VHD_CHAOS_VARIANT(c_len_wraps, chain_case, false, false, b_len_wraps)
+VHD_CHAOS_VARIANT(c_write_before_read, chain_case, false, false, b_write_before_read)
+VHD_CHAOS_VARIANT(c_status_readonly, chain_case, false, false, b_status_readonly)
+VHD_CHAOS_VARIANT(c_hdr_short, chain_case, false, false, b_hdr_short)
+VHD_CHAOS_VARIANT(c_zero_len, chain_case, false, false, b_zero_len)
+VHD_CHAOS_VARIANT(c_sector_oob, chain_case, false, false, b_sector_oob)
+VHD_CHAOS_VARIANT(c_len_unaligned, chain_case, false, false, b_len_unaligned)
+VHD_CHAOS_VARIANT(c_bad_type, chain_case, false, false, b_bad_type)
+VHD_CHAOS_VARIANT(c_ind_control, chain_case, false, true, b_ind_control)
+VHD_CHAOS_VARIANT(c_ind_nested, chain_case, false, true, b_ind_nested)
+VHD_CHAOS_VARIANT(c_ind_with_next, chain_case, false, true, b_ind_with_next)
+VHD_CHAOS_VARIANT(c_ind_loop, chain_case, false, true, b_ind_loop)
+VHD_CHAOS_VARIANT(c_ind_len_bad, chain_case, false, true, b_ind_len_bad)
+VHD_CHAOS_VARIANT(c_ind_outside, chain_case, false, true, b_ind_outside)
+VHD_CHAOS_VARIANT(c_ind_not_negotiated, chain_case, false, false, b_ind_control)
 
 /* ---- more blk requests ---- */
 
@@ -411,22 +342,10 @@ static void b_many_segments(struct vhd_chaos_sess *s)
     vhd_chaos__split_publish(s, OFF_R0, 0, 1);
 }
 
-static int c_in_readonly_data(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_in_readonly_data);
-}
-static int c_out_writable_data(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_out_writable_data);
-}
-static int c_get_id_short(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_get_id_short);
-}
-static int c_many_segments(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, true, b_many_segments);
-}
+VHD_CHAOS_VARIANT(c_in_readonly_data, chain_case, false, false, b_in_readonly_data)
+VHD_CHAOS_VARIANT(c_out_writable_data, chain_case, false, false, b_out_writable_data)
+VHD_CHAOS_VARIANT(c_get_id_short, chain_case, false, false, b_get_id_short)
+VHD_CHAOS_VARIANT(c_many_segments, chain_case, false, true, b_many_segments)
 
 /* The ring starts at avail index 1000 while the driver's avail->idx says 1. */
 static int c_base_ahead(struct vhd_chaos_ctx *ctx)
@@ -541,15 +460,8 @@ static int gpa_top(struct vhd_chaos_ctx *ctx, uint64_t back, uint32_t len)
     return rc;
 }
 
-static int c_gpa_top(struct vhd_chaos_ctx *ctx)
-{
-    return gpa_top(ctx, 4096, 4096);
-}
-
-static int c_gpa_top_past_end(struct vhd_chaos_ctx *ctx)
-{
-    return gpa_top(ctx, 2048, 8192);
-}
+VHD_CHAOS_VARIANT(c_gpa_top, gpa_top, 4096, 4096)
+VHD_CHAOS_VARIANT(c_gpa_top_past_end, gpa_top, 2048, 8192)
 
 /* ---- inflight I/O tracking (INFLIGHT_SHMFD) ---- */
 
@@ -703,25 +615,10 @@ static int inflight_garbage(struct vhd_chaos_ctx *ctx, bool packed,
     return rc;
 }
 
-static int c_inflight_records(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_garbage(ctx, false, scribble_records);
-}
-
-static int c_inflight_all_ff(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_garbage(ctx, false, scribble_all);
-}
-
-static int c_p_inflight_records(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_garbage(ctx, true, scribble_records);
-}
-
-static int c_p_inflight_all_ff(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_garbage(ctx, true, scribble_all);
-}
+VHD_CHAOS_VARIANT(c_inflight_records, inflight_garbage, false, scribble_records)
+VHD_CHAOS_VARIANT(c_inflight_all_ff, inflight_garbage, false, scribble_all)
+VHD_CHAOS_VARIANT(c_p_inflight_records, inflight_garbage, true, scribble_records)
+VHD_CHAOS_VARIANT(c_p_inflight_all_ff, inflight_garbage, true, scribble_all)
 
 /*
  * A consistent area with one chain in flight (head 0, popped before a
@@ -761,20 +658,9 @@ static int inflight_resubmit(struct vhd_chaos_ctx *ctx, void (*build)(struct vhd
     return rc;
 }
 
-static int c_inflight_resubmit(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_resubmit(ctx, b_control);
-}
-
-static int c_inflight_resubmit_loop(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_resubmit(ctx, b_loop);
-}
-
-static int c_inflight_resubmit_outside(struct vhd_chaos_ctx *ctx)
-{
-    return inflight_resubmit(ctx, b_addr_outside);
-}
+VHD_CHAOS_VARIANT(c_inflight_resubmit, inflight_resubmit, b_control)
+VHD_CHAOS_VARIANT(c_inflight_resubmit_loop, inflight_resubmit, b_loop)
+VHD_CHAOS_VARIANT(c_inflight_resubmit_outside, inflight_resubmit, b_addr_outside)
 
 /* An IN request whose data buffer is the descriptor table itself (4 KiB over it). */
 static void b_data_over_desc(struct vhd_chaos_sess *s)
@@ -788,10 +674,7 @@ static void b_data_over_desc(struct vhd_chaos_sess *s)
     split_chain(s, d, 3);
 }
 
-static int c_data_over_desc(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, false, false, b_data_over_desc);
-}
+VHD_CHAOS_VARIANT(c_data_over_desc, chain_case, false, false, b_data_over_desc)
 
 /* The available and used rings at the same address: the device's used writes land in avail. */
 static int c_rings_alias(struct vhd_chaos_ctx *ctx)
@@ -1208,42 +1091,15 @@ static void p_status_readonly(struct vhd_chaos_sess *s)
     vhd_chaos__packed_publish(s, OFF_R0, d, 3);
 }
 
-static int c_p_control(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_control);
-}
-static int c_p_id_oob(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_id_oob);
-}
-static int c_p_write_before_read(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_write_before_read);
-}
-static int c_p_addr_outside(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_addr_outside);
-}
-static int c_p_hdr_short(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_hdr_short);
-}
-static int c_p_endless(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_endless);
-}
-static int c_p_ind_nested(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, true, p_ind_nested);
-}
-static int c_p_ind_in_chain(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, true, p_ind_in_chain);
-}
-static int c_p_status_readonly(struct vhd_chaos_ctx *ctx)
-{
-    return chain_case(ctx, true, false, p_status_readonly);
-}
+VHD_CHAOS_VARIANT(c_p_control, chain_case, true, false, p_control)
+VHD_CHAOS_VARIANT(c_p_id_oob, chain_case, true, false, p_id_oob)
+VHD_CHAOS_VARIANT(c_p_write_before_read, chain_case, true, false, p_write_before_read)
+VHD_CHAOS_VARIANT(c_p_addr_outside, chain_case, true, false, p_addr_outside)
+VHD_CHAOS_VARIANT(c_p_hdr_short, chain_case, true, false, p_hdr_short)
+VHD_CHAOS_VARIANT(c_p_endless, chain_case, true, false, p_endless)
+VHD_CHAOS_VARIANT(c_p_ind_nested, chain_case, true, true, p_ind_nested)
+VHD_CHAOS_VARIANT(c_p_ind_in_chain, chain_case, true, true, p_ind_in_chain)
+VHD_CHAOS_VARIANT(c_p_status_readonly, chain_case, true, false, p_status_readonly)
 
 /* ======================= cases: descriptor chains (net) ======================= */
 

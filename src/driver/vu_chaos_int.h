@@ -323,4 +323,15 @@ extern const unsigned vhd_chaos__chain_ncases;
 #name, VHD_CHAOS_##cat, VHD_CHAOS_DEV_NET, (expect), c_##name \
     }
 
+/*
+ * A case that is another case's body with fixed arguments: defines
+ * static int name(struct vhd_chaos_ctx *ctx) returning fn(ctx, args...);
+ * the arguments may use ctx.
+ */
+#define VHD_CHAOS_VARIANT(name, fn, ...)       \
+    static int name(struct vhd_chaos_ctx *ctx) \
+    {                                          \
+        return fn(ctx, __VA_ARGS__);           \
+    }
+
 #endif /* VHD_DRV_VU_CHAOS_INT_H */

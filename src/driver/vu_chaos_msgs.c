@@ -108,20 +108,10 @@ static int send_flags(struct vhd_chaos_ctx *ctx, uint32_t flags, const char *wha
     return rc;
 }
 
-static int c_bad_version(struct vhd_chaos_ctx *ctx)
-{
-    return send_flags(ctx, 2, "version 2");
-}
-
-static int c_reply_flag(struct vhd_chaos_ctx *ctx)
-{
-    return send_flags(ctx, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK, "reply flag in a request");
-}
-
-static int c_unknown_flags(struct vhd_chaos_ctx *ctx)
-{
-    return send_flags(ctx, VHOST_USER_VERSION | 0x100, "unknown flag bits");
-}
+VHD_CHAOS_VARIANT(c_bad_version, send_flags, 2, "version 2")
+VHD_CHAOS_VARIANT(c_reply_flag, send_flags, VHOST_USER_VERSION | VHOST_USER_REPLY_MASK,
+                  "reply flag in a request")
+VHD_CHAOS_VARIANT(c_unknown_flags, send_flags, VHOST_USER_VERSION | 0x100, "unknown flag bits")
 
 /* An unknown request id with NEED_REPLY, after REPLY_ACK. */
 static int c_unknown_request(struct vhd_chaos_ctx *ctx)
@@ -433,15 +423,8 @@ static int kick_hangup(struct vhd_chaos_ctx *ctx, bool sock)
     return rc;
 }
 
-static int c_kick_pipe_hangup(struct vhd_chaos_ctx *ctx)
-{
-    return kick_hangup(ctx, false);
-}
-
-static int c_kick_socket_hangup(struct vhd_chaos_ctx *ctx)
-{
-    return kick_hangup(ctx, true);
-}
+VHD_CHAOS_VARIANT(c_kick_pipe_hangup, kick_hangup, false)
+VHD_CHAOS_VARIANT(c_kick_socket_hangup, kick_hangup, true)
 
 /* ADD_MEM_REG with a pipe. */
 static int c_add_reg_pipe(struct vhd_chaos_ctx *ctx)
@@ -648,16 +631,12 @@ static int packed_base(struct vhd_chaos_ctx *ctx, uint32_t base, const char *wha
 }
 
 /* A packed ring whose base names a slot beyond the ring. */
-static int c_packed_base_oob(struct vhd_chaos_ctx *ctx)
-{
-    return packed_base(ctx, 0x80008000u | 100u, "start with base slot 100 of 8");
-}
+VHD_CHAOS_VARIANT(c_packed_base_oob, packed_base, 0x80008000u | 100u,
+                  "start with base slot 100 of 8")
 
 /* A packed ring whose base names a used slot beyond the ring. */
-static int c_packed_base_used_oob(struct vhd_chaos_ctx *ctx)
-{
-    return packed_base(ctx, 0x80008000u | (100u << 16), "start with used slot 100 of 8");
-}
+VHD_CHAOS_VARIANT(c_packed_base_used_oob, packed_base, 0x80008000u | (100u << 16),
+                  "start with used slot 100 of 8")
 
 /* ======================= cases: memory tables ======================= */
 
@@ -1038,16 +1017,10 @@ static uint64_t ctx_uva(struct vhd_chaos_ctx *ctx, unsigned w, size_t off)
     return (uint64_t)(uintptr_t)(ctx->mem->win[w].hva + off);
 }
 
-static int c_desc_outside(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, 0x10000, 0, 0, false, "descriptor table outside guest memory");
-}
-
-static int c_used_outside(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, 0, 0, ctx_uva(ctx, 1, VHD_CHAOS_WIN_SIZE) + 64, false,
-                     "used ring outside guest memory");
-}
+VHD_CHAOS_VARIANT(c_desc_outside, ring_case, 0x10000, 0, 0, false,
+                  "descriptor table outside guest memory")
+VHD_CHAOS_VARIANT(c_used_outside, ring_case, 0, 0, ctx_uva(ctx, 1, VHD_CHAOS_WIN_SIZE) + 64, false,
+                  "used ring outside guest memory")
 
 static int c_avail_in_guard(struct vhd_chaos_ctx *ctx)
 {
@@ -1062,27 +1035,14 @@ static int c_desc_crosses(struct vhd_chaos_ctx *ctx)
                      "descriptor table crossing the region's end");
 }
 
-static int c_used_crosses(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, 0, 0, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 8), false,
-                     "used ring crossing the region's end");
-}
-
-static int c_packed_desc_crosses(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 16), 0, 0, true,
-                     "packed ring crossing the region's end");
-}
-
-static int c_ring_misaligned(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, ctx_uva(ctx, 0, OFF_R0) + 8, 0, 0, false, "descriptor table at +8");
-}
-
-static int c_ring_uva_wraps(struct vhd_chaos_ctx *ctx)
-{
-    return ring_case(ctx, UINT64_MAX - 15, 0, 0, false, "descriptor table at 2^64 - 16");
-}
+VHD_CHAOS_VARIANT(c_used_crosses, ring_case, 0, 0, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 8), false,
+                  "used ring crossing the region's end")
+VHD_CHAOS_VARIANT(c_packed_desc_crosses, ring_case, ctx_uva(ctx, 0, VHD_CHAOS_WIN_SIZE - 16), 0, 0,
+                  true, "packed ring crossing the region's end")
+VHD_CHAOS_VARIANT(c_ring_misaligned, ring_case, ctx_uva(ctx, 0, OFF_R0) + 8, 0, 0, false,
+                  "descriptor table at +8")
+VHD_CHAOS_VARIANT(c_ring_uva_wraps, ring_case, UINT64_MAX - 15, 0, 0, false,
+                  "descriptor table at 2^64 - 16")
 
 /* ======================= cases: order ======================= */
 
@@ -1097,17 +1057,12 @@ static int kick_before(struct vhd_chaos_ctx *ctx, struct vhd_chaos_plan p, const
     return rc;
 }
 
-static int c_kick_before_mem(struct vhd_chaos_ctx *ctx)
-{
-    return kick_before(ctx, UPTO(KICK, .skip = SKIP(MEM) | SKIP(BASE) | SKIP(CALL)),
-                       "kick before SET_MEM_TABLE");
-}
-
-static int c_kick_before_features(struct vhd_chaos_ctx *ctx)
-{
-    return kick_before(ctx, UPTO(KICK, .skip = SKIP(FEATURES) | SKIP(BASE) | SKIP(CALL)),
-                       "kick before SET_FEATURES");
-}
+VHD_CHAOS_VARIANT(c_kick_before_mem, kick_before,
+                  UPTO(KICK, .skip = SKIP(MEM) | SKIP(BASE) | SKIP(CALL)),
+                  "kick before SET_MEM_TABLE")
+VHD_CHAOS_VARIANT(c_kick_before_features, kick_before,
+                  UPTO(KICK, .skip = SKIP(FEATURES) | SKIP(BASE) | SKIP(CALL)),
+                  "kick before SET_FEATURES")
 
 static int c_kick_before_addr(struct vhd_chaos_ctx *ctx)
 {
