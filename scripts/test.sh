@@ -94,7 +94,7 @@ note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
 for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch test_net_driver \
-    test_net_gen test_crash test_inflight test_client; do
+    test_net_gen test_crash test_inflight test_client test_dirtylog; do
     if [ -x "build-tsan/$t" ]; then
         TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
     else

@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "core/dirtylog.h"
 #include "core/vq.h"
 #include "driver/guestmem.h"
 #include "fuzz_common.h"
@@ -35,6 +38,15 @@
 
 static struct vhd_guestmem gm_ab, gm_c;
 static struct vhd_mem *mem1, *mem2, *mem_norings;
+/* Dirty log (feat bit 3; bit 4: ring writes too): 64 bytes cover GPAs below 2 MiB. */
+#define LOG_SIZE 64u
+static struct vhd_dirtylog *dlog;
+
+static bool log_bit(uint64_t gpa)
+{
+    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
+    return (dlog->bits[pg / 8] >> (pg % 8)) & 1;
+}
 static struct iovec iov[MAX_IOV];
 
 static void setup_once(void)
@@ -49,6 +61,11 @@ static void setup_once(void)
     if (vhd_mem_new(d, 3, &mem1) < 0 || vhd_mem_new(d, 3, &mem2) < 0 ||
         vhd_mem_new(d, 2, &mem_norings) < 0)
         abort();
+    const char *why;
+    int lfd = memfd_create("fuzz-log", MFD_CLOEXEC);
+    if (lfd < 0 || ftruncate(lfd, 4096) < 0 || vhd_dirtylog_map(lfd, LOG_SIZE, 0, &dlog, &why) < 0)
+        abort();
+    close(lfd);
 }
 
 static uint8_t *c_ptr(uint32_t off)
@@ -157,6 +174,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint16_t base = get16(&in), used0 = get16(&in);
     uint16_t avail_flags = get16(&in), used_event = get16(&in);
     bool uva = feat & 4;
+    bool logging = feat & 8;
+    memset(dlog->bits, 0, LOG_SIZE);
 
     struct vhd_vring_desc *desc = (void *)c_ptr(DESC_OFF);
     struct vhd_vring_avail *avail = (void *)c_ptr(AVAIL_OFF);
@@ -174,6 +193,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     };
     const struct vhd_mem *cur = mem1;
     FUZZ_CHECK(vhd_vq_init(&vq, &p, cur) == 0);
+    vhd_vq_set_log(&vq, logging ? dlog : NULL, feat & 16, C_GPA + USED_OFF);
     FUZZ_CHECK(vhd_vq_set_base(&vq, base) == 0);
     FUZZ_CHECK(vhd_vq_get_base(&vq) == base);
     used->idx = vhd_le16(used0);
@@ -254,6 +274,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     wl += iov[k].iov_len;
             }
             FUZZ_CHECK(rl == c.rlen && wl == c.wlen);
+            /* The "device" wrote the writable part: logged at the GPAs it came from. */
+            vhd_vq_log_write(&vq, iov + c.nr, c.nw, c.wlen);
+            for (uint32_t k = c.nr; k < (uint32_t)c.nr + c.nw; k++) {
+                uint32_t hint = 0;
+                uint64_t g;
+                FUZZ_CHECK(vhd_mem_hva_to_gpa(cur, iov[k].iov_base, iov[k].iov_len, &hint, &g) ==
+                           0);
+                FUZZ_CHECK(log_bit(g) == logging && log_bit(g + iov[k].iov_len - 1) == logging);
+            }
             held[nheld++] = c;
         }
         if (err) {
@@ -298,6 +327,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(vhd_le16(used->idx) == first);
         vhd_vq_flush(&vq);
         FUZZ_CHECK(vq.error == 0);
+        if (no && logging && (feat & 16))
+            FUZZ_CHECK(log_bit(C_GPA + USED_OFF + 2)); /* used->idx */
         FUZZ_CHECK(vhd_le16(used->idx) == used_expect);
         for (uint32_t i = 0; i < no && i < qsize; i++) {
             const struct vhd_vq_chain *c = &pushed[no - 1 - i];
