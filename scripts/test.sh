@@ -124,6 +124,8 @@ if [ -x build/vhostd ]; then
     run guest-qsd-smoke bash tests/guest/qsd-smoke.sh
     run guest-net bash tests/guest/net-guests.sh
     run guest-crash bash tests/guest/vhostd-crash.sh
+    # Live migration mid-workload (dirty logging), split rings: ~1 min; CASES="split packed" for both.
+    run guest-migrate env CASES=split bash tests/guest/vhostd-migrate.sh
 else
     failed=$((failed + 1)); echo "   build/vhostd not built: guest tests not run"
 fi
