@@ -90,6 +90,28 @@ int vhd_rt_detach(struct vhd_rt *rt, struct vhd_queue *q, int timeout_ms)
     return 0;
 }
 
+/*
+ * A drain (a stopped ring's resubmissions): the fake device completes what
+ * it pops at once, as a worker running it would before letting go.
+ */
+int vhd_rt_drain(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker, int timeout_ms)
+{
+    struct iovec iov[8];
+    struct vhd_vq_chain c;
+
+    (void)rt;
+    (void)timeout_ms;
+    if (worker >= 2 || q->attached || !q->started)
+        abort(); /* the transport drains only started, detached queues */
+    if (q->vq.mem != dev.mem)
+        abort();
+    while (vhd_vq_pop(&q->vq, iov, 8, &c) == 1)
+        if (vhd_vq_push(&q->vq, &c, 0) < 0)
+            break;
+    vhd_vq_flush(&q->vq);
+    return 0;
+}
+
 void vhd_queue_mark_used(struct vhd_queue *q)
 {
     (void)q;
