@@ -274,6 +274,20 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
             return rc;
         if (vq->avail_shadow == last)
             return 0;
+        /*
+         * A fresh batch: the prefetch below runs SPLIT_PREFETCH_AHEAD entries
+         * ahead only of entries already seen, so the first ones of each
+         * batch would each stall; start their transfers now (hints only,
+         * clamped as below).
+         */
+        uint16_t fresh = (uint16_t)(vq->avail_shadow - last);
+        if (fresh > SPLIT_PREFETCH_AHEAD)
+            fresh = SPLIT_PREFETCH_AHEAD;
+        for (uint16_t i = 1; i < fresh; i++) {
+            uint16_t h = vhd_le16(
+                vhd_load_relaxed(&vq->ring.split.avail->ring[(uint16_t)(last + i) & vq->mask]));
+            __builtin_prefetch(&vq->ring.split.desc[vhd_index_nospec(h, vq->size)]);
+        }
     }
 
     /*
