@@ -71,9 +71,20 @@ struct vhd_net_backend_ops {
               const struct vhd_net_frame *f);
 
     /*
+     * tx_burst - optional: tx for the frames f[0..n) of one transmit burst,
+     * in order, with the same contract per frame: rc[i] gets what tx would
+     * return for f[i]. The device calls it instead of tx when it is set, so
+     * a backend that delivers into a receive queue (loopback) does so with
+     * one vhd_net_deliver_burst for the whole burst.
+     */
+    void (*tx_burst)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
+                     const struct vhd_net_frame *f, unsigned n, int *rc);
+
+    /*
      * rx_poll - optional (NULL for loopback, which delivers from tx): the
      * receive queue of `pair` is being processed on self; deliver up to
-     * budget waiting frames with vhd_net_deliver(). Returns frames handled.
+     * budget waiting frames with vhd_net_deliver() or, better, in bursts with
+     * vhd_net_deliver_burst(). Returns frames handled.
      */
     int (*rx_poll)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
                    unsigned budget);
@@ -143,8 +154,9 @@ const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name);
  * net device dev: one copy from wherever f lives into the guest's receive
  * buffers, with the header rewritten for the receiving driver (num_buffers,
  * and the checksum completed in software when the sender left it partial
- * and the receiver did not negotiate VIRTIO_NET_F_GUEST_CSUM). Flush and
- * notification happen once per burst (vhd_queue_mark_used).
+ * and the receiver did not negotiate VIRTIO_NET_F_GUEST_CSUM). The frame is
+ * published at once (one flush); the notification decision is made once per
+ * worker turn (vhd_queue_mark_used). Several frames: vhd_net_deliver_burst.
  *
  * Must be called on worker self, and delivers only when that worker owns
  * the receive ring (it is attached there, started and enabled) and pair is
@@ -160,5 +172,34 @@ const struct vhd_net_backend_ops *vhd_net_backend_find(const char *name);
  */
 int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
                     const struct vhd_net_frame *f);
+
+/*
+ * vhd_net_deliver_burst - vhd_net_deliver for the frames f[0..n), in order,
+ * as a burst: the receive queue is checked once; then, for runs of up to 32
+ * frames, the receive buffers of every frame of the run are popped (and the
+ * first line of each prefetched), then each frame is copied and its
+ * buffers pushed as used, and the run is published with one flush; the
+ * runtime makes one notification decision per turn (vhd_queue_mark_used,
+ * EVENT_IDX honoured). Each frame meets the
+ * same checks, limits and header rewriting as with vhd_net_deliver, and
+ * rc[i] (when rc != NULL) gets the value vhd_net_deliver would return for
+ * it. Frames that fail do not disturb the others: a frame too large, or
+ * one that finds too few buffers, leaves the ring as it found it. When the
+ * ring runs out of buffers or breaks (-ENOBUFS, -EIO), every later frame
+ * gets the same result without being tried; a ring the engine breaks in
+ * the middle of a run fails the run's frames not yet copied with -EIO
+ * (nothing can be published any more), while an unusable buffer
+ * (NEEDS_RESET) fails only its frame and the later ones: the frames before
+ * it are delivered.
+ * flags: VHD_NET_DELIVER_STOP: stop after the first frame that is not
+ * delivered (a generator that makes frames only as fast as they are taken).
+ * Returns the frames handled from the front: n, or with
+ * VHD_NET_DELIVER_STOP up to and including the first failure (1 when the
+ * ring is not available to self: -ENODEV). Same calling rules as
+ * vhd_net_deliver; all but -ENODEV are counted as drops.
+ */
+#define VHD_NET_DELIVER_STOP 1u
+unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
+                               const struct vhd_net_frame *f, unsigned n, unsigned flags, int *rc);
 
 #endif /* VHD_NET_BACKEND_H */

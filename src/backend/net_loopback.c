@@ -63,10 +63,21 @@ static int loopback_tx(struct vhd_net_backend *be, uint16_t pair, struct vhd_wor
     return rc == -ENODEV ? rc : 0;
 }
 
+/* A transmit burst comes back as one receive burst (vhd_net_deliver_burst), counted as above. */
+static void loopback_tx_burst(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
+                              const struct vhd_net_frame *f, unsigned n, int *rc)
+{
+    (void)vhd_net_deliver_burst(be->dev, pair, self, f, n, 0, rc);
+    for (unsigned i = 0; i < n; i++)
+        if (rc[i] != -ENODEV)
+            rc[i] = 0;
+}
+
 const struct vhd_net_backend_ops vhd_net_backend_loopback = {
     .name = "loopback",
     .open = loopback_open,
     .close = loopback_close,
     .tx = loopback_tx,
+    .tx_burst = loopback_tx_burst,
     .rx_poll = NULL,
 };

@@ -404,13 +404,15 @@ static void csum_fill(const struct iovec *iov, uint32_t cnt, size_t base, uint32
  * the rest of it, or a size limit) must leave the receive ring as it found
  * it: the buffers stay with the device for the next packet. vhd_vq_unpop
  * gives the chains back, latest first; nothing is pushed on the receive
- * queue between the pops and this (what unpop requires of packed rings).
- * An unpop that fails breaks the queue (the engine reports it).
+ * queue between the pops and this (what unpop requires of packed rings):
+ * a burst pushes only after every pop of its run. chains[first..first+n)
+ * are the packet's, the last ones popped. An unpop that fails breaks the
+ * queue (the engine reports it).
  */
-static void rx_unpop(struct vhd_queue *q, const struct net_queue *rq, uint32_t nbufs)
+static void rx_unpop(struct vhd_queue *q, const struct net_queue *rq, uint32_t first, uint32_t n)
 {
-    while (nbufs > 0)
-        if (vhd_unlikely(vhd_vq_unpop(&q->vq, &rq->chains[--nbufs]) < 0))
+    while (n > 0)
+        if (vhd_unlikely(vhd_vq_unpop(&q->vq, &rq->chains[first + --n]) < 0))
             return;
 }
 
@@ -439,14 +441,105 @@ static int rx_break(struct vhd_queue *q, struct net_queue *rq, const char *why)
     return -EIO;
 }
 
-int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
-                    const struct vhd_net_frame *f)
+/*
+ * One frame of a receive run, between its pops and its copy: how many
+ * chains and segments it has in rq->chains / rq->iov, and its header.
+ */
+struct rx_pkt {
+    uint32_t frame; /* index in the caller's array */
+    uint16_t nbufs; /* chains (buffers) it takes, after the previous packet's in rq->chains */
+    uint16_t niov;  /* segments of all its chains, after the previous packet's in rq->iov */
+    uint8_t flags;  /* receive header flags */
+    bool fill;      /* complete the checksum in software */
+};
+
+/*
+ * Receive the frame's buffers: pop chains into rq->chains[*nch..] and
+ * rq->iov[*niov..] until header and frame fit (one chain without
+ * MRG_RXBUF, 5.1.6.3.1; as many as needed with it). On success the packet's
+ * place is in *p and *nch / *niov moved past it; on failure its chains are
+ * given back (or the ring is broken) and nothing moved. Returns 0, or
+ *  -E2BIG    the run's arrays cannot take the frame's worst case here (the
+ *            caller ends the run and starts the frame in a new one; with
+ *            an empty run this is the frame's own -EMSGSIZE);
+ *  -EMSGSIZE more buffers than a packet may take, or larger than one buffer
+ *            without MRG_RXBUF;
+ *  -ENOBUFS  not enough buffers posted;
+ *  -EIO      the ring broke: by the engine (vq->error, nothing may be
+ *            pushed any more) or by an unusable buffer (rq->broken).
+ */
+static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t total, uint32_t *nch,
+                           uint32_t *niov, struct rx_pkt *p)
+{
+    uint32_t c0 = *nch, i0 = *niov, nbufs = 0, iov = i0;
+    uint64_t room = 0;
+
+    do {
+        if (vhd_unlikely(c0 + nbufs == VHD_NET_RX_MAX_BUFS || rq->niov - iov < VHD_NET_CHAIN_IOV)) {
+            rx_unpop(q, rq, c0, nbufs);
+            return nbufs == VHD_NET_RX_MAX_BUFS ? -EMSGSIZE : -E2BIG;
+        }
+        struct vhd_vq_chain *c = &rq->chains[c0 + nbufs];
+        int rc = vhd_vq_pop(&q->vq, rq->iov + iov, VHD_NET_CHAIN_IOV, c);
+        if (rc == 0) {
+            /* Out of buffers: the frame is dropped, as a NIC does; its buffers stay posted. */
+            rx_unpop(q, rq, c0, nbufs);
+            return -ENOBUFS;
+        }
+        if (vhd_unlikely(rc < 0))
+            return -EIO; /* the engine broke the ring (sticky vq->error); the runtime reports it */
+        /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a header.
+         */
+        if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
+            rx_unpop(q, rq, c0, nbufs + 1);
+            return rx_break(q, rq,
+                            c->nr ? "receive buffer with device-readable descriptors"
+                                  : "receive buffer smaller than the virtio-net header");
+        }
+        /*
+         * The buffer's first line: the header goes there. It belongs to the
+         * driver's CPU, which wrote the descriptor; fetch it for writing
+         * while the rest of the run is popped.
+         */
+        __builtin_prefetch(rq->iov[iov].iov_base, 1);
+        iov += c->nw;
+        room += c->wlen;
+        nbufs++;
+    } while (rq->mrg && room < total);
+    if (vhd_unlikely(room < total)) {
+        /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next. */
+        rx_unpop(q, rq, c0, nbufs);
+        return -EMSGSIZE;
+    }
+    p->nbufs = (uint16_t)nbufs;
+    p->niov = (uint16_t)(iov - i0);
+    *nch = c0 + nbufs;
+    *niov = iov;
+    return 0;
+}
+
+/*
+ * Frames delivered per run: their receive buffers are popped together,
+ * then copied into, then pushed. 32 like DPDK's enqueue bursts; a run
+ * also ends early when rq->chains or rq->iov cannot take another packet's
+ * worst case (one chain of VHD_NET_CHAIN_IOV segments, or MRG_RXBUF's
+ * VHD_NET_RX_MAX_BUFS chains).
+ */
+#define RX_BURST 32u
+
+unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
+                               const struct vhd_net_frame *f, unsigned n, unsigned flags, int *rc)
 {
     struct vhd_net *net = to_net(dev);
+    bool stop = (flags & VHD_NET_DELIVER_STOP) != 0;
+    int fail = 0; /* what every frame from `i` on gets, once set */
+    unsigned i = 0;
 
+    if (n == 0)
+        return 0;
     /* 5.1.6.5.5: nothing is queued on receive queues beyond the pairs in use. */
     if (vhd_unlikely(pair >= vhd_load_relaxed(&net->curr_pairs) || pair >= net->pairs))
-        return -ENODEV;
+        goto nodev;
     struct vhd_queue *q = &dev->queues[vhd_index_nospec(2u * pair, dev->num_queues)];
     /*
      * Ownership: q->worker is set to a worker by that worker's own thread
@@ -456,119 +549,190 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
      * q is detached (dev.h, run_disabled), so it is stable while we own q.
      */
     if (vhd_unlikely(q->worker != self || self == NULL || !q->enabled))
-        return -ENODEV;
+        goto nodev;
     struct net_queue *rq = q->priv;
     if (vhd_unlikely(rq == NULL || rq->role != NET_Q_RX))
-        return -ENODEV;
-    if (vhd_unlikely(rq->broken || q->vq.error)) {
-        STAT_ADD(rq->st.drops, 1);
-        return -EIO;
-    }
-    /*
-     * 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the link-level
-     * header is passed, except segmentation-offload frames (GSO), which go
-     * only to a driver that negotiated their GUEST_* feature.
-     */
-    bool gso = f->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE;
-    if (vhd_unlikely(
-            f->len > VHD_NET_MAX_FRAME ||
-            (rq->mtu_limit && !gso &&
-             f->len > (uint32_t)vhd_load_relaxed(&net->mtu) + VHD_ETH_HLEN + VHD_ETH_VLAN_LEN) ||
-            (gso && !gso_allowed(f->hdr.gso_type, rq->gso)))) {
-        STAT_ADD(rq->st.drops, 1);
-        return -EMSGSIZE;
-    }
+        goto nodev;
 
-    /*
-     * Take buffers until the header and the frame fit: one chain without
-     * MRG_RXBUF (5.1.6.3.1), as many as needed with it (num_buffers). Every
-     * chain is popped into the next free part of rq->iov, so the writable
-     * segments of all of them form one list (receive chains have no
-     * readable part: checked below).
-     */
-    uint32_t total = HDR_LEN + f->len, nbufs = 0, niov = 0;
-    uint64_t room = 0;
-    do {
-        if (vhd_unlikely(nbufs == VHD_NET_RX_MAX_BUFS || rq->niov - niov < VHD_NET_CHAIN_IOV)) {
-            rx_unpop(q, rq, nbufs);
-            STAT_ADD(rq->st.drops, 1);
-            return -EMSGSIZE;
+    uint32_t max_len = VHD_NET_MAX_FRAME;
+    if (rq->mtu_limit) {
+        uint32_t m = (uint32_t)vhd_load_relaxed(&net->mtu) + VHD_ETH_HLEN + VHD_ETH_VLAN_LEN;
+        max_len = m < max_len ? m : max_len;
+    }
+    uint64_t pkts = 0, bytes = 0, bufs = 0, drops = 0, largest = 0;
+    struct rx_pkt run[RX_BURST];
+    bool ended = false; /* a frame failed and ended the call (stop, or the ring's state) */
+
+    while (i < n && fail == 0) {
+        /* Phase 1: the run's buffers, popped one packet after another. */
+        unsigned k = 0;
+        uint32_t nch = 0, niov = 0;
+
+        if (vhd_unlikely(rq->broken || q->vq.error)) {
+            fail = -EIO;
+            break;
         }
-        struct vhd_vq_chain *c = &rq->chains[nbufs];
-        int rc = vhd_vq_pop(&q->vq, rq->iov + niov, VHD_NET_CHAIN_IOV, c);
-        if (rc == 0) {
-            /* Out of buffers: drop, as a NIC does; the buffers taken so far stay posted. */
-            rx_unpop(q, rq, nbufs);
-            STAT_ADD(rq->st.drops, 1);
-            return -ENOBUFS;
+        for (; i < n && k < RX_BURST; i++) {
+            const struct vhd_net_frame *fr = &f[i];
+            /*
+             * 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the
+             * link-level header is passed, except segmentation-offload
+             * frames (GSO), which go only to a driver that negotiated their
+             * GUEST_* feature. A partial checksum whose offsets do not fit
+             * the frame (a backend's bug) is not passed on either.
+             */
+            bool gso = fr->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE;
+            uint16_t cs = vhd_le16(fr->hdr.csum_start), co = vhd_le16(fr->hdr.csum_offset);
+            bool partial = (fr->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) != 0;
+            int r = 0;
+            if (vhd_unlikely(fr->len > VHD_NET_MAX_FRAME || (!gso && fr->len > max_len) ||
+                             (gso && !gso_allowed(fr->hdr.gso_type, rq->gso)) ||
+                             (partial && (uint32_t)cs + co + 2u > fr->len))) {
+                r = -EMSGSIZE;
+            } else {
+                struct rx_pkt *p = &run[k];
+                r = rx_take_buffers(q, rq, HDR_LEN + fr->len, &nch, &niov, p);
+                if (vhd_likely(r == 0)) {
+                    /*
+                     * The header the receiving driver sees (5.1.6.4): flags
+                     * limited to NEEDS_CSUM, kept only when the driver
+                     * negotiated GUEST_CSUM; otherwise the checksum is
+                     * completed here and flags is 0.
+                     */
+                    p->frame = i;
+                    p->fill = partial && !rq->guest_csum;
+                    p->flags = partial && rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
+                    k++;
+                    continue;
+                }
+                if (r == -E2BIG) {
+                    if (k > 0)
+                        break; /* this frame starts the next run */
+                    r = -EMSGSIZE;
+                }
+            }
+            /* Not delivered: counted as a drop of the receive queue. */
+            drops++;
+            if (rc)
+                rc[i] = r;
+            /* No buffers, or a broken ring: the same for every later frame. */
+            if (r == -ENOBUFS || r == -EIO)
+                fail = r;
+            if (fail || stop) {
+                i++; /* handled */
+                ended = true;
+                break;
+            }
         }
-        if (vhd_unlikely(rc < 0)) {
-            /* The engine broke the ring (sticky vq->error); the runtime reports it. */
-            STAT_ADD(rq->st.drops, 1);
-            return -EIO;
+
+        if (vhd_unlikely(q->vq.error)) {
+            /*
+             * The engine broke the ring during the pops: nothing can be
+             * pushed or published any more, so the run's frames (not yet
+             * copied) are dropped, not delivered.
+             */
+            for (unsigned j = 0; j < k; j++)
+                if (rc)
+                    rc[run[j].frame] = -EIO;
+            drops += k;
+            fail = -EIO;
+            break;
         }
-        /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a header.
+
+        /*
+         * Phase 2: per frame, one copy (header, then the frame from wherever
+         * it is) and its used elements, in pop order; each buffer's used
+         * length is what it holds: all of it but the last (2.7.8, 5.1.6.4).
+         * The packets lie in rq->chains / rq->iov one after another.
          */
-        if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
-            rx_unpop(q, rq, nbufs + 1);
-            STAT_ADD(rq->st.drops, 1);
-            return rx_break(q, rq,
-                            c->nr ? "receive buffer with device-readable descriptors"
-                                  : "receive buffer smaller than the virtio-net header");
+        uint32_t ch = 0, io = 0;
+        for (unsigned j = 0; j < k; j++) {
+            const struct rx_pkt *p = &run[j];
+            const struct vhd_net_frame *fr = &f[p->frame];
+            const struct iovec *iov = rq->iov + io;
+            const struct vhd_vq_chain *c = &rq->chains[ch];
+            uint32_t len = fr->len;
+            int r;
+            hdr_write(iov, p->niov, &fr->hdr, p->flags, vhd_le16(p->nbufs));
+            iov_copy(iov, p->niov, HDR_LEN, fr->iov, fr->iovcnt, fr->off, len);
+            if (vhd_unlikely(p->fill))
+                csum_fill(iov, p->niov, HDR_LEN, len, vhd_le16(fr->hdr.csum_start),
+                          vhd_le16(fr->hdr.csum_offset));
+            if (vhd_likely(p->nbufs == 1)) {
+                r = vhd_vq_push(&q->vq, c, HDR_LEN + len);
+            } else {
+                uint32_t left = HDR_LEN + len;
+                r = 0;
+                for (uint32_t b = 0; b < p->nbufs && r == 0; b++) {
+                    uint32_t m = c[b].wlen < left ? c[b].wlen : left;
+                    left -= m;
+                    r = vhd_vq_push(&q->vq, &c[b], m);
+                }
+            }
+            if (vhd_unlikely(r < 0)) {
+                /* Cannot happen (our own chains); the queue is broken and reported. */
+                for (; j < k; j++)
+                    if (rc)
+                        rc[run[j].frame] = -EIO;
+                drops += k - j;
+                fail = -EIO;
+                break;
+            }
+            ch += p->nbufs;
+            io += p->niov;
+            if (rc)
+                rc[p->frame] = 0;
+            pkts++;
+            bytes += len;
+            bufs += p->nbufs;
+            largest = len > largest ? len : largest;
         }
-        niov += c->nw;
-        room += c->wlen;
-        nbufs++;
-    } while (rq->mrg && room < total);
-    if (vhd_unlikely(room < total)) {
-        /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next. */
-        rx_unpop(q, rq, nbufs);
-        STAT_ADD(rq->st.drops, 1);
-        return -EMSGSIZE;
-    }
-
-    /*
-     * The header the receiving driver sees (5.1.6.4): the sender's, with
-     * num_buffers set (1 without MRG_RXBUF, 5.1.6.4.1) and flags limited to
-     * NEEDS_CSUM, kept only when the driver negotiated GUEST_CSUM; otherwise
-     * the checksum is completed here and flags is 0. gso_type, hdr_len and
-     * gso_size are carried through: gso_type is one the driver accepts (see
-     * above; the driver ignores the other two for non-GSO packets).
-     */
-    uint16_t cs = vhd_le16(f->hdr.csum_start), co = vhd_le16(f->hdr.csum_offset);
-    uint8_t flags = 0;
-    bool fill = false;
-    if (f->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) {
-        if ((uint32_t)cs + co + 2u > f->len) {
-            /* The sender's offsets do not fit the frame (a backend's bug): not passed on. */
-            rx_unpop(q, rq, nbufs);
-            STAT_ADD(rq->st.drops, 1);
-            return -EMSGSIZE;
+        if (k) {
+            /*
+             * Published now, once per run: a ring that breaks in a later run
+             * of this call can publish nothing more (the engine refuses), and
+             * what was copied must not be lost with it. The notification
+             * decision stays with the runtime, once per turn (mark_used).
+             */
+            vhd_vq_flush(&q->vq);
+            vhd_queue_mark_used(q);
         }
-        fill = !rq->guest_csum;
-        flags = rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
+        if (ended)
+            break;
     }
-
-    /* One copy: header, then the frame from wherever it is. */
-    hdr_write(rq->iov, niov, &f->hdr, flags, vhd_le16((uint16_t)nbufs));
-    iov_copy(rq->iov, niov, HDR_LEN, f->iov, f->iovcnt, f->off, f->len);
-    if (fill)
-        csum_fill(rq->iov, niov, HDR_LEN, f->len, cs, co);
-
-    /* Each buffer's used length is what it holds: all of it but the last (2.7.8, 5.1.6.4). */
-    uint32_t left = total;
-    for (uint32_t i = 0; i < nbufs; i++) {
-        uint32_t n = rq->chains[i].wlen < left ? rq->chains[i].wlen : left;
-        left -= n;
-        if (vhd_unlikely(vhd_vq_push(&q->vq, &rq->chains[i], n) < 0))
-            break; /* cannot happen (our own chains); the queue is broken and reported */
+    if (fail && !(stop && ended)) {
+        /* The frames not handled yet share the ring's fate (with stop: only the next one). */
+        unsigned end = stop ? (i < n ? i + 1 : n) : n;
+        if (i < end) {
+            drops += end - i;
+            if (rc)
+                for (unsigned j = i; j < end; j++)
+                    rc[j] = fail;
+            i = end;
+        }
     }
-    vhd_queue_mark_used(q);
-    STAT_ADD(rq->st.packets, 1);
-    STAT_ADD(rq->st.bytes, f->len);
-    STAT_ADD(rq->st.buffers, nbufs);
-    STAT_MAX(rq->st.largest, (uint64_t)f->len);
-    return 0;
+    STAT_ADD(rq->st.packets, pkts);
+    STAT_ADD(rq->st.bytes, bytes);
+    STAT_ADD(rq->st.buffers, bufs);
+    STAT_ADD(rq->st.drops, drops);
+    STAT_MAX(rq->st.largest, largest);
+    return i;
+
+nodev:
+    /* Not our ring (stopped, disabled, pair not in use): nothing counted, the caller drops. */
+    if (rc)
+        for (unsigned j = 0; j < (stop ? 1u : n); j++)
+            rc[j] = -ENODEV;
+    return stop ? 1u : n;
+}
+
+int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
+                    const struct vhd_net_frame *f)
+{
+    int rc = -ENODEV;
+
+    (void)vhd_net_deliver_burst(dev, pair, self, f, 1, 0, &rc);
+    return rc;
 }
 
 /*
@@ -703,7 +867,9 @@ static void net_tx_rarp(struct net_queue *tq, struct vhd_worker *self)
  * TX_BURST. A burst is popped first (each chain's segments in the next free
  * part of tq->iov) and the first two cache lines of every frame are
  * prefetched; then each frame is parsed, handed to the backend and pushed,
- * in pop order. The frames were just written by the driver on another CPU:
+ * in pop order (a backend with tx_burst gets the parsed frames of the burst
+ * in one call, then the chains are pushed). The frames were just written by
+ * the driver on another CPU:
  * touching them one after another waits for each transfer in turn, while the
  * prefetches of a burst overlap (DPDK's vhost dequeue does the same).
  *
@@ -746,6 +912,32 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
         }
         if (k == 0)
             break;
+        if (vhd_likely(enabled && be->ops->tx_burst)) {
+            /* The whole burst to the backend at once (loopback: one receive burst). */
+            struct vhd_net_frame fs[TX_BURST];
+            int frc[TX_BURST];
+            unsigned m = 0;
+            for (unsigned i = 0; i < k; i++) {
+                if (vhd_unlikely(net_tx_parse(q, tq, tq->iov + offs[i], &cs[i], &fs[m]) < 0)) {
+                    errs++;
+                    continue;
+                }
+                pkts++;
+                bytes += fs[m].len;
+                largest = fs[m].len > largest ? fs[m].len : largest;
+                m++;
+            }
+            if (m)
+                be->ops->tx_burst(be, tq->pair, self, fs, m, frc);
+            for (unsigned i = 0; i < m; i++)
+                drops += frc[i] < 0;
+            for (unsigned i = 0; i < k && rc >= 0; i++)
+                rc = vhd_vq_push(&q->vq, &cs[i], 0);
+            n += k;
+            if (vhd_unlikely(rc < 0))
+                break;
+            continue;
+        }
         for (unsigned i = 0; i < k; i++) {
             const struct vhd_vq_chain *c = &cs[i];
             if (vhd_likely(enabled)) {
