@@ -40,12 +40,13 @@
  * Pop prefetches the descriptor this many slots ahead (4 cache lines of
  * 16-byte descriptors), the packed counterpart of SPLIT_PREFETCH_AHEAD: the
  * driver wrote the descriptors on its own CPU, and a pop that waits for each
- * line in turn stalls once every four slots. Only slots the driver owns
- * (within `room`) are prefetched. Whether the driver has made that slot
- * available yet cannot be known without reading its flags (the load we want
- * to hide), so when the device runs ahead of the driver the prefetch may
- * pull a line the driver is about to write: that costs the driver one
- * ownership transfer, and happens only when the device is waiting anyway.
+ * line in turn stalls once every four slots. Once per line (slots that
+ * are a multiple of 4: a chain of several slots may step over one, which
+ * only loses that hint), and only slots the driver owns (within `room`). Whether the driver has
+ * made that slot available yet cannot be known without reading its flags (the load we want to
+ * hide), so when the device runs ahead of the driver the prefetch may pull a line the driver is
+ * about to write: that costs the driver one ownership transfer, and happens only when the device is
+ * waiting anyway.
  */
 #define PACKED_PREFETCH_AHEAD 16u
 
@@ -293,7 +294,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
     uint16_t flags = slot_flags(&ring[slot]);
     if (!desc_is_avail(flags, wrap))
         return 0;
-    if (room > PACKED_PREFETCH_AHEAD) {
+    if ((slot & 3) == 0 && room > PACKED_PREFETCH_AHEAD) {
         uint32_t ahead = slot + PACKED_PREFETCH_AHEAD;
         __builtin_prefetch(&ring[ahead < size ? ahead : ahead - size]);
     }
