@@ -85,25 +85,6 @@ static void vhostd_start_opts(struct daemon *dm, unsigned pairs, const char *key
     daemon_spawn(dm, argv);
 }
 
-/* CPU time (user + system, clock ticks) of a process so far, from /proc/PID/stat; -1 on error. */
-static long long proc_cpu_ticks(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    /* Fields after the command name, which is in parentheses and may hold spaces. */
-    const char *p = strrchr(buf, ')');
-    unsigned long long ut, st;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return -1;
-    return (long long)(ut + st);
-}
-
 /* ======================= loopback checks ======================= */
 
 /* Frame k of a run: a recognisable Ethernet-ish frame of len bytes (pair in byte 12). */

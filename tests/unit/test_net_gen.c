@@ -241,24 +241,6 @@ VHD_TEST(gen_packed_2pairs_adaptive)
     run_variant(&(struct variant){.packed = true, .mrg = false, .pairs = 2, .poll = "adaptive"});
 }
 
-/* CPU time (user + system, clock ticks) of a process so far, from /proc/PID/stat; -1 on error. */
-static long long proc_cpu_ticks(pid_t pid)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long long ut, st;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
-        return -1;
-    return (long long)(ut + st);
-}
-
 /* Daemon CPU ticks over one second; a spinning worker costs ~100 ticks. */
 static long long cpu_ticks_in_1s(const struct daemon *dm)
 {
