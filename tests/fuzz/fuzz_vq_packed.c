@@ -10,7 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "core/dirtylog.h"
 #include "core/vq.h"
 #include "driver/guestmem.h"
 #include "fuzz_common.h"
@@ -34,6 +37,15 @@
 
 static struct vhd_guestmem gm_ab, gm_c;
 static struct vhd_mem *mem1, *mem2, *mem_norings;
+/* Dirty log (feat bit 4; bit 5: ring writes too): 64 bytes cover GPAs below 2 MiB. */
+#define LOG_SIZE 64u
+static struct vhd_dirtylog *dlog;
+
+static bool log_bit(uint64_t gpa)
+{
+    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
+    return (dlog->bits[pg / 8] >> (pg % 8)) & 1;
+}
 static struct iovec iov[MAX_IOV];
 
 static void setup_once(void)
@@ -48,6 +60,11 @@ static void setup_once(void)
     if (vhd_mem_new(d, 3, &mem1) < 0 || vhd_mem_new(d, 3, &mem2) < 0 ||
         vhd_mem_new(d, 2, &mem_norings) < 0)
         abort();
+    const char *why;
+    int lfd = memfd_create("fuzz-log", MFD_CLOEXEC);
+    if (lfd < 0 || ftruncate(lfd, 4096) < 0 || vhd_dirtylog_map(lfd, LOG_SIZE, 0, &dlog, &why) < 0)
+        abort();
+    close(lfd);
 }
 
 /* Address and length from the biased encoding shared with fuzz_vq_split.c. */
@@ -189,6 +206,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t base = get32(&in);
     uint16_t drv_off_wrap = get16(&in), drv_flags = get16(&in);
     bool uva = feat & 4;
+    bool logging = feat & 16;
+    memset(dlog->bits, 0, LOG_SIZE);
 
     struct vhd_vring_packed_desc *ring = (void *)(gm_c.r[0].hva + DESC_OFF);
     struct vhd_vring_packed_event *drv = (void *)(gm_c.r[0].hva + DRV_OFF);
@@ -206,6 +225,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     };
     const struct vhd_mem *cur = mem1;
     FUZZ_CHECK(vhd_vq_init(&vq, &p, cur) == 0);
+    vhd_vq_set_log(&vq, logging ? dlog : NULL, feat & 32, C_GPA + DEV_OFF);
     FUZZ_CHECK(vhd_vq_get_base(&vq) == 0x80008000u);
     if (!(feat & 8)) /* a valid base: avail slot/wrap, used the same */
         base = (base & 0x7fff) % qsize | (base & 0x8000);
@@ -307,6 +327,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                     wl += iov[k].iov_len;
             }
             FUZZ_CHECK(rl == c.rlen && wl == c.wlen);
+            /* The "device" wrote the writable part: logged at the GPAs it came from. */
+            vhd_vq_log_write(&vq, iov + c.nr, c.nw, c.wlen);
+            for (uint32_t k = c.nr; k < (uint32_t)c.nr + c.nw; k++) {
+                uint32_t hint = 0;
+                uint64_t g;
+                FUZZ_CHECK(vhd_mem_hva_to_gpa(cur, iov[k].iov_base, iov[k].iov_len, &hint, &g) ==
+                           0);
+                FUZZ_CHECK(log_bit(g) == logging && log_bit(g + iov[k].iov_len - 1) == logging);
+            }
             held[nheld++] = c;
         }
         if (err) {
@@ -374,6 +403,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_CHECK(vq.error == 0);
         for (uint32_t i = 0; i < no; i++) {
             const struct vhd_vring_packed_desc *d = &ring[expect[i].slot];
+            if (logging && (feat & 32)) /* the used descriptor, at the ring's GPA */
+                FUZZ_CHECK(log_bit(C_GPA + DESC_OFF + 16ull * expect[i].slot));
             FUZZ_CHECK(vhd_le16(d->id) == expect[i].id);
             FUZZ_CHECK(vhd_le32(d->len) == expect[i].len);
             FUZZ_CHECK(vhd_le16(d->flags) == expect[i].flags);
@@ -401,6 +432,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if ((extra & 1) && !nheld && ((gbase >> 16) || !(gbase & 0xffff))) {
             uint32_t b = gbase;
             FUZZ_CHECK(vhd_vq_init(&vq, &p, cur) == 0);
+            vhd_vq_set_log(&vq, logging ? dlog : NULL, feat & 32, C_GPA + DEV_OFF);
             FUZZ_CHECK(vhd_vq_set_base(&vq, b) == 0);
             FUZZ_CHECK(vhd_vq_start(&vq) == 0);
             FUZZ_CHECK(vhd_vq_get_base(&vq) == b);
