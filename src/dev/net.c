@@ -658,6 +658,7 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             if (vhd_unlikely(p->fill))
                 csum_fill(iov, p->niov, HDR_LEN, len, vhd_le16(fr->hdr.csum_start),
                           vhd_le16(fr->hdr.csum_offset));
+            vhd_vq_log_write(&q->vq, iov, p->niov, HDR_LEN + len); /* dirty logging */
             if (vhd_likely(p->nbufs == 1)) {
                 r = vhd_vq_push(&q->vq, c, HDR_LEN + len);
             } else {
@@ -1105,6 +1106,7 @@ static int net_ctrl_process(struct vhd_queue *q, struct net_queue *cq, unsigned 
             /* The engine never yields an empty segment, so the first writable one has a byte. */
             *(uint8_t *)cq->iov[c.nr].iov_base = ack;
             written = 1;
+            vhd_vq_log_write(&q->vq, &cq->iov[c.nr], 1, 1);
         } else {
             VHD_LOG_RL(VHD_LOG_WARN, "%s: control command without an ack byte", q->dev->name);
             ack = VIRTIO_NET_ERR;
@@ -1420,6 +1422,7 @@ const struct vhd_dev_ops vhd_net_ops = {
     .set_mtu = net_set_mtu,
     .send_rarp = net_send_rarp,
     .run_disabled = true,
+    .dirty_log = true, /* receive frames and control acks: vhd_vq_log_write() */
     .queue_wake_fd = net_queue_wake_fd,
     .queue_num = net_queue_num,
 };

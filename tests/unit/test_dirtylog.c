@@ -15,7 +15,9 @@
  * traffic is never touched after the reply and is unmapped; malformed
  * SET_LOG_BASE messages are refused with an error and the device keeps
  * serving; a log file truncated under the daemon is absorbed (SIGBUS guard),
- * reported, and a second device keeps serving verified I/O.
+ * reported, and a second device keeps serving verified I/O. virtio-net
+ * (loopback): a frame received marks its receive buffer and the used rings,
+ * not the transmitted buffer nor the receive buffer left unused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -694,6 +696,116 @@ VHD_TEST(daemon_survives_a_log_truncated_under_it)
     fe_wait(&e, 1);
     fe_close(&e);
     other_device_io(sock_b, 3);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* ======================= virtio-net receive ======================= */
+
+VHD_TEST(daemon_net_rx_marks_receive_buffers)
+{
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-dlog-XXXXXX", "n.sock");
+    track(&dm);
+    char spec[300];
+    snprintf(spec, sizeof(spec), "socket=%s,backend=loopback", dm.sock);
+    char *argv[] = {(char *)bin, "--log-level", "info", "--net", spec, NULL};
+    daemon_spawn(&dm, argv);
+
+    struct vhd_guestmem gm;
+    VHD_CHECK_EQ(vhd_guestmem_init(&gm, 2, REGION, 0x100000, 0x100000), 0);
+    struct vhd_vuf f;
+    vhd_vuf_init(&f, WAIT_MS);
+    VHD_CHECK_EQ(vhd_vuf_connect(&f, dm.sock), 0);
+    VHD_CHECK_EQ(vhd_vuf_handshake(&f, (1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+                                           (1ull << VHOST_USER_PROTOCOL_F_LOG_SHMFD)),
+                 0);
+    VHD_CHECK(f.offered & (1ull << VHOST_F_LOG_ALL));
+    f.max_rings = 2; /* receive 0, transmit 1 */
+    VHD_CHECK_EQ(vhd_vuf_set_features(&f, 1ull << VIRTIO_F_VERSION_1), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_mem_table(&f, &gm), 0);
+
+    struct vhd_drv_vq dq[2];
+    struct vhd_vuf_ring ring[2];
+    int efd[4];
+    for (unsigned i = 0; i < 2; i++) {
+        size_t len = vhd_drv_vq_area_size(QSIZE, false, 0);
+        void *area;
+        uint64_t gpa = vhd_guestmem_alloc(&gm, len, PAGE, &area);
+        struct vhd_drv_vq_params p = {
+            .size = QSIZE, .area = area, .area_gpa = gpa, .area_len = len};
+        VHD_CHECK_EQ(vhd_drv_vq_init(&dq[i], &p), 0);
+        efd[2 * i] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        efd[2 * i + 1] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        ring[i] = (struct vhd_vuf_ring){.index = i,
+                                        .num = QSIZE,
+                                        .desc = vhd_guestmem_uva(&gm, dq[i].desc_gpa),
+                                        .avail = vhd_guestmem_uva(&gm, dq[i].avail_gpa),
+                                        .used = vhd_guestmem_uva(&gm, dq[i].used_gpa),
+                                        .kick_fd = efd[2 * i],
+                                        .call_fd = efd[2 * i + 1]};
+        VHD_CHECK_EQ(vhd_vuf_ring_start(&f, &ring[i]), 0);
+    }
+    struct vhd_vuf_log log;
+    VHD_CHECK_EQ(vhd_vuf_log_alloc(&log, gm.r[1].gpa + gm.r[1].size, "vhd-test-log-net"), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_log_base(&f, log.fd, log.size, 0), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_log_all(&f, true), 0);
+    for (unsigned i = 0; i < 2; i++)
+        VHD_CHECK_EQ(vhd_vuf_ring_set_log(&f, &ring[i], true, dq[i].used_gpa), 0);
+    struct pageset got, want = {0};
+    ps_collect(&got, &log);
+
+    /* Two receive buffers, a page each (data region), and one frame to send. */
+    uint64_t rx = gm.r[1].gpa, tx = gm.r[1].gpa + 8 * PAGE;
+    uint8_t *txp = vhd_guestmem_ptr(&gm, tx, PAGE);
+    memset(txp, 0, 12);
+    for (unsigned i = 0; i < 64; i++)
+        txp[12 + i] = (uint8_t)(i < 12 ? 0xff : i);
+    uint64_t one = 1;
+    for (unsigned i = 0; i < 2; i++) {
+        struct vhd_drv_buf b = {rx + i * PAGE, 2048};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&dq[0], &b, 0, 1, false, NULL), 0);
+    }
+    vhd_drv_vq_publish(&dq[0]);
+    VHD_CHECK_EQ(write(efd[0], &one, sizeof(one)), (ssize_t)sizeof(one));
+    struct vhd_drv_buf t = {tx, 12 + 64};
+    VHD_CHECK_EQ(vhd_drv_vq_add(&dq[1], &t, 1, 0, false, NULL), 0);
+    vhd_drv_vq_publish(&dq[1]);
+    VHD_CHECK_EQ(write(efd[2], &one, sizeof(one)), (ssize_t)sizeof(one));
+
+    /* The frame comes back on the receive ring (loopback). */
+    uint64_t t0 = ms_now();
+    void *cookie;
+    uint32_t len = 0;
+    int rc;
+    while ((rc = vhd_drv_vq_get_used(&dq[0], &cookie, &len)) == 0) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(1);
+    }
+    VHD_CHECK_EQ(rc, 1);
+    VHD_CHECK_EQ(len, 12 + 64);
+    while ((rc = vhd_drv_vq_get_used(&dq[1], &cookie, &len)) == 0) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(1);
+    }
+    VHD_CHECK_EQ(memcmp(vhd_guestmem_ptr(&gm, rx, 76) + 12, txp + 12, 64), 0);
+    sleep_ms(20); /* the worker settles (notification state written and logged) */
+    ps_collect(&got, &log);
+    ps_add_range(&want, rx, 12 + 64); /* the first receive buffer; the second is untouched */
+    ps_add_range(&want, dq[0].used_gpa, 4 + 8 * QSIZE + 2);
+    ps_add_range(&want, dq[1].used_gpa, 4 + 8 * QSIZE + 2);
+    ps_expect(&got, &want);
+
+    vhd_vuf_close(&f);
+    vhd_vuf_log_release(&log);
+    for (unsigned i = 0; i < 2; i++)
+        vhd_drv_vq_fini(&dq[i]);
+    for (unsigned i = 0; i < 4; i++)
+        close(efd[i]);
+    vhd_guestmem_fini(&gm);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
