@@ -103,6 +103,10 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(epoll_ctl, "add/remove kick fds, sessions and listening sockets"),
     ANY(read, "eventfds (kicks, mailboxes, stop, runtime events), the signalfd, TAP frames"),
     ANY(write, "eventfds (calls, errors, wake-ups), log lines to stderr"),
+    ANY(preadv2, "kicks read with RWF_NOWAIT: a front-end cannot make the read block"),
+    ANY(timer_create, "each thread's eventfd-write guard (a timer signalling that thread)"),
+    ANY(timer_settime, "arm/disarm the guard that interrupts a call-fd write that sleeps"),
+    ANY(timer_delete, "a worker's guard timer at its exit"),
     ANY(io_uring_enter, "workers submit block I/O and reap completions"),
     /* ---- vhost-user sessions (control thread) ---- */
     ANY(accept4, "a front-end connects to a listening socket"),

@@ -16,6 +16,7 @@
 #include "net.h"
 #include "backend/net_backend.h"
 #include "core/compiler.h"
+#include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "virtio_net.h"
@@ -1396,7 +1397,7 @@ static int net_send_rarp(struct vhd_dev *dev, const uint8_t mac[6])
     vhd_store_release(&net->rarp_seq, net->rarp_seq + 1);
     struct vhd_queue *tx0 = &dev->queues[1];
     if (tx0->started && tx0->kick_fd >= 0)
-        (void)eventfd_write(tx0->kick_fd, 1);
+        (void)vhd_efd_signal(tx0->kick_fd); /* the front-end's eventfd: never blocks (efd.h) */
     vhd_log(VHD_LOG_INFO, "%s: RARP for %02x:%02x:%02x:%02x:%02x:%02x requested", dev->name, mac[0],
             mac[1], mac[2], mac[3], mac[4], mac[5]);
     return 0;

@@ -20,6 +20,7 @@
 #include "core/inflight.h"
 #include "dev/virtio_blk.h"
 #include "dev/virtio_net.h"
+#include "vhostd/blk_driver.h"
 #include "vu_chaos_int.h"
 
 /* ======================= cases: descriptor chains (blk) ======================= */
@@ -968,6 +969,65 @@ static int c_call_eventfd_full(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * A read on another device served by the same worker, through
+ * the blk driver, within the timeout: 0, or -errno with a note.
+ */
+static int probe_read(struct vhd_chaos_sess *s, const char *sock)
+{
+    struct vhd_blkdrv_opts o = {.socket_path = sock, .queue_size = 16, .pool_size = 1 << 16};
+    struct vhd_blkdrv *d;
+    char err[128];
+    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        return vhd_chaos__note(s, rc, "probe device: %s", err);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    void *buf = vhd_blkdrv_buf_alloc(q, 4096);
+    struct vhd_blkdrv_completion c;
+    rc = buf ? vhd_blkdrv_submit_read(q, 0, buf, 4096, buf) : -ENOMEM;
+    if (rc == 0) {
+        rc = vhd_blkdrv_wait(q, &c, 1, s->tmo);
+        rc = rc == 1 ? c.ret : rc == 0 ? -ETIMEDOUT : rc;
+    }
+    if (rc != 0)
+        vhd_chaos__note(s, rc, "probe read: %s", strerror(rc < 0 ? -rc : EIO));
+    vhd_blkdrv_disconnect(d);
+    return rc < 0 ? rc : rc ? -EIO : 0;
+}
+
+/*
+ * The front-end clears O_NONBLOCK on the call and kick eventfds it shares
+ * with us (fcntl on its copy changes the one open file description), after
+ * the back-end set it, and fills the call counter to its maximum: a plain
+ * write of 1 then sleeps until someone reads the counter, and nobody will.
+ * The worker must not: the requests complete, and another device on the
+ * same worker (ctx->probe_path) is served while this session stays as it
+ * is.
+ */
+static int c_call_nonblock_cleared(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, false);
+    for (int i = 0; !rc && i < 2; i++) {
+        int fd = i ? s.kick[0] : s.call[0];
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || !(fl & O_NONBLOCK) || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+            rc = vhd_chaos__note(&s, -EINVAL, "%s fd: O_NONBLOCK %s", i ? "kick" : "call",
+                                 fl < 0 ? strerror(errno) : "was not set by the back-end");
+    }
+    uint64_t v = 0xfffffffffffffffeull;
+    if (!rc && write(s.call[0], &v, sizeof(v)) != sizeof(v))
+        rc = vhd_chaos__note(&s, -errno, "filling the call eventfd: %s", strerror(errno));
+    if (!rc) {
+        b_control(&s);
+        rc = vhd_chaos__blk_go(&s);
+    }
+    if (!rc && ctx->probe_path)
+        rc = probe_read(&s, ctx->probe_path);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* The same with the error eventfd, which is written when a queue breaks (a loop here). */
 static int c_err_eventfd_full(struct vhd_chaos_ctx *ctx)
 {
@@ -1482,6 +1542,7 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(rings_alias, CHAINS, N | B | S),
     BLK(call_eventfd_full, CHAINS, S | B),
     BLK(err_eventfd_full, CHAINS, B),
+    BLK(call_nonblock_cleared, CHAINS, S),
     BLK(random_chains, CHAINS, E | B | S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),

@@ -146,6 +146,7 @@ struct vhd_queue {
     struct vhd_worker *worker; /* owner while attached, else NULL */
     uint32_t inflight_io;      /* chains popped and not yet pushed */
     bool notify_pending;       /* pushed since the last flush */
+    bool call_stuck;           /* a write to call_fd would block: not written again (efd.h) */
     bool on_dirty_list;        /* runtime bookkeeping */
     struct vhd_queue *dirty_next;
     int call_fd;            /* eventfd to signal the driver; -1: none */

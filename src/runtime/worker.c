@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "core/compiler.h"
+#include "efd.h"
 #include "log.h"
 #include "rt.h"
 
@@ -158,6 +159,29 @@ static uint64_t now_ns(void)
 
 /* ---- datapath helpers (worker thread) ---- */
 
+/*
+ * Interrupt the driver of q through its call fd, never blocking (efd.h). A
+ * call fd that would block (the front-end cleared O_NONBLOCK and filled the
+ * counter, so it has a signal pending whatever we do) gets no more writes
+ * until the front-end sets a new one: it only hurts itself.
+ */
+static void queue_call(struct vhd_queue *q)
+{
+    if (q->call_fd < 0 || q->call_stuck)
+        return;
+    int rc = vhd_efd_signal(q->call_fd);
+    if (vhd_likely(rc == 0)) {
+        q->stat_notifies++;
+    } else if (rc == -ETIMEDOUT) {
+        q->call_stuck = true;
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u: its call fd blocks (O_NONBLOCK cleared, counter full): no more "
+                   "interrupts on it until the front-end sets a new one",
+                   q->dev->name, q->index);
+    }
+    /* -EAGAIN: the counter is full, a signal is pending anyway. */
+}
+
 void vhd_queue_mark_used(struct vhd_queue *q)
 {
     struct vhd_worker *w = q->worker;
@@ -170,10 +194,8 @@ void vhd_queue_mark_used(struct vhd_queue *q)
          */
         q->notify_pending = false;
         vhd_vq_flush(&q->vq);
-        if (vhd_vq_need_notify(&q->vq) && q->call_fd >= 0) {
-            eventfd_write(q->call_fd, 1);
-            q->stat_notifies++;
-        }
+        if (vhd_vq_need_notify(&q->vq))
+            queue_call(q);
         return;
     }
     if (!q->on_dirty_list) {
@@ -230,10 +252,8 @@ static void worker_flush_dirty(struct vhd_worker *w)
         q->on_dirty_list = false;
         q->notify_pending = false;
         vhd_vq_flush(&q->vq);
-        if (vhd_vq_need_notify(&q->vq) && q->call_fd >= 0) {
-            eventfd_write(q->call_fd, 1);
-            q->stat_notifies++;
-        }
+        if (vhd_vq_need_notify(&q->vq))
+            queue_call(q);
     }
 }
 
@@ -755,8 +775,12 @@ static bool worker_dispatch(struct vhd_worker *w, const struct epoll_event *ev)
          */
         if (!e->kick_in_epoll)
             return false;
-        /* Non-blocking (set at attach): consume the count, one wake-up. */
-        ssize_t n = read(e->q->kick_fd, &v, sizeof(v));
+        /*
+         * Consume the count, one wake-up. RWF_NOWAIT (efd.h): the front-end
+         * may have cleared the O_NONBLOCK set at attach and drained the
+         * count since epoll saw it.
+         */
+        ssize_t n = vhd_efd_read(e->q->kick_fd, &v);
         if (n == 0 || (ev->events & (EPOLLHUP | EPOLLERR))) {
             /*
              * Not an eventfd: a pipe or socket whose other end is closed.
@@ -805,6 +829,8 @@ static void *worker_main(void *arg)
     struct epoll_event evs[RT_EVENTS];
     int timeout = -1;
 
+    /* Call-fd writes stay guarded while we are awake; disarmed before we sleep (efd.h). */
+    vhd_efd_keep_armed(true);
     while (!w->stopping) {
         /*
          * Sleep (timeout -1) or peek (0). While polling every ring, epoll is
@@ -815,6 +841,8 @@ static void *worker_main(void *arg)
         bool poll_all = w->mode == VHD_POLL_ALWAYS || w->polling;
         bool mail = vhd_load_acquire(&w->mail) != 0;
         if (timeout != 0 || !poll_all || mail || ++w->turns % RT_POLL_EPOLL_EVERY == 0) {
+            if (timeout != 0)
+                vhd_efd_idle();
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
             for (int i = 0; i < n; i++)
                 mail |= worker_dispatch(w, &evs[i]);
@@ -840,6 +868,7 @@ static void *worker_main(void *arg)
         timeout = worker_next_timeout(w, work);
     }
     worker_shutdown(w);
+    vhd_efd_thread_end();
     return NULL;
 }
 
@@ -1037,6 +1066,10 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
     if (o->poll_mode != VHD_POLL_ADAPTIVE && o->poll_mode != VHD_POLL_ALWAYS &&
         o->poll_mode != VHD_POLL_NEVER)
         return -EINVAL;
+    /* The eventfd guard's handler, before any sandbox forbids installing it (efd.h). */
+    rc = vhd_efd_init();
+    if (rc < 0)
+        return rc;
 
     rt = calloc(1, sizeof(*rt));
     if (!rt)

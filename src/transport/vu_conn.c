@@ -19,6 +19,7 @@
 #include "core/inflight.h"
 #include "core/memguard.h"
 #include "core/virtio.h"
+#include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "vu_conn.h"
@@ -477,7 +478,8 @@ static int queue_finish_resubmit(struct vhd_vu_conn *c, struct vhd_queue *q)
             c->dev->name, q->index, n);
     q->vq.inf_resubmit_only = true;
     /* Each pass runs until a turn takes less than a budget; a device may stop short. */
-    for (int pass = 0; pass < 8 && vhd_vq_resubmit_pending(&q->vq) && !q->broken; pass++) {
+    for (int pass = 0; pass < 8 && vhd_vq_resubmit_pending(&q->vq) && !q->broken && !q->vq.error;
+         pass++) {
         q->worker_idx = (int)queue_worker_of(c->dev, q->index);
         int rc = vhd_rt_drain(c->dev->rt, q, (unsigned)q->worker_idx, c->detach_timeout_ms);
         if (rc < 0) {
@@ -489,7 +491,7 @@ static int queue_finish_resubmit(struct vhd_vu_conn *c, struct vhd_queue *q)
         }
     }
     q->vq.inf_resubmit_only = false;
-    if (vhd_vq_resubmit_pending(&q->vq) && !q->broken) {
+    if (vhd_vq_resubmit_pending(&q->vq) && !q->broken && !q->vq.error) {
         conn_mark_broken(c, "a stopped ring could not complete its resubmitted requests", true);
         return -EIO;
     }
@@ -793,10 +795,8 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
         found = true;
         /* SET_VRING_ERR: tell the front-end once per ring start (QEMU logs it). */
         if (!c->err_signalled[i] && q->err_fd >= 0) {
-            uint64_t one = 1;
-            if (write(q->err_fd, &one, sizeof(one)) < 0) {
-                /* EAGAIN: the counter is already non-zero; nothing else to do. */
-            }
+            /* Never blocks (efd.h); a full or stuck counter: the front-end has a signal. */
+            (void)vhd_efd_signal(q->err_fd);
         }
         c->err_signalled[i] = true;
     }
@@ -1579,7 +1579,8 @@ static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
  * stall the thread that signals (a worker serving other devices too, or the
  * control thread). Non-blocking, a full counter just drops the signal: the
  * front-end has one pending anyway. The flag belongs to the file the
- * front-end shares; one that clears it again is not defended against here.
+ * front-end shares and it can clear it again: every write goes through
+ * vhd_efd_signal, which a blocking file cannot stall either (efd.h).
  */
 static void fd_set_nonblock(int fd)
 {
@@ -1602,6 +1603,7 @@ static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r)
     }
     close_fd(&q->call_fd);
     q->call_fd = fd;
+    q->call_stuck = false;
     if (fd >= 0) {
         r->fds[0] = -1;
         fd_set_nonblock(fd);
