@@ -24,7 +24,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "core/dirtylog.h"
 #include "core/vq.h"
 #include "dev/net.h"
 #include "dev/virtio_net.h"
@@ -94,8 +97,25 @@ static uint64_t area_gpa[NRINGS];
 static size_t area_len;
 static struct vhd_dev *dev;
 
+/* Dirty log (b1 bit 6; bit 5: ring writes too): 64 bytes cover GPAs below 2 MiB. */
+#define LOG_SIZE 64u
+static struct vhd_dirtylog *dlog;
+
+static bool log_empty(void)
+{
+    for (unsigned i = 0; i < LOG_SIZE; i++)
+        if (dlog->bits[i])
+            return false;
+    return true;
+}
+
 static void setup_once(void)
 {
+    const char *why;
+    int lfd = memfd_create("fuzz-log", MFD_CLOEXEC);
+    if (lfd < 0 || ftruncate(lfd, 4096) < 0 || vhd_dirtylog_map(lfd, LOG_SIZE, 0, &dlog, &why) < 0)
+        abort();
+    close(lfd);
     struct vhd_net_opts o = {.name = "fuzz", .pairs = PAIRS, .allow_packed = true};
     char err[256];
 
@@ -282,6 +302,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool mrg = (f & BIT(VIRTIO_NET_F_MRG_RXBUF)) != 0;
     bool ctrl = (f & BIT(VIRTIO_NET_F_CTRL_VQ)) != 0;
     uint32_t ctrl_idx = (f & BIT(VIRTIO_NET_F_MQ)) ? 2 * PAIRS : 2;
+    bool logging = b1 & 0x40;
+    memset(dlog->bits, 0, LOG_SIZE);
 
     /* ---- rings: rx0, tx0, and the control queue when negotiated ---- */
     static const uint32_t idx_of[NRINGS] = {0, 1, 0};
@@ -312,6 +334,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                    .used = r->dq.used_gpa};
         r->q->size = QSIZE;
         FUZZ_CHECK(vhd_vq_init(&r->q->vq, &vp, mem) == 0);
+        vhd_vq_set_log(&r->q->vq, logging ? dlog : NULL, b1 & 0x20, r->dq.used_gpa);
         FUZZ_CHECK(vhd_vq_start(&r->q->vq) == 0);
         r->q->started = true;
         r->q->enabled = !(b1 & (1u << i)); /* sometimes a disabled ring */
@@ -452,6 +475,8 @@ out:
                 rings[1].broken, rings[2].broken);
     }
     FUZZ_CHECK(tx == rx + rxd + txd);
+    /* Dirty logging: nothing marked when off; a delivered frame marked its buffer when on. */
+    FUZZ_CHECK(logging ? (rx == 0 || !log_empty()) : log_empty());
     struct virtio_net_config c;
     FUZZ_CHECK(ops->get_config(dev, &c, 0, sizeof(c)) == 0);
     FUZZ_CHECK(vhd_le16(c.max_virtqueue_pairs) == PAIRS);

@@ -465,6 +465,17 @@ static void reads_and_writes(bool packed)
     ps_expect(&got, &want);
     VHD_CHECK(!ps_has(&got, page_of(e.hdr_gpa)));
 
+    /* GET_ID writes its 20 bytes of serial: that page too. */
+    fe_add(&e, VIRTIO_BLK_T_GET_ID, 0, 45 * PAGE + 4090, 20); /* across pages 45 and 46 */
+    fe_kick(&e);
+    fe_wait(&e, 1);
+    ps_collect(&got, &log);
+    want.n = 0;
+    ps_add_range(&want, e.data_gpa + 45 * PAGE + 4090, 20);
+    ps_add_range(&want, e.status_gpa, 1);
+    want_ring(&want, &e);
+    ps_expect(&got, &want);
+
     /* LOG_ALL on, ring flag off: the data and status, not the ring. */
     fe_log(&e, true, false);
     ps_collect(&got, &log);
