@@ -31,41 +31,9 @@ CASES=${CASES:-vhostd-first qemu-first restart net}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 
-passed=0
-failed=0
-vhostd_pid=""
-guest_pid=""
-WORK=""
-
-# SIGTERM and wait (bounded); the exit status goes to STOP_STATUS ("killed" when it had to be).
-STOP_STATUS=""
-stop_vhostd() {
-    [ -n "$vhostd_pid" ] || return 0
-    kill -TERM "$vhostd_pid" 2>/dev/null || true
-    local i=0
-    while kill -0 "$vhostd_pid" 2>/dev/null && [ $i -lt 100 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    if kill -0 "$vhostd_pid" 2>/dev/null; then
-        kill -KILL "$vhostd_pid" 2>/dev/null || true
-        wait "$vhostd_pid" 2>/dev/null || true
-        STOP_STATUS=killed
-    else
-        STOP_STATUS=0
-        wait "$vhostd_pid" || STOP_STATUS=$?
-    fi
-    vhostd_pid=""
-}
-
-# shellcheck disable=SC2317 # invoked from the EXIT trap
-cleanup() {
-    [ -n "$guest_pid" ] && kill "$guest_pid" 2>/dev/null || true
-    stop_vhostd
-    [ -n "$WORK" ] && rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+SCRIPT_NAME=client-mode
+# shellcheck source=tests/guest/lib.sh
+. "$HERE/lib.sh"
 
 [ -x "$VHOSTD" ] || { echo "client-mode: $VHOSTD not built" >&2; exit 2; }
 mkdir -p "$LOG_DIR"
@@ -133,7 +101,7 @@ run_case() {
             # A few rounds through this vhostd, then stop it and start a new one.
             wait_lines "$glog" $((round * 5)) '^ROUND' || { reason="guest rounds stalled"; break; }
             stop_vhostd
-            [ "$STOP_STATUS" = 0 ] || { reason="vhostd exit status $STOP_STATUS"; break; }
+            [ "$vhostd_status" = 0 ] || { reason="vhostd exit status $vhostd_status"; break; }
             sleep 0.5
             start_vhostd "$vlog"
         done
@@ -159,7 +127,7 @@ run_case() {
     esac
     grep -q "connected to the front-end" "$vlog" || reason=${reason:-"vhostd never connected"}
     stop_vhostd
-    [ "$STOP_STATUS" = 0 ] || reason=${reason:-"vhostd exit status $STOP_STATUS"}
+    [ "$vhostd_status" = 0 ] || reason=${reason:-"vhostd exit status $vhostd_status"}
     if [ "$name" != restart ] && [ "$name" != net ]; then
         "$HERE/host-verify.sh" --image "$WORK/disk.img" --seed "$seed" >"$LOG_DIR/$name.verify.log" ||
             reason=${reason:-"host verify failed"}

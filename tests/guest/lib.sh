@@ -1,33 +1,48 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # shellcheck shell=bash disable=SC2034 # the variables are the sourcing script's
 #
-# lib.sh: sourced by the guest scripts that run vhostd under a QEMU guest (vhostd-crash.sh,
-# vhostd-matrix.sh) after they set SCRIPT_NAME (theirs, for messages): the pass/fail counters, the
-# pids of the vhostd and the guest (run-guest.sh) they started, the scratch directory, stopping
-# vhostd, and traps that stop what the script started (by pid) and remove WORK on any exit.
+# lib.sh: sourced by the guest scripts that run a vhost-user back-end under a QEMU guest
+# (vhostd-crash.sh, vhostd-matrix.sh, client-mode.sh, qsd-smoke.sh) after they set SCRIPT_NAME
+# (theirs, for messages): the pass/fail counters, the pids of the vhostd (or other back-end, such
+# as qemu-storage-daemon) and the guest (run-guest.sh) they started, the scratch directory,
+# stopping them, and traps that stop what the script started (by pid) and remove WORK on any exit.
 
 passed=0
 failed=0
 vhostd_pid=""
+backend_pid="" # a back-end other than vhostd (qemu-storage-daemon)
 guest_pid=""
 WORK=""
 
-# stop_vhostd: SIGTERM, wait up to 10 s; vhostd's exit status in $vhostd_status (137 if it
-# had to be killed). Not for a $(...) subshell: wait needs the parent shell.
-vhostd_status=0
-stop_vhostd() {
-    local i=0 st=0
-    vhostd_status=0
-    [ -n "$vhostd_pid" ] || return 0
-    kill -TERM "$vhostd_pid" 2>/dev/null || true
-    while kill -0 "$vhostd_pid" 2>/dev/null && [ $i -lt 100 ]; do
+# stop_pid PID: SIGTERM, wait up to 10 s, then SIGKILL; its exit status in $stop_status (137
+# if it had to be killed; 0 without a PID). Not for a $(...) subshell: wait needs the parent shell.
+stop_status=0
+stop_pid() {
+    local pid=$1 i=0 st=0
+    stop_status=0
+    [ -n "$pid" ] || return 0
+    kill -TERM "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do
         sleep 0.1
         i=$((i + 1))
     done
-    kill -9 "$vhostd_pid" 2>/dev/null || true
-    wait "$vhostd_pid" || st=$?
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" || st=$?
+    stop_status=$st
+}
+
+# stop_vhostd: stop_pid of vhostd; its exit status in $vhostd_status.
+vhostd_status=0
+stop_vhostd() {
+    stop_pid "$vhostd_pid"
     vhostd_pid=""
-    vhostd_status=$st
+    vhostd_status=$stop_status
+}
+
+# stop_backend: stop_pid of the other back-end.
+stop_backend() {
+    stop_pid "$backend_pid"
+    backend_pid=""
 }
 
 # shellcheck disable=SC2317 # invoked from the EXIT trap
@@ -38,6 +53,7 @@ cleanup() {
         wait "$guest_pid" 2>/dev/null || true
     fi
     stop_vhostd
+    stop_backend
     [ -n "$WORK" ] && rm -rf "$WORK"
 }
 trap cleanup EXIT

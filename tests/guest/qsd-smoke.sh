@@ -26,36 +26,9 @@ SECTORS=$((IMG_SIZE / 512))
 # qsd's vhost-user-blk answers VIRTIO_BLK_T_GET_ID with this fixed string (no serial option).
 QSD_SERIAL=vhost_user_blk
 
-passed=0
-failed=0
-qsd_pid=""
-guest_pid=""
-WORK=""
-
-stop_qsd() {
-    [ -n "$qsd_pid" ] || return 0
-    kill "$qsd_pid" 2>/dev/null || true
-    local i=0
-    while kill -0 "$qsd_pid" 2>/dev/null && [ $i -lt 50 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-    kill -9 "$qsd_pid" 2>/dev/null || true
-    wait "$qsd_pid" 2>/dev/null || true
-    qsd_pid=""
-}
-
-cleanup() {
-    # Only processes this script started, by pid.
-    if [ -n "$guest_pid" ]; then
-        kill "$guest_pid" 2>/dev/null || true # run-guest.sh stops its QEMU in its own trap
-        wait "$guest_pid" 2>/dev/null || true
-    fi
-    stop_qsd
-    [ -n "$WORK" ] && rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'echo "qsd-smoke: interrupted"; exit 130' INT TERM
+SCRIPT_NAME=qsd-smoke
+# shellcheck source=tests/guest/lib.sh
+. "$HERE/lib.sh"
 
 command -v "$QSD" >/dev/null || { echo "qsd-smoke: $QSD not found (apt-get install qemu-system-common)"; exit 1; }
 "$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'
@@ -63,22 +36,41 @@ mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-qsd-smoke.XXXXXX")
 start_all=$(date +%s)
 
+# case_begin NAME: 0 when case NAME runs now (t0, dir and seed of the caller set, dir made); 1
+# when it does not: not in CASES, or SMOKE_DEADLINE passed (counted as failed).
+case_begin() {
+    local name=$1
+    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
+        return 1
+    fi
+    if [ $(($(date +%s) - start_all)) -gt "$SMOKE_DEADLINE" ]; then
+        echo "FAIL qsd-smoke/$name: not started, SMOKE_DEADLINE=${SMOKE_DEADLINE}s exceeded"
+        failed=$((failed + 1))
+        return 1
+    fi
+    t0=$(date +%s)
+    mkdir -p "$dir"
+    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+}
+
+# case_end NAME REASON [WHAT-PASSED]: remove dir, one PASS (REASON empty) or FAIL line, counted.
+case_end() {
+    rm -rf "$dir"
+    if [ -z "$2" ]; then
+        echo "PASS qsd-smoke/$1 ($(($(date +%s) - t0))s)${3:+: $3}"
+        passed=$((passed + 1))
+    else
+        echo "FAIL qsd-smoke/$1 ($(($(date +%s) - t0))s): $2"
+        failed=$((failed + 1))
+    fi
+}
+
 # run_case NAME QUEUES PACKED EXPECT_RING RO(0|1) LBS DISCARD(ignore|unmap) [run-guest args...]
 run_case() {
     local name=$1 queues=$2 packed=$3 ring=$4 ro=$5 lbs=$6 discard=$7
     shift 7
     local dir=$WORK/$name seed rc=0 reason="" t0
-    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
-        return 0
-    fi
-    if [ $(($(date +%s) - start_all)) -gt "$SMOKE_DEADLINE" ]; then
-        echo "FAIL qsd-smoke/$name: not started, SMOKE_DEADLINE=${SMOKE_DEADLINE}s exceeded"
-        failed=$((failed + 1))
-        return 0
-    fi
-    t0=$(date +%s)
-    mkdir -p "$dir"
-    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+    case_begin "$name" || return 0
     echo "--- qsd-smoke/$name: queues=$queues packed=$packed ro-disk=$ro lbs=$lbs discard=$discard seed=$seed"
 
     # prepare IMG: a fresh sparse image with the host-to-guest pattern.
@@ -104,7 +96,7 @@ run_case() {
 
     if [ -z "$reason" ]; then
         "$QSD" "${qsd_args[@]}" >"$LOG_DIR/$name.qsd.log" 2>&1 &
-        qsd_pid=$!
+        backend_pid=$!
 
         "$HERE/run-guest.sh" --no-build --guest-dir "$GUEST_DIR" --timeout "$GUEST_TIMEOUT" \
             --log "$LOG_DIR/$name.console.log" "${guest_args[@]}" "$@" &
@@ -113,13 +105,13 @@ run_case() {
         guest_pid=""
         [ "$rc" = 0 ] || reason="guest: see $LOG_DIR/$name.console.log"
 
-        if ! kill -0 "$qsd_pid" 2>/dev/null; then
+        if ! kill -0 "$backend_pid" 2>/dev/null; then
             local st=0
-            wait "$qsd_pid" || st=$?
-            qsd_pid=""
+            wait "$backend_pid" || st=$?
+            backend_pid=""
             reason="${reason:+$reason; }qsd exited early (status $st): $(tail -n 1 "$LOG_DIR/$name.qsd.log")"
         fi
-        stop_qsd
+        stop_backend
     else
         rc=1
     fi
@@ -133,14 +125,7 @@ run_case() {
             reason="${reason:+$reason; }host-verify of ro.img failed"
         fi
     fi
-    rm -rf "$dir"
-    if [ -z "$reason" ]; then
-        echo "PASS qsd-smoke/$name ($(($(date +%s) - t0))s)"
-        passed=$((passed + 1))
-    else
-        echo "FAIL qsd-smoke/$name ($(($(date +%s) - t0))s): $reason"
-        failed=$((failed + 1))
-    fi
+    case_end "$name" "$reason"
 }
 
 # One queue, split ring, one disk; discard is a no-op in qsd's default (discard=ignore).
@@ -158,17 +143,7 @@ run_case q4-lbs4k 4 off split 0 4096 unmap
 # checks; then host-verify must pass on the intact image and catch one flipped byte.
 run_negative() {
     local name=negative-detection dir=$WORK/negative-detection seed rc=0 reason="" t0 out
-    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
-        return 0
-    fi
-    if [ $(($(date +%s) - start_all)) -gt "$SMOKE_DEADLINE" ]; then
-        echo "FAIL qsd-smoke/$name: not started, SMOKE_DEADLINE=${SMOKE_DEADLINE}s exceeded"
-        failed=$((failed + 1))
-        return 0
-    fi
-    t0=$(date +%s)
-    mkdir -p "$dir"
-    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+    case_begin "$name" || return 0
     out=$LOG_DIR/$name.run-guest.txt
     echo "--- qsd-smoke/$name: expecting packed ring and $((SECTORS + 1)) sectors (both wrong), seed=$seed"
     truncate -s "$IMG_SIZE" "$dir/rw.img"
@@ -178,14 +153,14 @@ run_negative() {
         "$QSD" --blockdev "driver=file,node-name=rw,filename=$dir/rw.img" \
             --export "type=vhost-user-blk,id=rw,node-name=rw,addr.type=unix,addr.path=$dir/rw.sock,writable=on,num-queues=2" \
             >"$LOG_DIR/$name.qsd.log" 2>&1 &
-        qsd_pid=$!
+        backend_pid=$!
         "$HERE/run-guest.sh" --no-build --guest-dir "$GUEST_DIR" --timeout "$GUEST_TIMEOUT" \
             --log "$LOG_DIR/$name.console.log" --sock "$dir/rw.sock" --queues 2 --packed on \
             --expect-ring packed --sectors $((SECTORS + 1)) --seed "$seed" >"$out" 2>&1 &
         guest_pid=$!
         wait "$guest_pid" || rc=$?
         guest_pid=""
-        stop_qsd
+        stop_backend
         tail -n 1 "$out" | sed 's/^/  /'
         if [ "$rc" = 0 ]; then
             reason="run-guest passed despite two wrong expectations"
@@ -210,14 +185,7 @@ run_negative() {
             fi
         fi
     fi
-    rm -rf "$dir"
-    if [ -z "$reason" ]; then
-        echo "PASS qsd-smoke/$name ($(($(date +%s) - t0))s): wrong expectations and a corrupted byte were caught"
-        passed=$((passed + 1))
-    else
-        echo "FAIL qsd-smoke/$name ($(($(date +%s) - t0))s): $reason"
-        failed=$((failed + 1))
-    fi
+    case_end "$name" "$reason" "wrong expectations and a corrupted byte were caught"
 }
 run_negative
 
