@@ -21,10 +21,18 @@ static int guard_signo(void)
     return SIGRTMIN + 5;
 }
 
-/* The handler does nothing: the signal exists to interrupt a sleeping write (no SA_RESTART). */
+/* The thread's guard fired since its last vhd_efd_tick (set by the handler, on this thread). */
+static __thread volatile sig_atomic_t guard_fired;
+
+/*
+ * The handler only notes that it ran: the signal exists to interrupt a
+ * sleeping write (no SA_RESTART). Timer signals go to the thread whose
+ * guard it is (SIGEV_THREAD_ID), so the thread-local flag is that thread's.
+ */
 static void guard_handler(int sig)
 {
     (void)sig;
+    guard_fired = 1;
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
@@ -51,8 +59,9 @@ int vhd_efd_init(void)
 static __thread struct {
     bool created; /* timer exists */
     bool failed;  /* could not be created: writes go unguarded (logged once) */
-    bool keep;    /* stay armed until vhd_efd_idle */
+    bool keep;    /* stay armed until a period passes without a write (vhd_efd_tick) */
     bool armed;
+    unsigned writes; /* guarded writes since the guard last fired */
     timer_t timer;
 } guard;
 
@@ -117,9 +126,14 @@ void vhd_efd_keep_armed(bool keep)
         guard_disarm();
 }
 
-void vhd_efd_idle(void)
+void vhd_efd_tick(void)
 {
-    guard_disarm();
+    if (!guard_fired)
+        return;
+    guard_fired = 0;
+    if (guard.writes == 0)
+        guard_disarm(); /* a whole period without a write: stop the signals */
+    guard.writes = 0;
 }
 
 void vhd_efd_thread_end(void)
@@ -135,6 +149,7 @@ int vhd_efd_signal(int fd)
     static const uint64_t one = 1;
 
     guard_arm();
+    guard.writes++;
     ssize_t n = write(fd, &one, sizeof(one));
     int rc = n == (ssize_t)sizeof(one) ? 0 : n >= 0 ? -EIO : errno == EINTR ? -ETIMEDOUT : -errno;
     if (!guard.keep)

@@ -18,14 +18,16 @@
  *  - Writes cannot: an eventfd has no write_iter (Linux 6.1 and still 6.18
  *    answer EOPNOTSUPP to pwritev2(RWF_NOWAIT)). So a write runs under a
  *    guard: a per-thread POSIX timer (SIGEV_THREAD_ID) repeating every
- *    VHD_EFD_GUARD_MS while armed, whose signal has a handler that does
- *    nothing and no SA_RESTART. A write that sleeps is interrupted (EINTR)
- *    within that time and reported as -ETIMEDOUT; one that does not sleep
- *    never sees the signal. Workers keep the guard armed while awake (no
- *    syscall per write; at most one timer signal per period, which only
- *    cuts short a sleeping syscall: the loop's epoll_wait handles EINTR)
- *    and disarm it before they sleep. Other threads arm and disarm it
- *    around each write (control path).
+ *    VHD_EFD_GUARD_MS while armed, whose signal has a handler that only
+ *    notes it ran, and no SA_RESTART. A write that sleeps is interrupted
+ *    (EINTR) within that time and reported as -ETIMEDOUT; one that does
+ *    not sleep never sees the signal. Workers keep the guard armed while
+ *    they write (no syscall per write; one timer signal per period, which
+ *    only cuts short a sleeping syscall: the loop's epoll_wait handles
+ *    EINTR) and disarm it once a whole period passed without a write
+ *    (vhd_efd_tick), so an idle worker gets at most two such wake-ups after
+ *    its last write, and none after. Other threads arm and disarm it around
+ *    each write (control path).
  *
  * The caller decides what a stuck write means (a worker stops signalling
  * that queue: the front-end has a full counter, hence a signal pending,
@@ -50,13 +52,17 @@ int vhd_efd_init(void);
 
 /*
  * vhd_efd_keep_armed - the calling thread keeps its guard armed from its
- * first guarded write until vhd_efd_idle (workers). Otherwise each write
- * arms and disarms it.
+ * first guarded write until a period passes without one (vhd_efd_tick:
+ * workers). Otherwise each write arms and disarms it.
  */
 void vhd_efd_keep_armed(bool keep);
 
-/* vhd_efd_idle - the calling thread is about to sleep: disarm its guard if armed. */
-void vhd_efd_idle(void);
+/*
+ * vhd_efd_tick - once per loop turn of a thread that keeps its guard armed:
+ * when the guard fired and no guarded write happened in the period before,
+ * disarm it. A thread-local flag test when nothing fired.
+ */
+void vhd_efd_tick(void);
 
 /* vhd_efd_thread_end - delete the calling thread's timer (thread exit). */
 void vhd_efd_thread_end(void);

@@ -829,7 +829,7 @@ static void *worker_main(void *arg)
     struct epoll_event evs[RT_EVENTS];
     int timeout = -1;
 
-    /* Call-fd writes stay guarded while we are awake; disarmed before we sleep (efd.h). */
+    /* Call-fd writes stay guarded while we write; disarmed after a quiet period (efd.h). */
     vhd_efd_keep_armed(true);
     while (!w->stopping) {
         /*
@@ -841,8 +841,6 @@ static void *worker_main(void *arg)
         bool poll_all = w->mode == VHD_POLL_ALWAYS || w->polling;
         bool mail = vhd_load_acquire(&w->mail) != 0;
         if (timeout != 0 || !poll_all || mail || ++w->turns % RT_POLL_EPOLL_EVERY == 0) {
-            if (timeout != 0)
-                vhd_efd_idle();
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
             for (int i = 0; i < n; i++)
                 mail |= worker_dispatch(w, &evs[i]);
@@ -865,6 +863,7 @@ static void *worker_main(void *arg)
             worker_flush_dirty(w);
         if (w->ndetaching)
             worker_check_detaching(w);
+        vhd_efd_tick(); /* the call-fd guard stops once a period passed without a write */
         timeout = worker_next_timeout(w, work);
     }
     worker_shutdown(w);
