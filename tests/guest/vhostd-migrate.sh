@@ -79,11 +79,11 @@ sys.stdout.write(until_prompt())
 EOF
 }
 
-# wait_for FILE PATTERN SECS: until FILE has a line matching PATTERN (0), or SECS pass (1).
-wait_for() {
+# wait_for_count FILE PATTERN N SECS: until FILE has N lines matching PATTERN (0), or SECS pass (1).
+wait_for_count() {
     local i=0
-    while [ $i -lt $(($3 * 10)) ]; do
-        grep -qE "$2" "$1" 2>/dev/null && return 0
+    while [ $i -lt $(($4 * 10)) ]; do
+        [ "$(grep -cE "$2" "$1" 2>/dev/null || true)" -ge "$3" ] && return 0
         sleep 0.1
         i=$((i + 1))
     done
@@ -140,11 +140,13 @@ run_case() {
     qemu_start "$dir/dst.sock" "$dst_con" "$dir/dst.mon" "$packed" -incoming "unix:$dir/mig.sock"
     local dst_qemu=$qemu_pid
 
-    # Migrate once the random-write workload runs (its first check lines are printed before).
-    if ! wait_for "$src_con" '^CHECK ' 90; then
-        reason="the source guest did not start its workload (see $src_con)"
+    # Migrate once the random-write workload runs: it starts right after the guest's driver
+    # negotiated its features (the second SET_FEATURES in the source vhostd's log; the guest's
+    # console lines can come late under load) and lasts well beyond the few seconds waited here.
+    if ! wait_for_count "$src_log" ': features ' 2 90; then
+        reason="the source guest's driver did not start (see $src_con)"
     else
-        sleep 1
+        sleep 3
         # Unthrottled, and converging while the workload runs: a downtime the guest's TCG
         # dirtying allows, and auto-converge (it slows the vCPUs while the copy lags behind).
         hmp "$dir/src.mon" "migrate_set_parameter max-bandwidth 4G" >/dev/null || true
@@ -169,7 +171,7 @@ run_case() {
         local rc=0
         wait "$dst_qemu" || rc=$?
         if ! grep -q '^GUEST-RESULT: PASS' "$dst_con"; then
-            reason="destination guest: $(grep -E '^GUEST-RESULT|^CHECK .*FAIL' "$dst_con" | head -n 3 | tr '\n' ' ') (QEMU status $rc; see $dst_con)"
+            reason="destination guest: $( (grep -E '^GUEST-RESULT|^CHECK .*FAIL|Kernel panic' "$dst_con" || true) | head -n 3 | tr '\n' ' ') (QEMU status $rc; see $dst_con)"
         fi
         # The migration happened while the workload ran: its last result lines are the destination's.
         grep -q '^CHECK random-write' "$src_con" &&
