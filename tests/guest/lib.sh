@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: BSD-3-Clause
-# shellcheck shell=bash disable=SC2034 # the variables are the sourcing script's
+# shellcheck shell=bash disable=SC2034,SC2154 # the variables are the sourcing script's
 #
 # lib.sh: sourced by the guest scripts that run a vhost-user back-end under a QEMU guest
 # (vhostd-crash.sh, vhostd-matrix.sh, client-mode.sh, qsd-smoke.sh) after they set SCRIPT_NAME
 # (theirs, for messages): the pass/fail counters, the pids of the vhostd (or other back-end, such
 # as qemu-storage-daemon) and the guest (run-guest.sh) they started, the scratch directory,
-# stopping them, and traps that stop what the script started (by pid) and remove WORK on any exit.
+# stopping them, the start and end of a case (case_begin, case_end), and traps that stop what the
+# script started (by pid) and remove WORK on any exit.
 
 passed=0
 failed=0
@@ -43,6 +44,37 @@ stop_vhostd() {
 stop_backend() {
     stop_pid "$backend_pid"
     backend_pid=""
+}
+
+# case_begin NAME DEADLINE_VAR: 0 when case NAME runs now, with the caller's t0, dir (made) and
+# seed set; 1 when it does not: not in CASES, or more than ${!DEADLINE_VAR} seconds since
+# start_all (counted as failed).
+case_begin() {
+    local name=$1 limit=${!2}
+    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
+        return 1
+    fi
+    if [ $(($(date +%s) - start_all)) -gt "$limit" ]; then
+        echo "FAIL $SCRIPT_NAME/$name: not started, $2=${limit}s exceeded"
+        failed=$((failed + 1))
+        return 1
+    fi
+    t0=$(date +%s)
+    mkdir -p "$dir"
+    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+}
+
+# case_end NAME REASON [WHAT-PASSED]: remove the caller's dir; one PASS (REASON empty) or FAIL
+# line with the seconds since t0, counted.
+case_end() {
+    rm -rf "$dir"
+    if [ -z "$2" ]; then
+        echo "PASS $SCRIPT_NAME/$1 ($(($(date +%s) - t0))s)${3:+: $3}"
+        passed=$((passed + 1))
+    else
+        echo "FAIL $SCRIPT_NAME/$1 ($(($(date +%s) - t0))s): $2"
+        failed=$((failed + 1))
+    fi
 }
 
 # shellcheck disable=SC2317 # invoked from the EXIT trap

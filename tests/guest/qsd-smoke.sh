@@ -36,41 +36,12 @@ mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-qsd-smoke.XXXXXX")
 start_all=$(date +%s)
 
-# case_begin NAME: 0 when case NAME runs now (t0, dir and seed of the caller set, dir made); 1
-# when it does not: not in CASES, or SMOKE_DEADLINE passed (counted as failed).
-case_begin() {
-    local name=$1
-    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
-        return 1
-    fi
-    if [ $(($(date +%s) - start_all)) -gt "$SMOKE_DEADLINE" ]; then
-        echo "FAIL qsd-smoke/$name: not started, SMOKE_DEADLINE=${SMOKE_DEADLINE}s exceeded"
-        failed=$((failed + 1))
-        return 1
-    fi
-    t0=$(date +%s)
-    mkdir -p "$dir"
-    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
-}
-
-# case_end NAME REASON [WHAT-PASSED]: remove dir, one PASS (REASON empty) or FAIL line, counted.
-case_end() {
-    rm -rf "$dir"
-    if [ -z "$2" ]; then
-        echo "PASS qsd-smoke/$1 ($(($(date +%s) - t0))s)${3:+: $3}"
-        passed=$((passed + 1))
-    else
-        echo "FAIL qsd-smoke/$1 ($(($(date +%s) - t0))s): $2"
-        failed=$((failed + 1))
-    fi
-}
-
 # run_case NAME QUEUES PACKED EXPECT_RING RO(0|1) LBS DISCARD(ignore|unmap) [run-guest args...]
 run_case() {
     local name=$1 queues=$2 packed=$3 ring=$4 ro=$5 lbs=$6 discard=$7
     shift 7
     local dir=$WORK/$name seed rc=0 reason="" t0
-    case_begin "$name" || return 0
+    case_begin "$name" SMOKE_DEADLINE || return 0
     echo "--- qsd-smoke/$name: queues=$queues packed=$packed ro-disk=$ro lbs=$lbs discard=$discard seed=$seed"
 
     # prepare IMG: a fresh sparse image with the host-to-guest pattern.
@@ -143,7 +114,7 @@ run_case q4-lbs4k 4 off split 0 4096 unmap
 # checks; then host-verify must pass on the intact image and catch one flipped byte.
 run_negative() {
     local name=negative-detection dir=$WORK/negative-detection seed rc=0 reason="" t0 out
-    case_begin "$name" || return 0
+    case_begin "$name" SMOKE_DEADLINE || return 0
     out=$LOG_DIR/$name.run-guest.txt
     echo "--- qsd-smoke/$name: expecting packed ring and $((SECTORS + 1)) sectors (both wrong), seed=$seed"
     truncate -s "$IMG_SIZE" "$dir/rw.img"

@@ -40,17 +40,7 @@ run_case() {
     local name=$1 ring=$2 queues=$3 workers=$4 lbs=$5 ro=$6
     local dir=$WORK/$name seed rc=0 reason="" t0 st packed=off
     [ "$ring" = packed ] && packed=on
-    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
-        return 0
-    fi
-    if [ $(($(date +%s) - start_all)) -gt "$MATRIX_DEADLINE" ]; then
-        echo "FAIL vhostd-matrix/$name: not started, MATRIX_DEADLINE=${MATRIX_DEADLINE}s exceeded"
-        failed=$((failed + 1))
-        return 0
-    fi
-    t0=$(date +%s)
-    mkdir -p "$dir"
-    seed=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+    case_begin "$name" MATRIX_DEADLINE || return 0
     echo "--- vhostd-matrix/$name: ring=$ring queues=$queues workers=$workers lbs=$lbs ro-disk=$ro seed=$seed"
     local args=(--workers "$workers" --log-level info
         --blk "socket=$dir/rw.sock,image=$dir/rw.img,queues=$queues,serial=$name-rw,block-size=$lbs")
@@ -99,14 +89,7 @@ run_case() {
                 reason="${reason:+$reason; }host-verify of ro.img failed"
         fi
     fi
-    rm -rf "$dir"
-    if [ -z "$reason" ]; then
-        echo "PASS vhostd-matrix/$name ($(($(date +%s) - t0))s)"
-        passed=$((passed + 1))
-    else
-        echo "FAIL vhostd-matrix/$name ($(($(date +%s) - t0))s): $reason"
-        failed=$((failed + 1))
-    fi
+    case_end "$name" "$reason"
 }
 
 #        name                ring   queues workers lbs  ro-disk
