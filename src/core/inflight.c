@@ -191,18 +191,34 @@ static void packed_init_region(struct vhd_vq *vq, struct vhd_inflight_packed *in
  * there leaves can be seen at slot u: with chains in flight, the first of
  * them, still as the driver made it available in lap w (no used element
  * was published there, and a rolled-back batch never wrote that slot's
- * flags); with none, anything but a descriptor used in lap w (the device
- * writes used elements only behind its used position, and the driver
- * makes the slot available again only in the next lap). A driver that
- * re-initialised its ring (zeroed, restarted from slot 0 of lap 1) shows
- * neither, unless it has already refilled up to slot u.
+ * flags). With none, slot u holds anything but a descriptor used in lap w
+ * (the device writes used elements only behind its used position, and the
+ * driver makes the slot available again only in the next lap); and the
+ * slot just behind u (in lap w, or the last slot of lap !w when u is 0)
+ * was made available by the driver in its lap before the device passed it,
+ * so it cannot look used in the lap before that one: it shows the device's
+ * used descriptor, a descriptor of a used chain that was not its first
+ * (still as the driver wrote it), or one the driver made available again
+ * since. A zeroed slot looks used in lap 0, so a driver that re-initialised
+ * its ring (zeroed, restarted from slot 0 of lap 1) is told apart unless it
+ * has already refilled up to slot u. A ring at slot 0 of lap 1 has no slot
+ * behind it to check: any ring explains that position.
  */
 static bool packed_area_explains_ring(const struct vhd_vq *vq, uint16_t u, bool w, uint32_t slots)
 {
-    const struct vhd_vring_packed_desc *d = &vq->ring.packed.desc[vhd_index_nospec(u, vq->size)];
-    uint16_t flags = vhd_le16(vhd_load_acquire(&d->flags));
+    const struct vhd_vring_packed_desc *desc = vq->ring.packed.desc;
+    uint16_t fu = vhd_le16(vhd_load_acquire(&desc[vhd_index_nospec(u, vq->size)].flags));
 
-    return slots > 0 ? packed_flags_avail(flags, w) : !packed_flags_used(flags, w);
+    if (slots > 0)
+        return packed_flags_avail(fu, w);
+    if (packed_flags_used(fu, w))
+        return false;
+    if (u == 0 && w)
+        return true;
+    uint32_t behind = u ? u - 1u : vq->size - 1u;
+    bool lap = u ? w : !w;
+    uint16_t fb = vhd_le16(vhd_load_acquire(&desc[vhd_index_nospec(behind, vq->size)].flags));
+    return !packed_flags_used(fb, !lap);
 }
 
 /*
@@ -334,6 +350,14 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
             pos = 0;
             lap = !lap;
         }
+    }
+
+    /* Those flag stores are device writes to guest memory: logged when logging is on. */
+    if (vhd_unlikely(vq->log != NULL) && slots) {
+        uint32_t first = inf->old_used_idx, run = slots < size - first ? slots : size - first;
+        vhd_vq__log_desc(vq, 16ull * first, 16ull * run);
+        if (slots > run)
+            vhd_vq__log_desc(vq, 0, 16ull * (slots - run));
     }
 
     uint32_t avail = inf->old_used_idx + slots;

@@ -673,10 +673,10 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             }
             if (vhd_unlikely(r < 0)) {
                 /* Cannot happen (our own chains); the queue is broken and reported. */
+                drops += k - j;
                 for (; j < k; j++)
                     if (rc)
                         rc[run[j].frame] = -EIO;
-                drops += k - j;
                 fail = -EIO;
                 break;
             }

@@ -679,6 +679,55 @@ VHD_TEST(stale_used_idx_nothing_in_flight_split)
     ifx_teardown(&t);
 }
 
+/*
+ * Packed, nothing in flight: the area's used position (slot 6 of lap 1,
+ * three two-slot chains completed) against a driver that re-initialised
+ * its ring (zeroed, two new chains from slot 0 of lap 1) while the
+ * front-end kept the old area. Slot 6 is zero, which is "not used in lap
+ * 1" as the old ring could also show; the slot behind it (zero, "used in
+ * lap 0") is what no ring the area describes can show. The front-end's
+ * base stands and the new chains run. The same restart without the reset
+ * (the slot behind is the second descriptor of a used chain, still
+ * "available in lap 1") keeps the area's position.
+ */
+static void reset_nothing_in_flight(bool reset)
+{
+    struct ifx t;
+    ifx_setup(&t, true, 8, 8);
+    ifx_take(&t, 0, 3);
+    ifx_complete_range(&t, 0, 3);
+    vhd_vq_fini(&t.f.vq);
+    if (reset) {
+        struct vhd_drv_vq_params dp = {.size = 8,
+                                       .packed = true,
+                                       .area = t.f.area,
+                                       .area_gpa = t.f.area_gpa,
+                                       .area_len = t.f.area_len};
+        vhd_drv_vq_fini(&t.f.dq);
+        VHD_CHECK_EQ(vhd_drv_vq_init(&t.f.dq, &dp), 0);
+    }
+    ifx_add_n(&t, 10, 2);
+    ifx_start(&t, reset ? (1u << 15) | (1u << 31) : 0); /* 0: a stale base (QEMU's after a crash) */
+    VHD_CHECK_EQ(vhd_vq_start(&t.f.vq), 0);
+    VHD_CHECK_EQ(t.f.vq.inf_stale, reset);
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 0);
+    ifx_pop_range(&t, 10, 2);
+    VHD_CHECK_EQ(ifx_pop(&t), -1);
+    ifx_complete_range(&t, 10, 2);
+    ifx_check_area_clean(&t);
+    ifx_teardown(&t);
+}
+
+VHD_TEST(guest_reset_nothing_in_flight_packed)
+{
+    reset_nothing_in_flight(true);
+}
+
+VHD_TEST(restart_nothing_in_flight_packed)
+{
+    reset_nothing_in_flight(false);
+}
+
 /* Random garbage never crashes a start, and a successful start pops sanely. */
 BOTH(random_garbage)
 {
