@@ -23,6 +23,7 @@
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "harness.h"
+#include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 
@@ -1354,6 +1355,74 @@ static unsigned captured_lines(int fd, int saved, const char *must_contain)
     if (must_contain)
         VHD_CHECK(strstr(buf, must_contain) != NULL);
     return lines;
+}
+
+static uint64_t efd_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * A front-end's eventfd with O_NONBLOCK cleared and its counter at the
+ * maximum: a plain write of 1 would sleep for ever. vhd_efd_signal comes
+ * back within its guard period (-ETIMEDOUT), in both guard modes, and
+ * again on a second try; a full non-blocking one answers -EAGAIN at once;
+ * a normal one is incremented.
+ */
+VHD_TEST(efd_signal_never_blocks)
+{
+    VHD_CHECK_EQ(vhd_efd_init(), 0);
+    int fd = eventfd(0, EFD_CLOEXEC); /* blocking */
+    uint64_t max = 0xfffffffffffffffeull, v;
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(vhd_efd_signal(fd), 0);
+    VHD_CHECK_EQ(read(fd, &v, sizeof(v)), (ssize_t)sizeof(v));
+    VHD_CHECK_EQ(v, 1);
+    VHD_CHECK_EQ(write(fd, &max, sizeof(max)), (ssize_t)sizeof(max));
+    for (int keep = 0; keep < 2; keep++) {
+        vhd_efd_keep_armed(keep != 0);
+        for (int k = 0; k < 2; k++) {
+            uint64_t t0 = efd_ms();
+            VHD_CHECK_EQ(vhd_efd_signal(fd), -ETIMEDOUT);
+            VHD_CHECK(efd_ms() - t0 < 1000); /* 20 ms, plus a loaded machine */
+        }
+    }
+    vhd_efd_keep_armed(false);
+    VHD_CHECK_EQ(read(fd, &v, sizeof(v)), (ssize_t)sizeof(v));
+    VHD_CHECK_EQ(v, max); /* nothing was added */
+    VHD_CHECK_EQ(fcntl(fd, F_SETFL, O_NONBLOCK), 0);
+    VHD_CHECK_EQ(write(fd, &max, sizeof(max)), (ssize_t)sizeof(max));
+    VHD_CHECK_EQ(vhd_efd_signal(fd), -EAGAIN);
+    vhd_efd_thread_end();
+    close(fd);
+}
+
+/*
+ * Kicks: a blocking empty eventfd (the front-end cleared O_NONBLOCK and
+ * drained it after epoll saw it readable) reads -EAGAIN at once; a count is
+ * taken whole; a pipe whose writer is gone reads end of file.
+ */
+VHD_TEST(efd_read_never_blocks)
+{
+    int fd = eventfd(0, EFD_CLOEXEC); /* blocking */
+    uint64_t v = 0, three = 3;
+    VHD_CHECK(fd >= 0);
+    uint64_t t0 = efd_ms();
+    VHD_CHECK_EQ(vhd_efd_read(fd, &v), -EAGAIN);
+    VHD_CHECK(efd_ms() - t0 < 1000);
+    VHD_CHECK_EQ(write(fd, &three, sizeof(three)), (ssize_t)sizeof(three));
+    VHD_CHECK_EQ(vhd_efd_read(fd, &v), (ssize_t)sizeof(v));
+    VHD_CHECK_EQ(v, 3);
+    VHD_CHECK_EQ(vhd_efd_read(fd, &v), -EAGAIN);
+    close(fd);
+    int p[2];
+    VHD_CHECK_EQ(pipe(p), 0);
+    VHD_CHECK_EQ(vhd_efd_read(p[0], &v), -EAGAIN);
+    close(p[1]);
+    VHD_CHECK_EQ(vhd_efd_read(p[0], &v), 0);
+    close(p[0]);
 }
 
 VHD_TEST(log_levels_and_format)
