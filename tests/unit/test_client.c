@@ -516,13 +516,17 @@ VHD_TEST(client_backs_off_from_a_frontend_that_drops_it)
     VHD_CHECK(l >= 0 && bind(l, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(l, 4) == 0);
     start_client(&dm, "reconnect-max=400");
     int accepted = 0;
-    uint64_t t0 = ms_now();
-    while (ms_now() - t0 < 2000) {
+    /* The 2 s start at the first session: a daemon slow to start (a sanitizer, a loaded host)
+     * must not shorten them. */
+    uint64_t t0 = ms_now(), first = 0;
+    while (first ? ms_now() - first < 2000 : ms_now() - t0 < 10000) {
         struct pollfd p = {.fd = l, .events = POLLIN};
         if (poll(&p, 1, 50) == 1) {
             int c = accept4(l, NULL, NULL, SOCK_CLOEXEC);
             VHD_CHECK(c >= 0);
             close(c);
+            if (!first)
+                first = ms_now();
             accepted++;
         }
     }
