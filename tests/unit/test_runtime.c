@@ -1357,6 +1357,76 @@ static unsigned captured_lines(int fd, int saved, const char *must_contain)
     return lines;
 }
 
+/*
+ * vhd_rt_drain runs a detached queue on a worker until a turn takes fewer
+ * chains than the budget, then lets go once the in-flight I/O completed
+ * and was published: 120 requests with asynchronous completions, budget
+ * 50, take three turns (50, 50, 20); every one is completed once and the
+ * control thread owns the queue again.
+ */
+VHD_TEST(drain_runs_until_a_short_turn)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+    const unsigned n = 120;
+
+    rt_opts(&ro, 1, VHD_POLL_NEVER);
+    ro.budget = 50;
+    env_init(&e, &ro);
+    struct qopts qo = {.event_idx = true, .mode = FAKE_TIMEOUT};
+    struct tq *t = env_add_queue(&e, &qo, n);
+    struct vhd_queue *q = &t->fq->q;
+    VHD_CHECK_EQ(drv_submit(t, n, n), n);
+    VHD_CHECK_EQ(vhd_rt_drain(e.rt, q, 0, DETACH_MS), 0);
+    VHD_CHECK(!q->attached);
+    VHD_CHECK(q->worker == NULL);
+    VHD_CHECK_EQ(q->inflight_io, 0);
+    VHD_CHECK_EQ(t->fq->taken, n);
+    VHD_CHECK_EQ(t->fq->completed, n);
+    VHD_CHECK_EQ(drv_collect(t), n);
+    check_all_seen(t, n);
+    VHD_CHECK_EQ(vhd_rt_drain(e.rt, q, 7, DETACH_MS), -EINVAL); /* no such worker */
+    env_fini(&e);
+}
+
+/*
+ * A queue that breaks while it drains ends the drain (detached, broken);
+ * one whose I/O does not complete in time stays parked on its worker
+ * (-ETIMEDOUT, attached) until a later detach finds it drained.
+ */
+VHD_TEST(drain_broken_or_stuck)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+
+    rt_opts(&ro, 1, VHD_POLL_NEVER);
+    env_init(&e, &ro);
+    struct qopts qo = {.event_idx = true, .mode = FAKE_INLINE};
+    struct tq *t = env_add_queue(&e, &qo, 16);
+    struct vhd_queue *q = &t->fq->q;
+    t->fq->fail_after = 3;
+    VHD_CHECK_EQ(drv_submit(t, 8, 16), 8);
+    VHD_CHECK_EQ(vhd_rt_drain(e.rt, q, 0, DETACH_MS), 0);
+    VHD_CHECK(!q->attached);
+    VHD_CHECK(q->broken);
+    VHD_CHECK_EQ(t->fq->taken, 3);
+    VHD_CHECK_EQ(drv_collect(t), 3);
+
+    struct qopts qp = {.event_idx = true, .mode = FAKE_PIPE};
+    struct tq *u = env_add_queue(&e, &qp, 16);
+    int pipe_w = tq_use_pipe(u);
+    struct vhd_queue *r = &u->fq->q;
+    VHD_CHECK_EQ(drv_submit(u, 4, 16), 4);
+    VHD_CHECK_EQ(vhd_rt_drain(e.rt, r, 0, 200), -ETIMEDOUT);
+    VHD_CHECK(r->attached);
+    VHD_CHECK_EQ(write(pipe_w, "abcd", 4), 4);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, r, DETACH_MS), 0);
+    VHD_CHECK_EQ(u->fq->completed, 4);
+    VHD_CHECK_EQ(drv_collect(u), 4);
+    close(pipe_w);
+    env_fini(&e);
+}
+
 static uint64_t efd_ms(void)
 {
     struct timespec ts;
