@@ -18,7 +18,8 @@
 #
 # Env: VHOSTD (default build/vhostd), GUEST_DIR (build/guest), LOG_DIR (build/vhostd-migrate),
 # QEMU (qemu-system-x86_64), OPS_4K (8000: 4 KiB writes per guest thread, sized so that the
-# workload outlasts the migration), GUEST_TIMEOUT (180 s per case), CASES ("split packed").
+# workload outlasts the migration), GUEST_TIMEOUT (180 s per case), CASES ("split packed"),
+# MIGRATE_AFTER (3: seconds between the guest driver's start and the migration).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,6 +31,7 @@ QEMU=${QEMU:-qemu-system-x86_64}
 OPS_4K=${OPS_4K:-8000}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
 CASES=${CASES:-split packed}
+MIGRATE_AFTER=${MIGRATE_AFTER:-3}
 IMG_SIZE=$((64 * 1024 * 1024))
 MEM=256M
 
@@ -146,7 +148,7 @@ run_case() {
     if ! wait_for_count "$src_log" ': features ' 2 90; then
         reason="the source guest's driver did not start (see $src_con)"
     else
-        sleep 3
+        sleep "$MIGRATE_AFTER"
         # Unthrottled, and converging while the workload runs: a downtime the guest's TCG
         # dirtying allows, and auto-converge (it slows the vCPUs while the copy lags behind).
         hmp "$dir/src.mon" "migrate_set_parameter max-bandwidth 4G" >/dev/null || true
