@@ -184,9 +184,9 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
  * same checks, limits and header rewriting as with vhd_net_deliver, and
  * rc[i] (when rc != NULL) gets the value vhd_net_deliver would return for
  * it. Frames that fail do not disturb the others: a frame too large, or
- * one that finds too few buffers, leaves the ring as it found it. When the
- * ring runs out of buffers or breaks (-ENOBUFS, -EIO), every later frame
- * gets the same result without being tried; a ring the engine breaks in
+ * one that finds too few buffers, leaves the ring as it found it (the next
+ * frame may fit). When a frame finds no buffer at all or the ring breaks
+ * (-ENOBUFS, -EIO), every later frame gets the same result untried; a ring the engine breaks in
  * the middle of a run fails the run's frames not yet copied with -EIO
  * (nothing can be published any more), while an unusable buffer
  * (NEEDS_RESET) fails only its frame and the later ones: the frames before

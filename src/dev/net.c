@@ -465,7 +465,7 @@ struct rx_pkt {
  *            an empty run this is the frame's own -EMSGSIZE);
  *  -EMSGSIZE more buffers than a packet may take, or larger than one buffer
  *            without MRG_RXBUF;
- *  -ENOBUFS  not enough buffers posted;
+ *  -ENOBUFS  no buffer posted; -ENOSPC: fewer than the frame needs;
  *  -EIO      the ring broke: by the engine (vq->error, nothing may be
  *            pushed any more) or by an unusable buffer (rq->broken).
  */
@@ -483,9 +483,13 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
         struct vhd_vq_chain *c = &rq->chains[c0 + nbufs];
         int rc = vhd_vq_pop(&q->vq, rq->iov + iov, VHD_NET_CHAIN_IOV, c);
         if (rc == 0) {
-            /* Out of buffers: the frame is dropped, as a NIC does; its buffers stay posted. */
+            /*
+             * Out of buffers: the frame is dropped, as a NIC does; its buffers
+             * stay posted. -ENOSPC when some were there (a smaller frame may
+             * still fit them), -ENOBUFS when the ring was empty.
+             */
             rx_unpop(q, rq, c0, nbufs);
-            return -ENOBUFS;
+            return nbufs ? -ENOSPC : -ENOBUFS;
         }
         if (vhd_unlikely(rc < 0))
             return -EIO; /* the engine broke the ring (sticky vq->error); the runtime reports it */
@@ -612,13 +616,15 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                     r = -EMSGSIZE;
                 }
             }
+            /* No buffer at all, or a broken ring: the same for every later frame. */
+            if (r == -ENOBUFS || r == -EIO)
+                fail = r;
+            else if (r == -ENOSPC)
+                r = -ENOBUFS; /* what is left may fit the next frame */
             /* Not delivered: counted as a drop of the receive queue. */
             drops++;
             if (rc)
                 rc[i] = r;
-            /* No buffers, or a broken ring: the same for every later frame. */
-            if (r == -ENOBUFS || r == -EIO)
-                fail = r;
             if (fail || stop) {
                 i++; /* handled */
                 ended = true;
