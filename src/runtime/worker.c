@@ -1164,7 +1164,11 @@ int vhd_rt_event_fd(const struct vhd_rt *rt)
     return rt->event_fd;
 }
 
-int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
+/*
+ * What attach and drain check before they hand q (detached, owned by the
+ * control thread) to a worker: 0, or -EINVAL / -EBUSY / -errno.
+ */
+static int rt_handover_check(const struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
 {
     if (!rt || !q || !q->dev || !q->dev->ops || !q->dev->ops->queue_process)
         return -EINVAL;
@@ -1183,9 +1187,17 @@ int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
         if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(q->kick_fd, F_SETFL, fl | O_NONBLOCK) < 0))
             return -errno;
     }
+    return 0;
+}
+
+int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
+{
+    int rc = rt_handover_check(rt, q, worker);
+    if (rc < 0)
+        return rc;
 
     struct rt_req req = {.type = RT_REQ_ATTACH, .q = q};
-    int rc = rt_post_wait(&rt->workers[worker], &req, RT_ATTACH_TIMEOUT_MS);
+    rc = rt_post_wait(&rt->workers[worker], &req, RT_ATTACH_TIMEOUT_MS);
     if (rc == 0) {
         q->attached = true;
         q->worker_idx = (int)worker;
@@ -1198,20 +1210,12 @@ int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
 
 int vhd_rt_drain(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker, int timeout_ms)
 {
-    if (!rt || !q || timeout_ms < 0 || !q->dev || !q->dev->ops || !q->dev->ops->queue_process)
-        return -EINVAL;
-    if (worker >= rt->nworkers)
-        return -EINVAL;
-    if (q->attached)
-        return -EBUSY;
-    if (q->kick_fd >= 0) {
-        int fl = fcntl(q->kick_fd, F_GETFL); /* as vhd_rt_attach */
-        if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(q->kick_fd, F_SETFL, fl | O_NONBLOCK) < 0))
-            return -errno;
-    }
+    int rc = timeout_ms < 0 ? -EINVAL : rt_handover_check(rt, q, worker);
+    if (rc < 0)
+        return rc;
 
     struct rt_req req = {.type = RT_REQ_DRAIN, .q = q};
-    int rc = rt_post_wait(&rt->workers[worker], &req, timeout_ms);
+    rc = rt_post_wait(&rt->workers[worker], &req, timeout_ms);
     if (rc == -ETIMEDOUT && req.taken) {
         /* Taken, not finished: parked on the worker like a timed-out detach. */
         q->attached = true;
