@@ -19,7 +19,16 @@
 # Env: VHOSTD (default build/vhostd), GUEST_DIR (build/guest), LOG_DIR (build/vhostd-migrate),
 # QEMU (qemu-system-x86_64), OPS_4K (8000: 4 KiB writes per guest thread, sized so that the
 # workload outlasts the migration), GUEST_TIMEOUT (180 s per case), CASES ("split packed"),
-# MIGRATE_AFTER (3: seconds between the guest driver's start and the migration).
+# MIGRATE_AFTER (3: seconds between the guest driver's start and the migration), ATTEMPTS (2: see
+# below).
+#
+# QEMU 7.2 under TCG can itself corrupt the migrated guest's memory: its dirty bitmap sync clears
+# bits without flushing the TCG TLB, so later vCPU stores are not tracked (fixed upstream in QEMU
+# 9.0, "physmem: Fix migration dirty bitmap coherency with TCG memory access"). The destination
+# kernel then crashes on its own data (slab, task structures), with QEMU's built-in virtio-blk as
+# well, no vhostd involved; more dirty syncs make it likelier. A case whose destination kernel
+# crashed (panic, Oops, BUG) with every data check it ran passing is run again, up to ATTEMPTS;
+# a failed data check (stale read data or used ring: what missing dirty logging gives) never is.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -32,6 +41,7 @@ OPS_4K=${OPS_4K:-8000}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
 CASES=${CASES:-split packed}
 MIGRATE_AFTER=${MIGRATE_AFTER:-3}
+ATTEMPTS=${ATTEMPTS:-2}
 IMG_SIZE=$((64 * 1024 * 1024))
 MEM=256M
 
@@ -115,9 +125,10 @@ qemu_start() {
 }
 
 run_case() {
-    local name=$1 packed=off reason=""
+    local name=$1 attempt=${2:-1} packed=off reason=""
     [ "$name" = packed ] && packed=on
     local dir=$WORK/$name
+    rm -rf "$dir" # a fresh image and sockets, also for a second attempt
     mkdir -p "$dir"
     SEED=$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')
     truncate -s "$IMG_SIZE" "$dir/disk.img"
@@ -192,6 +203,14 @@ run_case() {
         [ "$st" = 0 ] || reason="${reason:+$reason; }vhostd (pid $p) exited with $st"
     done
     pids=()
+    if [ -n "$reason" ] && [ "$attempt" -lt "$ATTEMPTS" ] &&
+        grep -qE 'Kernel panic|Oops|BUG:|general protection fault' "$dst_con" 2>/dev/null &&
+        ! grep -qE '^CHECK .*FAIL' "$dst_con"; then
+        echo "    $SCRIPT_NAME/$name: the destination kernel crashed with no data check failed" \
+            "(QEMU 7.2 TCG dirty tracking, see the header); again ($((attempt + 1))/$ATTEMPTS)"
+        run_case "$name" $((attempt + 1))
+        return
+    fi
     if [ -z "$reason" ]; then
         echo "PASS $SCRIPT_NAME/$name ($((SECONDS - t0)) s)"
         passed=$((passed + 1))
