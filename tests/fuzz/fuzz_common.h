@@ -8,12 +8,14 @@
 #ifndef VHD_FUZZ_COMMON_H
 #define VHD_FUZZ_COMMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dirtylog.h"
 #include "core/mem.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
@@ -111,6 +113,13 @@ static inline uint8_t fuzz_gread8(struct vhd_guestmem *gm, uint64_t gpa)
 {
     uint8_t *p = vhd_guestmem_ptr(gm, gpa, 1);
     return p ? *p : 0;
+}
+
+/* The page of gpa is marked in log. */
+static inline bool fuzz_log_bit(const struct vhd_dirtylog *log, uint64_t gpa)
+{
+    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
+    return (log->bits[pg / 8] >> (pg % 8)) & 1;
 }
 
 #endif /* VHD_FUZZ_COMMON_H */

@@ -41,11 +41,6 @@ static struct vhd_mem *mem1, *mem2, *mem_norings;
 #define LOG_SIZE 64u
 static struct vhd_dirtylog *dlog;
 
-static bool log_bit(uint64_t gpa)
-{
-    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
-    return (dlog->bits[pg / 8] >> (pg % 8)) & 1;
-}
 static struct iovec iov[MAX_IOV];
 
 static void setup_once(void)
@@ -334,7 +329,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 uint64_t g;
                 FUZZ_CHECK(vhd_mem_hva_to_gpa(cur, iov[k].iov_base, iov[k].iov_len, &hint, &g) ==
                            0);
-                FUZZ_CHECK(log_bit(g) == logging && log_bit(g + iov[k].iov_len - 1) == logging);
+                FUZZ_CHECK(fuzz_log_bit(dlog, g) == logging &&
+                           fuzz_log_bit(dlog, g + iov[k].iov_len - 1) == logging);
             }
             held[nheld++] = c;
         }
@@ -404,7 +400,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (uint32_t i = 0; i < no; i++) {
             const struct vhd_vring_packed_desc *d = &ring[expect[i].slot];
             if (logging && (feat & 32)) /* the used descriptor, at the ring's GPA */
-                FUZZ_CHECK(log_bit(C_GPA + DESC_OFF + 16ull * expect[i].slot));
+                FUZZ_CHECK(fuzz_log_bit(dlog, C_GPA + DESC_OFF + 16ull * expect[i].slot));
             FUZZ_CHECK(vhd_le16(d->id) == expect[i].id);
             FUZZ_CHECK(vhd_le32(d->len) == expect[i].len);
             FUZZ_CHECK(vhd_le16(d->flags) == expect[i].flags);

@@ -42,11 +42,6 @@ static struct vhd_mem *mem1, *mem2, *mem_norings;
 #define LOG_SIZE 64u
 static struct vhd_dirtylog *dlog;
 
-static bool log_bit(uint64_t gpa)
-{
-    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
-    return (dlog->bits[pg / 8] >> (pg % 8)) & 1;
-}
 static struct iovec iov[MAX_IOV];
 
 static void setup_once(void)
@@ -281,7 +276,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 uint64_t g;
                 FUZZ_CHECK(vhd_mem_hva_to_gpa(cur, iov[k].iov_base, iov[k].iov_len, &hint, &g) ==
                            0);
-                FUZZ_CHECK(log_bit(g) == logging && log_bit(g + iov[k].iov_len - 1) == logging);
+                FUZZ_CHECK(fuzz_log_bit(dlog, g) == logging &&
+                           fuzz_log_bit(dlog, g + iov[k].iov_len - 1) == logging);
             }
             held[nheld++] = c;
         }
@@ -328,7 +324,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         vhd_vq_flush(&vq);
         FUZZ_CHECK(vq.error == 0);
         if (no && logging && (feat & 16))
-            FUZZ_CHECK(log_bit(C_GPA + USED_OFF + 2)); /* used->idx */
+            FUZZ_CHECK(fuzz_log_bit(dlog, C_GPA + USED_OFF + 2)); /* used->idx */
         FUZZ_CHECK(vhd_le16(used->idx) == used_expect);
         for (uint32_t i = 0; i < no && i < qsize; i++) {
             const struct vhd_vq_chain *c = &pushed[no - 1 - i];

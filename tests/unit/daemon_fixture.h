@@ -93,6 +93,21 @@ static inline void kill_daemons(void)
     }
 }
 
+/* The first 64 KiB of dm's log contain needle. */
+static inline bool daemon_log_has(const struct daemon *dm, const char *needle)
+{
+    static char buf[1 << 16];
+    int fd = open(dm->log, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    return strstr(buf, needle) != NULL;
+}
+
 /* A passing test ends here: the harness leaves a test with _exit(), past atexit handlers. */
 static inline void test_done(void)
 {

@@ -598,20 +598,6 @@ static void other_device_io(const char *sock, unsigned seed)
     vhd_blkdrv_disconnect(d);
 }
 
-static bool log_has(const struct daemon *dm, const char *needle)
-{
-    static char buf[1 << 16];
-    int fd = open(dm->log, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = 0;
-    return strstr(buf, needle) != NULL;
-}
-
 VHD_TEST(daemon_refuses_malformed_set_log_base_and_keeps_serving)
 {
     struct daemon dm;
@@ -659,7 +645,7 @@ VHD_TEST(daemon_refuses_malformed_set_log_base_and_keeps_serving)
     ps_add_range(&want, e.status_gpa, 1);
     want_ring(&want, &e);
     ps_expect(&got, &want);
-    VHD_CHECK(!log_has(&dm, "needs reset"));
+    VHD_CHECK(!daemon_log_has(&dm, "needs reset"));
 
     close(small);
     close(pfd[0]);
@@ -690,9 +676,9 @@ VHD_TEST(daemon_survives_a_log_truncated_under_it)
     fe_kick(&e);
     fe_wait(&e, 1); /* the request completes; its marks went to a zero page */
     uint64_t t0 = ms_now();
-    while (!log_has(&dm, "dirty log was truncated") && ms_now() - t0 < WAIT_MS)
+    while (!daemon_log_has(&dm, "dirty log was truncated") && ms_now() - t0 < WAIT_MS)
         sleep_ms(10);
-    VHD_CHECK(log_has(&dm, "dirty log was truncated"));
+    VHD_CHECK(daemon_log_has(&dm, "dirty log was truncated"));
     VHD_CHECK_EQ(waitpid(dm.pid, NULL, WNOHANG), 0);
     other_device_io(sock_b, 2);
     fe_close(&e);

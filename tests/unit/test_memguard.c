@@ -261,20 +261,6 @@ static int fe_wait(struct fe *e, int ms)
     return 0;
 }
 
-static bool log_has(const struct daemon *dm, const char *needle)
-{
-    char buf[16384];
-    int fd = open(dm->log, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = 0;
-    return strstr(buf, needle) != NULL;
-}
-
 /* Write then read back a pattern through the blk driver on the second device. */
 static void other_device_io(struct vhd_blkdrv *d, unsigned seed)
 {
@@ -331,9 +317,9 @@ VHD_TEST(daemon_survives_a_front_end_that_truncates_guest_memory)
     fe_read(&e);
     (void)fe_wait(&e, 2000); /* completes (into a zero page) or not: either is fine */
     uint64_t t0 = ms_now();
-    while (!log_has(&dm, "guest memory was truncated") && ms_now() - t0 < WAIT_MS)
+    while (!daemon_log_has(&dm, "guest memory was truncated") && ms_now() - t0 < WAIT_MS)
         sleep_ms(10);
-    VHD_CHECK(log_has(&dm, "guest memory was truncated"));
+    VHD_CHECK(daemon_log_has(&dm, "guest memory was truncated"));
     VHD_CHECK_EQ(waitpid(dm.pid, NULL, WNOHANG), 0);
     other_device_io(b, 2);
 
