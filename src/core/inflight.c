@@ -3,9 +3,9 @@
  * Inflight I/O tracking, the control-path half (vhost-user "Inflight I/O
  * tracking", qemu docs/interop/vhost-user.rst): attaching a queue to its
  * region of the shared area, checking and repairing the region when the ring
- * starts, building the list of chains to pop again, and giving back a popped
- * chain (unpop). The per-request records are written by the datapath in
- * vq_split.c and vq_packed.c.
+ * starts, and building the list of chains to pop again. The per-request
+ * records are written by the datapath in vq_split.c and vq_packed.c; the
+ * generic verbs that also touch them (vhd_vq_fini, vhd_vq_unpop) are in vq.c.
  *
  * Everything in the area is untrusted: the front-end may have written
  * anything there (or a previous back-end may have crashed mid-update, which
@@ -27,21 +27,6 @@ int vhd_vq_set_inflight(struct vhd_vq *vq, void *region, uint32_t desc_num)
     vq->inf.any = region;
     vq->inf_desc_num = (uint16_t)desc_num; /* <= 32768 */
     return 0;
-}
-
-void vhd_vq_fini(struct vhd_vq *vq)
-{
-    free(vq->inf_resubmit);
-    free(vq->inf_head_of_id);
-    vq->inf_resubmit = NULL;
-    vq->inf_head_of_id = NULL;
-    vq->inf_resubmit_n = 0;
-    vq->inf_resubmit_pos = 0;
-    vq->inf_new = 0;
-    vq->inf_resubmit_only = false;
-    vq->inf_stale = false;
-    vq->inf_dropped = 0;
-    vq->inf.any = NULL;
 }
 
 /* A chain found in flight: where its record is, and its pop order. */
@@ -398,36 +383,4 @@ int vhd_vq__inflight_start(struct vhd_vq *vq)
 corrupt:
     vhd_vq_fini(vq);
     return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
-}
-
-int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
-{
-    int rc = vhd_vq__ready(vq);
-    if (rc < 0)
-        return rc;
-    if (vq->inflight == 0 || c->id >= vq->size)
-        return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
-
-    /* Chains popped again come before any new one: one of those is the last. */
-    if (vq->inf.any && vq->inf_resubmit_pos > 0 && vq->inf_new == 0) {
-        if (vq->inf_resubmit[vq->inf_resubmit_pos - 1] !=
-            (vq->packed ? vq->inf_head_of_id[c->id] : c->id))
-            return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
-        vq->inf_resubmit_pos--;
-        vq->inflight--;
-        return 0;
-    }
-
-    if (vq->inf.any && vq->inf_new != 0)
-        vq->inf_new--; /* a new chain popped after the list */
-    if (!vq->packed) {
-        vq->last_avail_idx--;
-        vq->inflight--;
-        if (vq->inf.any) {
-            vq->inf.split->desc[vhd_index_nospec(c->id, vq->size)].inflight = 0;
-            vq->inf_counter--;
-        }
-        return 0;
-    }
-    return vhd_vq__packed_unpop(vq, c);
 }

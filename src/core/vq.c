@@ -2,9 +2,11 @@
 /*
  * Layout-independent part of the virtqueue engine: parameter checks, ring
  * state in the vhost-user encoding, translation of ring addresses into the
- * cached direct pointers (and its slow path), and per-buffer translation.
+ * cached direct pointers (and its slow path), per-buffer translation, and the
+ * generic verbs that also undo inflight records (vhd_vq_unpop, vhd_vq_fini).
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "vq.h"
@@ -183,6 +185,53 @@ int vhd_vq_start(struct vhd_vq *vq)
     if (vq->inf.any && vhd_vq__inflight_start(vq) < 0)
         return -EBADMSG;
     return 0;
+}
+
+void vhd_vq_fini(struct vhd_vq *vq)
+{
+    free(vq->inf_resubmit);
+    free(vq->inf_head_of_id);
+    vq->inf_resubmit = NULL;
+    vq->inf_head_of_id = NULL;
+    vq->inf_resubmit_n = 0;
+    vq->inf_resubmit_pos = 0;
+    vq->inf_new = 0;
+    vq->inf_resubmit_only = false;
+    vq->inf_stale = false;
+    vq->inf_dropped = 0;
+    vq->inf.any = NULL;
+}
+
+int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
+{
+    int rc = vhd_vq__ready(vq);
+    if (rc < 0)
+        return rc;
+    if (vq->inflight == 0 || c->id >= vq->size)
+        return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+
+    /* Chains popped again come before any new one: one of those is the last. */
+    if (vq->inf.any && vq->inf_resubmit_pos > 0 && vq->inf_new == 0) {
+        if (vq->inf_resubmit[vq->inf_resubmit_pos - 1] !=
+            (vq->packed ? vq->inf_head_of_id[c->id] : c->id))
+            return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+        vq->inf_resubmit_pos--;
+        vq->inflight--;
+        return 0;
+    }
+
+    if (vq->inf.any && vq->inf_new != 0)
+        vq->inf_new--; /* a new chain popped after the list */
+    if (!vq->packed) {
+        vq->last_avail_idx--;
+        vq->inflight--;
+        if (vq->inf.any) {
+            vq->inf.split->desc[vhd_index_nospec(c->id, vq->size)].inflight = 0;
+            vq->inf_counter--;
+        }
+        return 0;
+    }
+    return vhd_vq__packed_unpop(vq, c);
 }
 
 void vhd_vq_invalidate(struct vhd_vq *vq)
