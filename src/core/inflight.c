@@ -11,12 +11,19 @@
  * anything there (or a previous back-end may have crashed mid-update, which
  * the spec's repair steps handle). A region that does not fit fails the
  * start of that queue (VHD_VQ_E_INFLIGHT); no index read from it is used
- * before it is checked.
+ * before it is checked. The front-end can also rewrite the area *while* we
+ * read it, so every field that is checked is read once into a local (the
+ * header as a whole, a record as a whole, single fields with one atomic
+ * load), and only the local is checked and used afterwards; every index
+ * derived from one is clamped (vhd_index_nospec) before it indexes
+ * anything. VHD_RACE_POINT marks where a test rewrites the area between a
+ * read and its use (race.h).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "race.h"
 #include "vq.h"
 
 int vhd_vq_set_inflight(struct vhd_vq *vq, void *region, uint32_t desc_num)
@@ -27,6 +34,31 @@ int vhd_vq_set_inflight(struct vhd_vq *vq, void *region, uint32_t desc_num)
     vq->inf.any = region;
     vq->inf_desc_num = (uint16_t)desc_num; /* <= 32768 */
     return 0;
+}
+
+/*
+ * Copy a region header, or one record, out of the area once. The compiler
+ * barrier after the copy keeps the compiler from reading the area again in
+ * place of the copy (as split_desc_read does for guest descriptors): what is
+ * checked is what is used, whatever the front-end writes meanwhile.
+ */
+static void split_hdr_read(const struct vhd_inflight_split *inf, struct vhd_inflight_split *h)
+{
+    memcpy(h, inf, sizeof(*h));
+    __asm__ volatile("" ::: "memory");
+}
+
+static void packed_hdr_read(const struct vhd_inflight_packed *inf, struct vhd_inflight_packed *h)
+{
+    memcpy(h, inf, sizeof(*h));
+    __asm__ volatile("" ::: "memory");
+}
+
+static void packed_rec_read(const struct vhd_inflight_packed_desc *src,
+                            struct vhd_inflight_packed_desc *r)
+{
+    memcpy(r, src, sizeof(*r));
+    __asm__ volatile("" ::: "memory");
 }
 
 /* A chain found in flight: where its record is, and its pop order. */
@@ -80,8 +112,11 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
 {
     struct vhd_inflight_split *inf = vq->inf.split;
     uint32_t size = vq->size;
+    struct vhd_inflight_split h; /* the header, read once: checked and used below */
 
-    if (inf->version == 0) {
+    split_hdr_read(inf, &h);
+    VHD_RACE_POINT("split_start:header");
+    if (h.version == 0) {
         /* A new area: no chain was ever popped with it. */
         memset(inf->desc, 0, (size_t)vq->inf_desc_num * sizeof(inf->desc[0]));
         inf->features = 0;
@@ -93,11 +128,11 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
         vq->inf_counter = 1;
         return 0;
     }
-    if (inf->version != VHD_INFLIGHT_VERSION || inf->desc_num != vq->inf_desc_num)
+    if (h.version != VHD_INFLIGHT_VERSION || h.desc_num != vq->inf_desc_num)
         return -1;
 
     uint16_t used = vq->used_idx; /* vhd_vq_start read it from used->idx */
-    uint16_t batch = (uint16_t)(used - inf->used_idx);
+    uint16_t batch = (uint16_t)(used - h.used_idx);
     /*
      * No batch holds more than the ring. A larger gap is no interrupted
      * batch: either the driver re-initialised the ring (used->idx back to
@@ -105,24 +140,24 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
      * in flight (checked below), or the area is corrupt.
      */
     bool stale = batch > size;
-    uint16_t h = inf->last_batch_head;
+    uint16_t head = h.last_batch_head;
     for (uint16_t k = 0; !stale && k < batch; k++) {
-        if (h >= size)
+        if (head >= size)
             return -1;
-        struct vhd_inflight_split_desc *r = &inf->desc[vhd_index_nospec(h, size)];
+        struct vhd_inflight_split_desc *r = &inf->desc[vhd_index_nospec(head, size)];
         r->inflight = 0;
-        h = r->next;
+        head = vhd_load_relaxed(&r->next); /* one read: checked, then clamped, above */
     }
     inf->used_idx = used;
 
     uint32_t n = 0;
     for (uint32_t i = 0; i < vq->inf_desc_num; i++) {
-        uint8_t f = inf->desc[i].inflight;
+        uint8_t f = vhd_load_relaxed(&inf->desc[i].inflight);
         if (f == 0)
             continue;
         if (f != 1 || i >= size)
             return -1; /* not a flag, or a head the queue cannot have */
-        ents[n].counter = inf->desc[i].counter;
+        ents[n].counter = vhd_load_relaxed(&inf->desc[i].counter);
         ents[n].rec = (uint16_t)i;
         n++;
     }
@@ -238,73 +273,95 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
 {
     struct vhd_inflight_packed *inf = vq->inf.packed;
     uint32_t size = vq->size, dn = vq->inf_desc_num;
+    struct vhd_inflight_packed h; /* the header, read once: checked and used below */
 
     vq->inf_head_of_id = malloc(size * sizeof(uint16_t));
     if (!vq->inf_head_of_id)
         return -1;
     /* No id in flight: UINT16_MAX (a push of an id never popped is clamped, never trusted). */
     memset(vq->inf_head_of_id, 0xff, size * sizeof(uint16_t));
-    if (inf->version == 0) {
+    packed_hdr_read(inf, &h);
+    VHD_RACE_POINT("packed_start:header");
+    if (h.version == 0) {
         packed_init_region(vq, inf);
         return 0;
     }
-    if (inf->version != VHD_INFLIGHT_VERSION || inf->desc_num != dn)
+    if (h.version != VHD_INFLIGHT_VERSION || h.desc_num != dn)
         return -1;
-    if (inf->used_wrap_counter > 1 || inf->old_used_wrap_counter > 1 || inf->old_used_idx >= size)
+    if (h.used_wrap_counter > 1 || h.old_used_wrap_counter > 1 || h.old_used_idx >= size)
         return -1;
 
-    if (inf->used_idx != inf->old_used_idx ||
-        inf->used_wrap_counter != inf->old_used_wrap_counter) {
+    bool commit = false;
+    if (h.used_idx != h.old_used_idx || h.used_wrap_counter != h.old_used_wrap_counter) {
         const struct vhd_vring_packed_desc *d =
-            &vq->ring.packed.desc[vhd_index_nospec(inf->old_used_idx, size)];
+            &vq->ring.packed.desc[vhd_index_nospec(h.old_used_idx, size)];
         uint16_t flags = vhd_le16(vhd_load_acquire(&d->flags));
-        if (!packed_flags_avail(flags, inf->old_used_wrap_counter)) {
-            inf->old_free_head = inf->free_head;
-            inf->old_used_idx = inf->used_idx;
-            inf->old_used_wrap_counter = inf->used_wrap_counter;
+        if (!packed_flags_avail(flags, h.old_used_wrap_counter)) {
+            /* The batch was published: commit it. */
+            h.old_free_head = h.free_head;
+            h.old_used_idx = h.used_idx;
+            h.old_used_wrap_counter = h.used_wrap_counter;
+            commit = true;
         }
     }
-    if (inf->old_used_idx >= size)
+    if (h.old_used_idx >= size)
         return -1;
-    inf->free_head = inf->old_free_head;
-    inf->used_idx = inf->old_used_idx;
-    inf->used_wrap_counter = inf->old_used_wrap_counter;
+    if (commit) {
+        inf->old_free_head = h.old_free_head;
+        inf->old_used_idx = h.old_used_idx;
+        inf->old_used_wrap_counter = h.old_used_wrap_counter;
+    }
+    /* The committed position, the only one used from here on. */
+    const uint16_t used = (uint16_t)vhd_index_nospec(h.old_used_idx, size);
+    const bool used_wrap = h.old_used_wrap_counter != 0;
+    inf->free_head = h.old_free_head;
+    inf->used_idx = used;
+    inf->used_wrap_counter = used_wrap;
 
     /* The free list ends at an index >= desc_num; bounded in case it loops. */
-    uint16_t h = inf->free_head;
-    for (uint32_t k = 0; k < dn && h < dn; k++) {
-        inf->desc[h].inflight = 0;
-        h = inf->desc[h].next;
+    uint16_t f = h.old_free_head;
+    for (uint32_t k = 0; k < dn && f < dn; k++) {
+        struct vhd_inflight_packed_desc *r = &inf->desc[vhd_index_nospec(f, dn)];
+        r->inflight = 0;
+        f = vhd_load_relaxed(&r->next);
     }
 
     uint32_t n = 0, slots = 0;
     for (uint32_t i = 0; i < dn; i++) {
-        const struct vhd_inflight_packed_desc *r = &inf->desc[i];
-        if (r->inflight == 0)
+        struct vhd_inflight_packed_desc r; /* the head record, read once */
+        packed_rec_read(&inf->desc[i], &r);
+        if (r.inflight == 0)
             continue;
-        if (r->inflight != 1 || r->num == 0 || r->num > size || n >= size)
+        if (r.inflight != 1 || r.num == 0 || r.num > size || n >= size)
             return -1;
+        VHD_RACE_POINT("packed_start:chain");
         uint32_t x = i;
-        for (uint32_t k = 1; k < r->num; k++) {
-            x = inf->desc[x].next;
+        for (uint32_t k = 1; k < r.num; k++) {
+            x = vhd_load_relaxed(&inf->desc[vhd_index_nospec(x, dn)].next);
             if (x >= dn)
                 return -1;
         }
-        if (x != r->last || inf->desc[x].id >= size ||
-            vq->inf_head_of_id[inf->desc[x].id] != UINT16_MAX)
+        if (x != r.last)
             return -1;
-        vq->inf_head_of_id[inf->desc[x].id] = (uint16_t)i;
-        slots += r->num;
+        /* The chain's buffer id, in its last record: one read, checked, clamped. */
+        uint16_t id = vhd_load_relaxed(&inf->desc[vhd_index_nospec(x, dn)].id);
+        if (id >= size)
+            return -1;
+        VHD_RACE_POINT("packed_start:id");
+        id = (uint16_t)vhd_index_nospec(id, size);
+        if (vq->inf_head_of_id[id] != UINT16_MAX)
+            return -1;
+        vq->inf_head_of_id[id] = (uint16_t)i;
+        slots += r.num;
         if (slots > size)
             return -1;
-        ents[n].counter = r->counter;
+        ents[n].counter = r.counter;
         ents[n].rec = (uint16_t)i;
         n++;
     }
 
-    bool agree = vq->used_idx == inf->old_used_idx && vq->used_wrap == inf->old_used_wrap_counter;
-    if (!agree &&
-        !packed_area_explains_ring(vq, inf->old_used_idx, inf->old_used_wrap_counter, slots)) {
+    bool agree = vq->used_idx == used && vq->used_wrap == used_wrap;
+    if (!agree && !packed_area_explains_ring(vq, used, used_wrap, slots)) {
         vq->inf_stale = true;
         vq->inf_dropped = (uint16_t)n; /* n <= size */
         memset(vq->inf_head_of_id, 0xff, size * sizeof(uint16_t));
@@ -313,6 +370,7 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     }
     if (resubmit_list(vq, ents, n) < 0)
         return -1;
+    VHD_RACE_POINT("packed_start:resubmit");
 
     /*
      * The slots of the chains in flight belong to the device. A batch that
@@ -325,12 +383,13 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
      * slot gets back the flags of a descriptor the driver made available in
      * that slot's lap (2.8.1), as they were before the dead back-end used
      * them; their other fields are never read again (the records have them).
+     * Positions come from the checked copy (used < size, slots <= size).
      */
-    uint32_t pos = inf->old_used_idx;
-    bool lap = inf->old_used_wrap_counter;
+    uint32_t pos = used;
+    bool lap = used_wrap;
     for (uint32_t k = 0; k < slots; k++) {
         uint16_t fl = lap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
-        vhd_store_relaxed(&vq->ring.packed.desc[pos].flags, vhd_le16(fl));
+        vhd_store_relaxed(&vq->ring.packed.desc[vhd_index_nospec(pos, size)].flags, vhd_le16(fl));
         if (++pos == size) {
             pos = 0;
             lap = !lap;
@@ -339,16 +398,16 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
 
     /* Those flag stores are device writes to guest memory: logged when logging is on. */
     if (vhd_unlikely(vq->log != NULL) && slots) {
-        uint32_t first = inf->old_used_idx, run = slots < size - first ? slots : size - first;
+        uint32_t first = used, run = slots < size - first ? slots : size - first;
         vhd_vq__log_desc(vq, 16ull * first, 16ull * run);
         if (slots > run)
             vhd_vq__log_desc(vq, 0, 16ull * (slots - run));
     }
 
-    uint32_t avail = inf->old_used_idx + slots;
-    bool wrap = inf->old_used_wrap_counter;
-    vq->used_idx = vq->published_used = inf->old_used_idx;
-    vq->used_wrap = vq->published_used_wrap = wrap;
+    uint32_t avail = used + slots;
+    bool wrap = used_wrap;
+    vq->used_idx = vq->published_used = used;
+    vq->used_wrap = vq->published_used_wrap = used_wrap;
     vq->batch_npending = 0;
     if (avail >= size) {
         avail -= size;

@@ -222,7 +222,7 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
     c->nr = c->nw = 0;
     c->rlen = c->wlen = 0;
 
-    uint16_t num = inf->desc[vhd_index_nospec(head, dn)].num;
+    uint16_t num = vhd_load_relaxed(&inf->desc[vhd_index_nospec(head, dn)].num); /* read once */
     if (vhd_unlikely(num == 0 || num > vq->size))
         return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
     uint16_t rec = head;
@@ -246,8 +246,15 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
     if (vhd_unlikely(id >= vq->size))
         return vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
     c->id = (uint16_t)vhd_index_nospec(id, vq->size);
+    /*
+     * Start checked the ids of all chains in flight (each below the size,
+     * none twice) and recorded the head record of each. The area may have
+     * been rewritten since: a chain whose id is no longer the one start
+     * recorded for it would share an id with another chain in flight.
+     */
+    if (vhd_unlikely(vq->inf_head_of_id[c->id] != head))
+        return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
     c->ndescs = num;
-    vq->inf_head_of_id[c->id] = head;
     vq->inf_resubmit_pos++;
     vq->inflight++;
     return 1;
@@ -492,8 +499,8 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
         uint32_t dn = vq->inf_desc_num;
         uint16_t head = vq->inf_head_of_id[c->id];
         vq->inf_head_of_id[c->id] = UINT16_MAX;
-        uint16_t last = inf->desc[vhd_index_nospec(head, dn)].last;
-        inf->desc[vhd_index_nospec(last, dn)].next = inf->free_head;
+        uint16_t last = vhd_load_relaxed(&inf->desc[vhd_index_nospec(head, dn)].last);
+        inf->desc[vhd_index_nospec(last, dn)].next = vhd_load_relaxed(&inf->free_head);
         inf->free_head = head;
     }
 
@@ -520,16 +527,17 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
 static void packed_inflight_flushed(struct vhd_vq *vq, struct vhd_inflight_packed *inf)
 {
     uint32_t dn = vq->inf_desc_num;
-    uint16_t h = inf->free_head;
+    uint16_t free_head = vhd_load_relaxed(&inf->free_head), h = free_head;
 
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     for (uint32_t k = 0; k < vq->batch_npending; k++) {
         struct vhd_inflight_packed_desc *r = &inf->desc[vhd_index_nospec(h, dn)];
         r->inflight = 0;
-        h = inf->desc[vhd_index_nospec(r->last, dn)].next;
+        uint16_t last = vhd_load_relaxed(&r->last);
+        h = vhd_load_relaxed(&inf->desc[vhd_index_nospec(last, dn)].next);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    inf->old_free_head = inf->free_head;
+    inf->old_free_head = free_head;
     inf->old_used_idx = vq->used_idx;
     inf->old_used_wrap_counter = vq->used_wrap;
 }

@@ -411,13 +411,13 @@ int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t
 static void split_inflight_flushed(struct vhd_vq *vq, uint16_t n)
 {
     struct vhd_inflight_split *inf = vq->inf.split;
-    uint16_t h = inf->last_batch_head;
+    uint16_t h = vhd_load_relaxed(&inf->last_batch_head);
 
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     for (uint16_t k = 0; k < n; k++) {
         struct vhd_inflight_split_desc *r = &inf->desc[vhd_index_nospec(h, vq->size)];
         r->inflight = 0;
-        h = r->next;
+        h = vhd_load_relaxed(&r->next);
     }
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
     inf->used_idx = vq->used_idx;

@@ -1684,3 +1684,232 @@ VHD_TEST(stale_used_after_rollback_packed)
     ifx_check_area_clean(&t);
     ifx_teardown(&t);
 }
+
+/* =====================================================================
+ * Races: the front-end rewrites the area between a check and its use.
+ * This program is built with its own copy of src/core/inflight.c compiled
+ * with VHD_TEST_RACE_HOOKS (meson.build), so the race points of race.h call
+ * the hook below; the library linked into the daemon has none.
+ * ===================================================================== */
+
+#ifndef VHD_TEST_RACE_HOOKS
+#error "test_inflight needs its own inflight.c built with VHD_TEST_RACE_HOOKS (meson.build)"
+#endif
+
+void (*vhd_race_hook)(const char *point);
+
+/* One rewrite, at the first time the code passes `point`. */
+static struct {
+    const char *point;
+    void *field;  /* in the area */
+    size_t width; /* bytes: 1, 2 or 8 */
+    uint64_t value;
+    unsigned hits; /* times the point was passed */
+} g_race;
+
+static void race_rewrite(const char *point)
+{
+    if (!g_race.point || strcmp(point, g_race.point) != 0 || g_race.hits++ > 0)
+        return;
+    memcpy(g_race.field, &g_race.value, g_race.width); /* host (little-endian) order */
+}
+
+static void race_arm(const char *point, void *field, size_t width, uint64_t value)
+{
+    memset(&g_race, 0, sizeof(g_race));
+    g_race.point = point;
+    g_race.field = field;
+    g_race.width = width;
+    g_race.value = value;
+    vhd_race_hook = race_rewrite;
+}
+
+/* Far past the ring: where the old packed start stored descriptor flags. */
+#define RACE_FAR_SLOT 0x7ff0u
+/* Guest memory watched for stray writes: the descriptor ring's end up to past RACE_FAR_SLOT. */
+#define RACE_WATCH_LEN (16u * (RACE_FAR_SLOT + 64u))
+
+struct race_watch {
+    uint8_t *p, *copy;
+    size_t len;
+};
+
+/* Remember the guest memory after the ring (event areas, buffers: the start writes none). */
+static void race_watch_begin(struct ifx *t, struct race_watch *w)
+{
+    w->len = RACE_WATCH_LEN;
+    w->p = vqfx_ptr(&t->f, t->f.dq.desc_gpa + 16ull * t->f.o.size, w->len);
+    w->copy = malloc(w->len);
+    VHD_CHECK(w->copy != NULL);
+    memcpy(w->copy, w->p, w->len);
+}
+
+static void race_watch_end(struct race_watch *w)
+{
+    for (size_t i = 0; i < w->len; i++)
+        if (w->p[i] != w->copy[i]) {
+            fprintf(stderr, "  byte %zu past the descriptor ring changed by the start\n", i);
+            VHD_CHECK(0);
+        }
+    free(w->copy);
+}
+
+/* Restart the device queue after a crash with set_base `base`; the start's rc. */
+static int race_restart(struct ifx *t, uint32_t base)
+{
+    vhd_vq_fini(&t->f.vq);
+    ifx_start(t, base);
+    int rc = vhd_vq_start(&t->f.vq);
+    vhd_race_hook = NULL;
+    return rc;
+}
+
+/*
+ * The contract for any rewrite: the start fails (VHD_VQ_E_INFLIGHT), or the
+ * queue's positions are inside the ring and the chains in flight come back
+ * with their own ids (tags want[0..n)) until a pop that sees the rewritten
+ * area fails; never a chain under another id, never a write past the ring.
+ */
+static void race_expect(struct ifx *t, int rc, const uint32_t *want, uint32_t n)
+{
+    struct vhd_vq *vq = &t->f.vq;
+    if (rc != 0) {
+        VHD_CHECK_EQ(rc, -EBADMSG);
+        VHD_CHECK_EQ(vq->error, VHD_VQ_E_INFLIGHT);
+        return;
+    }
+    VHD_CHECK(vq->used_idx < vq->size);
+    VHD_CHECK(vq->last_avail_idx < vq->size);
+    VHD_CHECK(vq->published_used < vq->size);
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(vq), n);
+    for (uint32_t i = 0; i < n; i++) {
+        struct iovec iov[4];
+        struct vhd_vq_chain c;
+        int prc = vhd_vq_pop(vq, iov, 4, &c);
+        if (prc < 0) {
+            VHD_CHECK(vq->error != 0); /* an error ends it: the queue is broken */
+            return;
+        }
+        VHD_CHECK_EQ(prc, 1);
+        VHD_CHECK(c.id < vq->size);
+        uint64_t tag;
+        VHD_CHECK_EQ(c.rlen, 8);
+        memcpy(&tag, iov[0].iov_base, 8);
+        VHD_CHECK_EQ(tag, want[i]);
+        if (vq->packed) /* the id is the one the driver gave the chain */
+            VHD_CHECK_EQ(c.id, t->chain[want[i]].id);
+    }
+}
+
+/*
+ * Packed: 4 chains popped, the first completed (the area's used position
+ * is slot 2 of lap 1), crash; the new start is given the same used position
+ * (agreeing base). At `point`, the front-end rewrites the area's used
+ * positions far beyond the ring. Before the fix the start read
+ * old_used_idx again after resubmit_list() and stored descriptor flags up
+ * to 512 KiB past the ring, leaving used_idx outside it.
+ */
+static void race_packed_positions(const char *point)
+{
+    struct ifx t;
+    struct race_watch w;
+    ifx_setup(&t, true, 16, 16);
+    ifx_take(&t, 0, 4);
+    ifx_complete_range(&t, 0, 1);
+    struct vhd_inflight_packed *p = t.region;
+    VHD_CHECK_EQ(p->old_used_idx, 2); /* a chain is 2 descriptors */
+    race_watch_begin(&t, &w);
+    race_arm(point, &p->old_used_idx, 2, RACE_FAR_SLOT);
+    int rc = race_restart(&t, 2u | 1u << 15 | 2u << 16 | 1u << 31);
+    VHD_CHECK(g_race.hits >= 1); /* the point was passed */
+    race_watch_end(&w);
+    const uint32_t want[3] = {1, 2, 3};
+    race_expect(&t, rc, want, 3);
+    ifx_teardown(&t);
+}
+
+VHD_TEST(race_packed_used_idx_after_header)
+{
+    race_packed_positions("packed_start:header");
+}
+
+VHD_TEST(race_packed_used_idx_after_chain_check)
+{
+    race_packed_positions("packed_start:chain");
+}
+
+VHD_TEST(race_packed_used_idx_after_resubmit_list)
+{
+    race_packed_positions("packed_start:resubmit");
+}
+
+/*
+ * Packed: a chain's buffer id (in its last record) is rewritten to an id
+ * far beyond the ring right after it was checked. Before the fix the start
+ * read it again to index (and write) inf_head_of_id: 64 KiB past a 32-byte
+ * array.
+ */
+VHD_TEST(race_packed_id_after_check)
+{
+    struct ifx t;
+    ifx_setup(&t, true, 16, 16);
+    ifx_take(&t, 0, 3);
+    struct vhd_inflight_packed *p = t.region;
+    /* Records are checked in index order: the first chain in flight is the first hit. */
+    uint32_t head = 0;
+    while (head < t.desc_num && !p->desc[head].inflight)
+        head++;
+    VHD_CHECK(head < t.desc_num);
+    uint16_t last = p->desc[head].last, id = p->desc[last].id;
+    race_arm("packed_start:id", &p->desc[last].id, 2, 0x7fff);
+    int rc = race_restart(&t, 0);
+    VHD_CHECK(g_race.hits >= 1); /* the point was passed */
+    if (rc == 0)                 /* what start recorded is the id it checked */
+        VHD_CHECK_EQ(t.f.vq.inf_head_of_id[id], head);
+    const uint32_t want[3] = {0, 1, 2};
+    race_expect(&t, rc, want, 3);
+    ifx_teardown(&t);
+}
+
+/*
+ * Split and packed: a region with a bad version (2) is rewritten to version
+ * 1 after the header was read. Before the fix the split start read version
+ * a second time and took the region.
+ */
+BOTH(race_version_after_header)
+{
+    struct ifx t;
+    corrupt_setup(&t, packed, 8);
+    struct vhd_inflight_split *s = t.region; /* version: same place in both layouts */
+    s->version = 2;
+    race_arm(packed ? "packed_start:header" : "split_start:header", &s->version, 2,
+             VHD_INFLIGHT_VERSION);
+    int rc = race_restart(&t, 0);
+    VHD_CHECK(g_race.hits >= 1); /* the point was passed */
+    VHD_CHECK_EQ(rc, -EBADMSG);
+    VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_INFLIGHT);
+    ifx_teardown(&t);
+}
+
+/*
+ * Packed, no race point needed: between the start and the pop that submits
+ * a chain again, the front-end gives that chain the buffer id of another
+ * chain in flight. Before the fix both were popped under one id (the
+ * device indexes its requests by id); now the pop fails the queue.
+ */
+VHD_TEST(resubmit_id_rewritten_packed)
+{
+    struct ifx t;
+    ifx_setup(&t, true, 16, 16);
+    ifx_take(&t, 0, 3);
+    ifx_crash_restart(&t);
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 3);
+    struct vhd_inflight_packed *p = t.region;
+    uint16_t first = t.f.vq.inf_resubmit[0], second = t.f.vq.inf_resubmit[1];
+    p->desc[p->desc[first].last].id = p->desc[p->desc[second].last].id;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    VHD_CHECK_EQ(vhd_vq_pop(&t.f.vq, iov, 4, &c), -VHD_VQ_E_INFLIGHT);
+    VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_INFLIGHT);
+    ifx_teardown(&t);
+}
