@@ -209,11 +209,12 @@ int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
         return rc;
     if (vq->inflight == 0 || c->id >= vq->size)
         return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
+    uint16_t id = (uint16_t)vhd_index_nospec(c->id, vq->size);
 
     /* Chains popped again come before any new one: one of those is the last. */
     if (vq->inf.any && vq->inf_resubmit_pos > 0 && vq->inf_new == 0) {
         if (vq->inf_resubmit[vq->inf_resubmit_pos - 1] !=
-            (vq->packed ? vq->inf_head_of_id[c->id] : c->id))
+            (vq->packed ? vq->inf_head_of_id[id] : id))
             return vhd_vq__fail(vq, VHD_VQ_E_UNPOP);
         vq->inf_resubmit_pos--;
         vq->inflight--;
@@ -226,7 +227,7 @@ int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
         vq->last_avail_idx--;
         vq->inflight--;
         if (vq->inf.any) {
-            vq->inf.split->desc[vhd_index_nospec(c->id, vq->size)].inflight = 0;
+            vq->inf.split->desc[id].inflight = 0;
             vq->inf_counter--;
         }
         return 0;

@@ -497,8 +497,9 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
          */
         struct vhd_inflight_packed *inf = vq->inf.packed;
         uint32_t dn = vq->inf_desc_num;
-        uint16_t head = vq->inf_head_of_id[c->id];
-        vq->inf_head_of_id[c->id] = UINT16_MAX;
+        uint16_t id = (uint16_t)vhd_index_nospec(c->id, size);
+        uint16_t head = vq->inf_head_of_id[id];
+        vq->inf_head_of_id[id] = UINT16_MAX;
         uint16_t last = vhd_load_relaxed(&inf->desc[vhd_index_nospec(head, dn)].last);
         inf->desc[vhd_index_nospec(last, dn)].next = vhd_load_relaxed(&inf->free_head);
         inf->free_head = head;
@@ -712,8 +713,9 @@ int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
     if (vq->inf.any) {
         /* Its records go back to the head of the free list, where pop took them. */
         struct vhd_inflight_packed *inf = vq->inf.packed;
-        uint16_t head = vq->inf_head_of_id[c->id];
-        vq->inf_head_of_id[c->id] = UINT16_MAX;
+        uint16_t id = (uint16_t)vhd_index_nospec(c->id, size); /* < size: vhd_vq_unpop */
+        uint16_t head = vq->inf_head_of_id[id];
+        vq->inf_head_of_id[id] = UINT16_MAX;
         inf->desc[vhd_index_nospec(head, vq->inf_desc_num)].inflight = 0;
         inf->free_head = head;
         inf->old_free_head = head;

@@ -1001,8 +1001,8 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
     bool need_reply = (hdr->flags & VHOST_USER_NEED_REPLY_MASK) != 0;
     bool ack_before = proto_has(c, VHOST_USER_PROTOCOL_F_REPLY_ACK);
 
-    if (req < VHOST_USER_REQUEST_MAX)
-        info = &vu_reqs[req];
+    if (req < VHOST_USER_REQUEST_MAX) /* clamped: info->handler is an indirect call */
+        info = &vu_reqs[vhd_index_nospec(req, VHOST_USER_REQUEST_MAX)];
     if (!info || !info->handler) {
         r.why = "unsupported request";
         rc = -EOPNOTSUPP;
