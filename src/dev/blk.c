@@ -108,7 +108,12 @@ const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name)
 
 /* ---- iovec helpers ---- */
 
-/* Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes copied. */
+/*
+ * Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes
+ * copied. The source is guest memory (request headers, discard segments):
+ * the compiler barrier at the end keeps the compiler from reading it again
+ * in place of dst (read once, then check and use only the copy).
+ */
 static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void *dst, size_t len)
 {
     uint8_t *d = dst;
@@ -126,6 +131,7 @@ static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void
         done += n;
         off = 0;
     }
+    __asm__ volatile("" ::: "memory");
     return done;
 }
 
