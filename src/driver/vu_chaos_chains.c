@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -466,14 +467,22 @@ VHD_CHAOS_VARIANT(c_gpa_top_past_end, gpa_top, 2048, 8192)
 
 /* ---- inflight I/O tracking (INFLIGHT_SHMFD) ---- */
 
+/* Our mapping of the inflight area, kept while the back-end runs (the rewriting cases). */
+struct inflight_map {
+    void *p;
+    size_t len;
+};
+
 /*
  * A blk session with an inflight area for ring 0: negotiated, asked for
  * (GET_INFLIGHT_FD), handed to scribble() when given, and given back
  * (SET_INFLIGHT_FD); then ring 0 is prepared (not started: the case starts
- * it, as the start is where the area is read).
+ * it, as the start is where the area is read). With keep, the mapping
+ * scribble() wrote through stays, and the caller unmaps it.
  */
 static int inflight_session(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool packed,
-                            void (*scribble)(void *area, size_t len, bool packed))
+                            void (*scribble)(void *area, size_t len, bool packed),
+                            struct inflight_map *keep)
 {
     int rc = vhd_chaos__steps(
         ctx, s, UPTO(FEATURES, .proto = WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
@@ -507,7 +516,12 @@ static int inflight_session(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s,
             rc = vhd_chaos__note(s, -errno, "mmap of the inflight area: %s", strerror(errno));
         } else {
             scribble(a, out.mmap_size, packed);
-            munmap(a, out.mmap_size);
+            if (keep) {
+                keep->p = a;
+                keep->len = out.mmap_size;
+            } else {
+                munmap(a, out.mmap_size);
+            }
         }
     }
     if (!rc)
@@ -536,7 +550,7 @@ static int inflight_start(struct vhd_chaos_sess *s)
 static int c_inflight_control(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = inflight_session(ctx, &s, false, NULL);
+    int rc = inflight_session(ctx, &s, false, NULL, NULL);
     if (!rc)
         rc = inflight_start(&s);
     if (!rc) {
@@ -601,7 +615,7 @@ static int inflight_garbage(struct vhd_chaos_ctx *ctx, bool packed,
                             void (*scribble)(void *area, size_t len, bool packed))
 {
     struct vhd_chaos_sess s;
-    int rc = inflight_session(ctx, &s, packed, scribble);
+    int rc = inflight_session(ctx, &s, packed, scribble, NULL);
     if (!rc)
         rc = inflight_start(&s);
     if (!rc) {
@@ -640,7 +654,7 @@ static void scribble_one(void *area, size_t len, bool packed)
 static int inflight_resubmit(struct vhd_chaos_ctx *ctx, void (*build)(struct vhd_chaos_sess *s))
 {
     struct vhd_chaos_sess s;
-    int rc = inflight_session(ctx, &s, false, scribble_one);
+    int rc = inflight_session(ctx, &s, false, scribble_one, NULL);
     if (!rc)
         rc = vhd_chaos__must(&s, vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0, 1),
                              "SET_VRING_BASE 1");
@@ -1515,6 +1529,206 @@ static int c_net_random(struct vhd_chaos_ctx *ctx)
 
 /* ======================= table ======================= */
 
+/*
+ * A front-end that rewrites the inflight area while the back-end reads it:
+ * a consistent area with one IN request in flight (split: head 0; packed:
+ * records 0..2, the chain still in ring slots 0..2), and a thread that
+ * flips every field the start checks between its value and one far out of
+ * range, from before the ring starts until the request is answered. The
+ * back-end may see any mixture; it must fail the start, break the device or
+ * answer the request, and never write outside what it owns (a descriptor
+ * flag stored past the ring shows in the memory check). A race across two
+ * processes, so several rounds, each a new session and area; whether a
+ * check and a later read see different values depends on the scheduler.
+ * The deterministic races, with a rewrite exactly between check and use,
+ * are in test_inflight (race_*).
+ */
+#define REWRITE_ROUNDS 4
+
+struct rewriter {
+    uint8_t *area;
+    bool packed;
+    int stop;        /* set by the case, read by the thread (atomic) */
+    uint64_t passes; /* set by the thread (atomic): it is running */
+};
+
+/* Store v into the area field at off, width bytes (atomic: the thread and the back-end race). */
+static void rw_store(uint8_t *area, size_t off, unsigned width, uint64_t v)
+{
+    if (width == 1)
+        __atomic_store_n(area + off, (uint8_t)v, __ATOMIC_RELAXED);
+    else if (width == 2)
+        __atomic_store_n((uint16_t *)(void *)(area + off), (uint16_t)v, __ATOMIC_RELAXED);
+    else
+        __atomic_store_n((uint64_t *)(void *)(area + off), v, __ATOMIC_RELAXED);
+}
+
+/* One field the thread flips: where, how wide, its good value and a bad one. */
+struct rw_field {
+    size_t off;
+    unsigned width;
+    uint64_t good, bad;
+};
+
+#define RWF(type, field, good, bad)                                      \
+    {                                                                    \
+        offsetof(type, field), sizeof(((type *)0)->field), (good), (bad) \
+    }
+#define RWP(field, good, bad) RWF(struct vhd_inflight_packed, field, good, bad)
+#define RWS(field, good, bad) RWF(struct vhd_inflight_split, field, good, bad)
+
+static const struct rw_field rw_packed[] = {
+    RWP(old_used_idx, 0, 0x7ff0),
+    RWP(used_idx, 0, 0x7ff0),
+    RWP(free_head, 3, 0xfff0),
+    RWP(old_free_head, 3, 0xfff0),
+    RWP(desc[0].num, 3, 0x7fff),
+    RWP(desc[0].last, 2, 0xffff),
+    RWP(desc[2].id, 0, 0x7fff),
+    RWP(desc[1].next, 2, 0xfff0),
+    RWP(desc[0].inflight, 1, 7),
+    RWP(old_used_wrap_counter, 1, 9),
+    RWP(version, VHD_INFLIGHT_VERSION, 0),
+};
+static const struct rw_field rw_split[] = {
+    RWS(version, VHD_INFLIGHT_VERSION, 2), RWS(used_idx, 0, 0x7777),
+    RWS(last_batch_head, 0, 0xfff0),       RWS(desc[0].inflight, 1, 5),
+    RWS(desc[0].counter, 1, ~0ull),        RWS(desc[0].next, 0, 0xffff),
+};
+
+static void *rewriter_run(void *arg)
+{
+    struct rewriter *w = arg;
+    const struct rw_field *f = w->packed ? rw_packed : rw_split;
+    size_t n = w->packed ? VHD_ARRAY_SIZE(rw_packed) : VHD_ARRAY_SIZE(rw_split);
+    uint64_t k = 0;
+
+    while (!__atomic_load_n(&w->stop, __ATOMIC_RELAXED)) {
+        /*
+         * Bad in turn, one field at a time and then all together, then all
+         * good again; the first field of the table (packed: old_used_idx,
+         * which a start once read again after checking it) on every other
+         * pass too, so that a check and a later read often disagree.
+         */
+        for (size_t i = 0; i < n; i++) {
+            bool bad = k % (n + 2) == i || k % (n + 2) == n || (i == 0 && (k & 1));
+            rw_store(w->area, f[i].off, f[i].width, bad ? f[i].bad : f[i].good);
+        }
+        __atomic_store_n(&w->passes, ++k, __ATOMIC_RELAXED);
+    }
+    for (size_t i = 0; i < n; i++)
+        rw_store(w->area, f[i].off, f[i].width, f[i].good);
+    return NULL;
+}
+
+/* The session being set up (scribble callbacks get no session). */
+static struct vhd_chaos_sess *rw_sess;
+
+/* The consistent area: one chain in flight (packed: its records, the chain of p_std). */
+static void scribble_rewrite(void *area, size_t len, bool packed)
+{
+    struct vhd_chaos_pd chain[3];
+
+    if (!packed) {
+        scribble_one(area, len, packed);
+        return;
+    }
+    p_std(rw_sess, chain);
+    struct vhd_inflight_packed *r = area;
+    r->version = VHD_INFLIGHT_VERSION;
+    r->desc_num = QSZ;
+    r->free_head = r->old_free_head = 3;
+    r->used_idx = r->old_used_idx = 0;
+    r->used_wrap_counter = r->old_used_wrap_counter = 1;
+    for (unsigned i = 0; i < QSZ; i++)
+        r->desc[i].next = (uint16_t)(i + 1);
+    for (unsigned i = 0; i < 3; i++) {
+        struct vhd_inflight_packed_desc *d = &r->desc[i];
+        d->addr = chain[i].addr;
+        d->len = chain[i].len;
+        d->flags = (uint16_t)(chain[i].flags | VRING_PACKED_DESC_F_AVAIL);
+        d->id = 0;
+    }
+    r->desc[0].inflight = 1;
+    r->desc[0].num = 3;
+    r->desc[0].last = 2;
+    r->desc[0].counter = 1;
+}
+
+static int inflight_rewrite_round(struct vhd_chaos_ctx *ctx, bool packed)
+{
+    struct vhd_chaos_sess s;
+    struct inflight_map map = {0};
+    struct rewriter w = {.packed = packed};
+    pthread_t th;
+    bool running = false;
+
+    rw_sess = &s;
+    int rc = inflight_session(ctx, &s, packed, scribble_rewrite, &map);
+    rw_sess = NULL;
+    /* Split: base 1, head 0 at avail index 0 already taken. Packed: used 0, avail 3 (lap 1). */
+    if (!rc)
+        rc = vhd_chaos__must(&s,
+                             vhd_chaos__set_state(&s, VHOST_USER_SET_VRING_BASE, 0,
+                                                  packed ? 3u | 1u << 15 | 1u << 31 : 1u),
+                             "SET_VRING_BASE");
+    if (!rc) {
+        if (packed) {
+            struct vhd_chaos_pd d[3];
+            p_std(&s, d);
+            vhd_chaos__packed_publish(&s, OFF_R0, d, 3);
+        } else {
+            b_control(&s);
+        }
+        w.area = map.p;
+        running = pthread_create(&th, NULL, rewriter_run, &w) == 0;
+        if (!running)
+            rc = vhd_chaos__note(&s, -EAGAIN, "cannot start the rewriting thread");
+        /* The ring must start while the thread rewrites, not before it got a CPU. */
+        for (int ms = 0; running && __atomic_load_n(&w.passes, __ATOMIC_RELAXED) < 1000; ms++) {
+            if (ms == s.tmo) {
+                rc = vhd_chaos__note(&s, -ETIMEDOUT, "the rewriting thread did not run");
+                break;
+            }
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (!rc)
+        rc = inflight_start(&s);
+    if (!rc && !(ctx->observed & VHD_CHAOS_NACK)) {
+        struct vhd_chaos_used u;
+        vhd_chaos__kick(&s, 0);
+        rc = vhd_chaos__await_used(&s, OFF_R0, 0, &u, s.tmo);
+        if (!rc)
+            vhd_chaos__blk_classify(&s, &u, 0);
+    }
+    if (running) {
+        __atomic_store_n(&w.stop, 1, __ATOMIC_RELAXED);
+        pthread_join(th, NULL);
+    }
+    vhd_chaos__close(&s);
+    if (map.p)
+        munmap(map.p, map.len);
+    return rc;
+}
+
+static int inflight_rewrite(struct vhd_chaos_ctx *ctx, bool packed)
+{
+    unsigned seen = 0;
+    int rc = 0;
+    for (unsigned i = 0; i < REWRITE_ROUNDS && !rc; i++) {
+        ctx->observed = 0; /* each round starts its ring whatever the last one saw */
+        rc = inflight_rewrite_round(ctx, packed);
+        seen |= ctx->observed;
+    }
+    ctx->observed = seen;
+    return rc;
+}
+
+VHD_CHAOS_VARIANT(c_inflight_rewritten, inflight_rewrite, false)
+VHD_CHAOS_VARIANT(c_p_inflight_rewritten, inflight_rewrite, true)
+
 const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(control, CHAINS, S),
     BLK(loop, CHAINS, B),
@@ -1554,6 +1768,8 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(inflight_resubmit_outside, CHAINS, B),
     BLK(p_inflight_records, CHAINS, N | B),
     BLK(p_inflight_all_ff, CHAINS, N | B),
+    BLK(inflight_rewritten, CHAINS, N | B | E | S),
+    BLK(p_inflight_rewritten, CHAINS, N | B | E | S),
     BLK(ind_control, CHAINS, S),
     BLK(ind_nested, CHAINS, B),
     BLK(ind_with_next, CHAINS, B),
