@@ -8,7 +8,8 @@
  * restarts driven by the input. Nothing may read or write outside the region
  * (a heap block of exactly its size: ASan) or the memory table; a start
  * either fails with VHD_VQ_E_INFLIGHT or leaves at most a ring's worth of
- * chains to resubmit; errors are sticky.
+ * chains to resubmit (packed: its positions inside the ring); errors are
+ * sticky.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -55,6 +56,10 @@ static void start(struct vhd_vq *vq, const struct vhd_vq_params *p, uint32_t bas
         FUZZ_CHECK(vhd_vq_resubmit_pending(vq) == 0);
     } else {
         FUZZ_CHECK(vhd_vq_resubmit_pending(vq) <= vq->size);
+        /* Packed positions are slots: whatever the area said, they stay inside the ring. */
+        if (vq->packed)
+            FUZZ_CHECK(vq->used_idx < vq->size && vq->last_avail_idx < vq->size &&
+                       vq->published_used < vq->size);
     }
 }
 
