@@ -61,10 +61,11 @@ static void packed_rec_read(const struct vhd_inflight_packed_desc *src,
     __asm__ volatile("" ::: "memory");
 }
 
-/* A chain found in flight: where its record is, and its pop order. */
+/* A chain found in flight: where its record is, its pop order and (packed) its ring slots. */
 struct resubmit_ent {
     uint64_t counter;
     uint16_t rec;
+    uint16_t num;
 };
 
 static int cmp_counter(const void *a, const void *b)
@@ -88,10 +89,17 @@ static int resubmit_list(struct vhd_vq *vq, struct resubmit_ent *ents, uint32_t 
     vq->inf_resubmit = malloc(n * sizeof(uint16_t));
     if (!vq->inf_resubmit)
         return -1;
+    if (vq->packed) {
+        vq->inf_resubmit_num = malloc(n * sizeof(uint16_t));
+        if (!vq->inf_resubmit_num)
+            return -1;
+    }
     for (uint32_t i = 0; i < n; i++) {
         if (i > 0 && ents[i].counter == ents[i - 1].counter)
             return -1;
         vq->inf_resubmit[i] = ents[i].rec;
+        if (vq->packed)
+            vq->inf_resubmit_num[i] = ents[i].num;
     }
     vq->inf_counter = ents[n - 1].counter + 1;
     vq->inf_resubmit_n = (uint16_t)n; /* n <= size <= 32768 */
@@ -159,6 +167,7 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
             return -1; /* not a flag, or a head the queue cannot have */
         ents[n].counter = vhd_load_relaxed(&inf->desc[i].counter);
         ents[n].rec = (uint16_t)i;
+        ents[n].num = 1;
         n++;
     }
     if (stale && n > 0)
@@ -357,6 +366,7 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
             return -1;
         ents[n].counter = r.counter;
         ents[n].rec = (uint16_t)i;
+        ents[n].num = r.num;
         n++;
     }
 

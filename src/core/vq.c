@@ -190,8 +190,10 @@ int vhd_vq_start(struct vhd_vq *vq)
 void vhd_vq_fini(struct vhd_vq *vq)
 {
     free(vq->inf_resubmit);
+    free(vq->inf_resubmit_num);
     free(vq->inf_head_of_id);
     vq->inf_resubmit = NULL;
+    vq->inf_resubmit_num = NULL;
     vq->inf_head_of_id = NULL;
     vq->inf_resubmit_n = 0;
     vq->inf_resubmit_pos = 0;

@@ -144,21 +144,23 @@ struct vhd_vq {
     uint16_t batch_head_flags; /* its flags, stored last by flush */
 
     /* ---- inflight tracking state, used only when inf is set ---- */
-    uint64_t inf_counter;      /* counter of the next pop (pop order across restarts) */
-    uint16_t *inf_resubmit;    /* chains to pop again before new ones, in counter order:
-                                  split: heads; packed: head records (allocated by start) */
-    uint16_t *inf_head_of_id;  /* packed: head record of each buffer id in flight */
-    uint16_t inf_resubmit_n;   /* entries in inf_resubmit (kept until the next start) */
-    uint16_t inf_resubmit_pos; /* next one to pop (== inf_resubmit_n: all popped again) */
-    uint16_t inf_new;          /* new chains popped after the list and not given back
-                                  (saturating): unpop gives those back first */
-    uint16_t inf_desc_num;     /* records in the region (checked at start) */
-    bool inf_stale;            /* packed start: the area did not describe the ring: the
-                                  base set_base gave was kept, the area reset */
-    uint16_t inf_dropped;      /* ... and this many chains it listed were dropped */
-    bool inf_resubmit_only;    /* pop only the chains to pop again, nothing new (a ring
-                                  being stopped finishes what a restart owes; set by
-                                  the owner, cleared by vhd_vq_fini) */
+    uint64_t inf_counter;       /* counter of the next pop (pop order across restarts) */
+    uint16_t *inf_resubmit;     /* chains to pop again before new ones, in counter order:
+                                   split: heads; packed: head records (allocated by start) */
+    uint16_t *inf_head_of_id;   /* packed: head record of each buffer id in flight */
+    uint16_t *inf_resubmit_num; /* packed: ring slots of each chain of inf_resubmit, as
+                                   start checked them (the area may change since) */
+    uint16_t inf_resubmit_n;    /* entries in inf_resubmit (kept until the next start) */
+    uint16_t inf_resubmit_pos;  /* next one to pop (== inf_resubmit_n: all popped again) */
+    uint16_t inf_new;           /* new chains popped after the list and not given back
+                                   (saturating): unpop gives those back first */
+    uint16_t inf_desc_num;      /* records in the region (checked at start) */
+    bool inf_stale;             /* packed start: the area did not describe the ring: the
+                                   base set_base gave was kept, the area reset */
+    uint16_t inf_dropped;       /* ... and this many chains it listed were dropped */
+    bool inf_resubmit_only;     /* pop only the chains to pop again, nothing new (a ring
+                                   being stopped finishes what a restart owes; set by
+                                   the owner, cleared by vhd_vq_fini) */
 
     /*
      * ---- dirty logging (VHOST_F_LOG_ALL, dirtylog.h), used only when log is set ----

@@ -200,9 +200,10 @@ static inline int packed_map_one(struct vhd_vq *vq, uint64_t addr, uint32_t len,
  * copies of its descriptors in its records: its ring slots may have been
  * overwritten by used descriptors of chains completed out of order. The
  * records are re-checked as they are read (the front-end can write the
- * area at any time): record indices against desc_num, length against the
- * ring, buffer id against the queue size, and the chain shape as in pop
- * (NEXT is not needed: the head record's num says how long the chain is).
+ * area at any time): record indices against desc_num, the length and the
+ * buffer id against what start checked and recorded, and the chain shape as
+ * in pop (NEXT is not needed: the head record's num says how long the
+ * chain is).
  * The ring position is not touched: start placed last_avail_idx after the
  * slots of every chain in flight.
  */
@@ -222,8 +223,12 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
     c->nr = c->nw = 0;
     c->rlen = c->wlen = 0;
 
-    uint16_t num = vhd_load_relaxed(&inf->desc[vhd_index_nospec(head, dn)].num); /* read once */
-    if (vhd_unlikely(num == 0 || num > vq->size))
+    /*
+     * The chain's length as start checked it (its slots are what start
+     * placed last_avail_idx after); the head record must still say so.
+     */
+    uint16_t num = vq->inf_resubmit_num[vq->inf_resubmit_pos];
+    if (vhd_unlikely(vhd_load_relaxed(&inf->desc[vhd_index_nospec(head, dn)].num) != num))
         return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
     uint16_t rec = head;
     for (uint32_t k = 0; k < num; k++) {

@@ -1913,3 +1913,27 @@ VHD_TEST(resubmit_id_rewritten_packed)
     VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_INFLIGHT);
     ifx_teardown(&t);
 }
+
+/*
+ * Packed: the same with the chain's length (its head record's num): start
+ * placed the ring position after the slots it counted; a chain popped
+ * again with another length would be pushed over other chains' slots.
+ * Before the fix the pop read num again and popped a 1-slot chain.
+ */
+VHD_TEST(resubmit_num_rewritten_packed)
+{
+    struct ifx t;
+    ifx_setup(&t, true, 16, 16);
+    ifx_take(&t, 0, 3);
+    ifx_crash_restart(&t);
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 3);
+    struct vhd_inflight_packed *p = t.region;
+    uint16_t first = t.f.vq.inf_resubmit[0];
+    VHD_CHECK_EQ(p->desc[first].num, 2);
+    p->desc[first].num = 1;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    VHD_CHECK_EQ(vhd_vq_pop(&t.f.vq, iov, 4, &c), -VHD_VQ_E_INFLIGHT);
+    VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_INFLIGHT);
+    ifx_teardown(&t);
+}
