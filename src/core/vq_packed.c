@@ -327,7 +327,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
      */
     uint16_t head_rec = 0, rec = 0, last_rec = 0;
     if (tracked) {
-        head_rec = rec = inf->free_head;
+        head_rec = rec = vhd_load_relaxed(&inf->free_head); /* read once: checked, clamped */
         if (vhd_unlikely(rec >= vq->inf_desc_num))
             return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT);
         struct vhd_inflight_packed_desc *h = &inf->desc[vhd_index_nospec(rec, vq->inf_desc_num)];
@@ -360,7 +360,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
             r->id = id;
             r->flags = flags;
             last_rec = rec;
-            rec = r->next;
+            rec = vhd_load_relaxed(&r->next); /* read once: checked, clamped above */
         }
 
         if (++slot == size) {
