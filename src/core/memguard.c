@@ -25,7 +25,9 @@ struct guard_entry {
     uintptr_t start; /* 0: free */
     size_t len;
     size_t page;
-    int faulted;
+    int faulted;  /* a fault was absorbed here */
+    int claimed;  /* a handler is replacing the mapping (taken with a CAS) */
+    int replaced; /* the whole mapping is private zero memory now */
 };
 
 static struct guard_entry *g_chunks[NCHUNKS];
@@ -42,8 +44,11 @@ static struct guard_entry *entry_of(int slot)
     return c ? &c[slot % CHUNK] : NULL;
 }
 
-/* Replace the page(s) around addr in entry e by private zero memory. */
-static bool absorb(struct guard_entry *e, uintptr_t addr)
+/*
+ * Replace the page(s) around addr in entry e by private zero memory (the
+ * fallback when the whole mapping cannot be replaced).
+ */
+static bool absorb_page(struct guard_entry *e, uintptr_t addr)
 {
     uintptr_t start = e->start;
     uintptr_t page_start = addr & ~(uintptr_t)(e->page - 1);
@@ -57,6 +62,46 @@ static bool absorb(struct guard_entry *e, uintptr_t addr)
     void *p = mmap((void *)page_start, len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     return p != MAP_FAILED;
+}
+
+/*
+ * Absorb a fault at addr in e. The first fault replaces the whole mapping,
+ * once: a front-end that truncated one page may have truncated them all,
+ * and a page-by-page replacement splits the mapping at each fault (a
+ * private page between two shared ones is three mappings), so tens of
+ * thousands of faults on distinct pages would exhaust vm.max_map_count and
+ * the mmap of the next one would fail, which kills us. The whole range
+ * replaced is one mapping again, and nothing in it can fault any more.
+ * MAP_NORESERVE: zero pages never touched cost nothing. Only when that is
+ * refused (strict overcommit on a large region) does the faulting page
+ * alone get replaced.
+ *
+ * Several threads may fault in e at once: the one that wins the claim
+ * replaces, the others return and their access faults again until the
+ * replacement is in place. Returns false when nothing could be mapped.
+ */
+static bool absorb(struct guard_entry *e, uintptr_t addr)
+{
+    int zero = 0;
+
+    if (__atomic_load_n(&e->replaced, __ATOMIC_ACQUIRE))
+        return true; /* a fault from before the replacement, retried */
+    if (!__atomic_compare_exchange_n(&e->claimed, &zero, 1, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return true; /* another thread is replacing it: fault again until it is done */
+    bool ok;
+    void *p = mmap((void *)e->start, e->len, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p != MAP_FAILED) {
+        /* Zeros have no place in a core dump either (best effort). */
+        (void)madvise(p, e->len, MADV_DONTDUMP);
+        __atomic_store_n(&e->replaced, 1, __ATOMIC_RELEASE);
+        ok = true;
+    } else {
+        ok = absorb_page(e, addr);
+        __atomic_store_n(&e->claimed, 0, __ATOMIC_RELEASE);
+    }
+    return ok;
 }
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
@@ -151,6 +196,8 @@ int vhd_memguard_add(void *base, size_t len, size_t page)
             e->len = len;
             e->page = page;
             __atomic_store_n(&e->faulted, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&e->claimed, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&e->replaced, 0, __ATOMIC_RELAXED);
             __atomic_store_n(&e->start, (uintptr_t)base, __ATOMIC_RELEASE);
             return c * CHUNK + i;
         }

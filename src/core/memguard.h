@@ -10,12 +10,15 @@
  *
  * Every mapping is registered here (vhd_mem does it). Once the guard is
  * installed, a SIGBUS (BUS_ADRERR) whose address lies in a registered
- * mapping is absorbed: the faulting page is replaced by a private zero page,
- * the mapping is flagged, and notify_fd (an eventfd) is written so the
- * control thread marks the device broken (see vhd_mem_faulted). The access
- * that faulted then completes on the zero page; the device reads zeros and
- * its writes go nowhere, which is harmless because the front-end destroyed
- * that memory itself. Any other SIGBUS gets the previous disposition.
+ * mapping is absorbed: the first one replaces the whole mapping, once, by
+ * private zero memory (page by page, faults on distinct pages would split
+ * it until vm.max_map_count runs out), the mapping is flagged, and
+ * notify_fd (an eventfd) is written so the control thread marks the device
+ * broken and stops its queues (see vhd_mem_faulted). The access that
+ * faulted then completes on zero memory; the device reads zeros and its
+ * writes go nowhere, which is harmless because the front-end destroyed that
+ * memory itself (and the device is broken). Any other SIGBUS gets the
+ * previous disposition.
  *
  * Threading: add/remove are control-thread calls (one thread at a time);
  * the handler runs in any thread and only reads the registry, with

@@ -1069,6 +1069,112 @@ static int c_err_eventfd_full(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* ---- guest memory the front-end truncates under running rings ---- */
+
+#define TRUNC_PAGE    4096u
+#define TRUNC_SEGS    126u /* data segments per request (the device's seg_max) */
+#define TRUNC_FAULTS  40000u
+#define TRUNC_PAGES   (2u * (TRUNC_FAULTS + 2u * TRUNC_SEGS)) /* every other page is touched */
+#define TRUNC_GPA     (1ull << 32)
+#define TRUNC_UVA     (1ull << 44)
+#define TRUNC_WAIT_MS 400
+
+/*
+ * Wait (bounded) for the n-th used element of ring 0: true when it came.
+ * Unlike vhd_chaos__await_used this keeps waiting on a device that already
+ * reports NEEDS_RESET (whether it still serves is the question here).
+ */
+static bool trunc_served(struct vhd_chaos_sess *s, uint16_t n, int *rc)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        struct vhd_chaos_used u;
+        *rc = vhd_chaos__await_used(s, OFF_R0, n, &u, 0);
+        if (*rc || u.got)
+            return u.got;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > TRUNC_WAIT_MS)
+            return false;
+        struct timespec nap = {0, 2000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
+/*
+ * Issue 12: a front-end adds a large region (ADD_MEM_REG) and truncates its
+ * file to nothing, then makes requests whose header and 126 data buffers
+ * each lie on a distinct lost page, every other page (replaced pages must
+ * not merge back into one mapping): 40,000 pages in all if the device
+ * keeps going. A SIGBUS guard that replaced page after page would split the
+ * mapping each time until vm.max_map_count ran out, and the next fault
+ * killed the daemon. The device must break at the first fault and stop:
+ * once GET_STATUS says NEEDS_RESET, no request made available after that
+ * is served (then: BROKEN; served anyway: SERVED, which the case does not
+ * accept). The test checks that the daemon's mappings did not grow.
+ */
+static int c_truncated_pages(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = vhd_chaos__blk(ctx, &s, false, true);
+    int fd = -1;
+    if (!rc) {
+        fd = memfd_create("chaos-truncated", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)TRUNC_PAGES * TRUNC_PAGE) < 0)
+            rc = vhd_chaos__note(&s, -errno, "memfd: %s", strerror(errno));
+    }
+    if (!rc) {
+        struct vu_mem_single m = {.region = {.gpa = TRUNC_GPA,
+                                             .size = (uint64_t)TRUNC_PAGES * TRUNC_PAGE,
+                                             .uva = TRUNC_UVA}};
+        rc = vhd_chaos__must(&s, vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &fd, 1),
+                             "ADD_MEM_REG of the region to truncate");
+    }
+    if (!rc && ftruncate(fd, 0) < 0)
+        rc = vhd_chaos__note(&s, -errno, "truncate: %s", strerror(errno));
+    vhd_chaos__allow(&s, OFF_STAT, 1);
+    bool broken = false;
+    unsigned served_after = 0, faults = 0, k;
+    for (k = 0; !rc && faults < TRUNC_FAULTS; k++) {
+        uint64_t page = 2ull * faults;
+        idesc(&s, 0, 0, TRUNC_GPA + page * TRUNC_PAGE, 16, VRING_DESC_F_NEXT, 1);
+        for (uint16_t j = 1; j <= TRUNC_SEGS; j++)
+            idesc(&s, 0, j, TRUNC_GPA + (page + 2u * j) * TRUNC_PAGE, TRUNC_PAGE,
+                  VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, (uint16_t)(j + 1));
+        idesc(&s, 0, TRUNC_SEGS + 1, vhd_chaos__gpa(&s, OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+        faults += 1 + TRUNC_SEGS;
+        vhd_chaos__sdesc(&s, OFF_R0, 0, vhd_chaos__gpa(&s, OFF_IND), 16u * (TRUNC_SEGS + 2),
+                         VRING_DESC_F_INDIRECT, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, (uint16_t)(k + 1));
+        vhd_chaos__kick(&s, 0);
+        bool served = trunc_served(&s, (uint16_t)k, &rc);
+        if (rc)
+            break;
+        if (served && broken)
+            served_after++;
+        if (!served)
+            break; /* the device stopped */
+        int b = vhd_chaos__needs_reset(&s);
+        if (b < 0)
+            rc = vhd_chaos__note(&s, b, "GET_STATUS: %s", strerror(-b));
+        broken |= b == 1;
+    }
+    if (!rc) {
+        int b = broken ? 1 : vhd_chaos__needs_reset(&s);
+        if (b == 1)
+            ctx->observed |= VHD_CHAOS_BROKEN;
+        if (served_after)
+            ctx->observed |= VHD_CHAOS_SERVED;
+        rc = vhd_chaos__note(&s, b < 0 ? b : 0,
+                             "%u requests (%u pages) made available, %u served after NEEDS_RESET",
+                             k, k * (1 + TRUNC_SEGS), served_after);
+    }
+    if (fd >= 0)
+        close(fd);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ---- packed ---- */
 
 static void p_std(struct vhd_chaos_sess *s, struct vhd_chaos_pd *d)
@@ -1757,6 +1863,7 @@ const struct vhd_chaos_case vhd_chaos__chain_cases[] = {
     BLK(call_eventfd_full, CHAINS, S | B),
     BLK(err_eventfd_full, CHAINS, B),
     BLK(call_nonblock_cleared, CHAINS, S),
+    BLK(truncated_pages, CHAINS, B),
     BLK(random_chains, CHAINS, E | B | S),
     BLK(gpa_top, CHAINS, S),
     BLK(gpa_top_past_end, CHAINS, B | E),

@@ -378,9 +378,25 @@ static int queue_detach(struct vhd_vu_conn *c, struct vhd_queue *q)
     return 0;
 }
 
+/*
+ * Has the front-end taken memory away under one of this device's mappings
+ * (guest memory, dirty log, inflight area: a SIGBUS absorbed, memguard.h)?
+ * Those mappings read zeros now; the device is broken until reset.
+ */
+static bool conn_memory_lost(const struct vhd_vu_conn *c)
+{
+    return vhd_mem_faulted(c->dev->mem) || vhd_dirtylog_faulted(c->log) ||
+           (c->inflight_guard >= 0 && vhd_memguard_faulted(c->inflight_guard));
+}
+
+/*
+ * Hand q to its worker. Not while the device's memory is lost: its queues
+ * stay stopped (vhd_vu_conn_check_queues), and so does a queue started or
+ * enabled afterwards; the front-end must reset the device (new memory).
+ */
 static int queue_attach(struct vhd_vu_conn *c, struct vhd_queue *q)
 {
-    if (q->attached)
+    if (q->attached || conn_memory_lost(c))
         return 0;
     q->worker_idx = (int)queue_worker_of(c->dev, q->index);
     int rc = vhd_rt_attach(c->dev->rt, q, (unsigned)q->worker_idx);
@@ -802,18 +818,21 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
     }
     if (found)
         conn_mark_broken(c, "a queue broke", false); /* the worker logged why */
-    if (vhd_mem_faulted(c->dev->mem)) {
-        /* The rings may read zeros now (memguard.h); the front-end must reset. */
-        conn_mark_broken(c, "guest memory was truncated by the front-end (SIGBUS absorbed)", true);
-        found = true;
-    }
-    if (vhd_dirtylog_faulted(c->log)) {
-        conn_mark_broken(c, "the dirty log was truncated by the front-end (SIGBUS absorbed)", true);
-        found = true;
-    }
-    if (c->inflight_guard >= 0 && vhd_memguard_faulted(c->inflight_guard)) {
-        conn_mark_broken(c, "the inflight area was truncated by the front-end (SIGBUS absorbed)",
-                         true);
+    const char *lost = NULL;
+    if (vhd_mem_faulted(c->dev->mem))
+        lost = "guest memory was truncated by the front-end (SIGBUS absorbed)";
+    else if (vhd_dirtylog_faulted(c->log))
+        lost = "the dirty log was truncated by the front-end (SIGBUS absorbed)";
+    else if (c->inflight_guard >= 0 && vhd_memguard_faulted(c->inflight_guard))
+        lost = "the inflight area was truncated by the front-end (SIGBUS absorbed)";
+    if (lost) {
+        /*
+         * The mapping reads zeros now (memguard.h): stop every queue of the
+         * device, so it touches that memory no more; queue_attach keeps
+         * them stopped until the front-end resets the device.
+         */
+        conn_mark_broken(c, lost, true);
+        (void)dev_quiesce(c);
         found = true;
     }
     return found;

@@ -153,6 +153,28 @@ static int fd_count(pid_t pid)
     return n;
 }
 
+/* Mappings of the daemon (lines of /proc/PID/maps), or -1. */
+static int maps_count(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF)
+        n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/*
+ * Mappings a case may leave behind: the allocator's arenas and thread stacks
+ * come and go; a guest-memory mapping split at each absorbed fault (issue
+ * 12: tens of thousands) is what this bounds.
+ */
+#define MAPS_SLACK 64
+
 /* Wait (bounded) until the daemon holds no more fds than base; returns the last count. */
 static int fd_settle(pid_t pid, int base)
 {
@@ -363,6 +385,7 @@ static void run_cases(struct chaos_daemon *cd, struct workload *w, struct vhd_ch
         bool ok = true;
 
         ty->tried[cs->cat]++;
+        int maps = maps_count(cd->dm.pid);
         int rc = vhd_chaos_run(cs, &ctx);
         ty->config_changes += ctx.config_changes;
         if (getenv("VHD_CHAOS_VERBOSE"))
@@ -383,6 +406,12 @@ static void run_cases(struct chaos_daemon *cd, struct workload *w, struct vhd_ch
         if (fds > base_fds) {
             fprintf(stderr, "  %s on %s: daemon holds %d fds (%d before)\n", cs->name, tname, fds,
                     base_fds);
+            ok = false;
+        }
+        int maps_now = maps_count(cd->dm.pid);
+        if (maps_now > maps + MAPS_SLACK) {
+            fprintf(stderr, "  %s on %s: daemon has %d mappings (%d before)\n", cs->name, tname,
+                    maps_now, maps);
             ok = false;
         }
         long bad = vhd_chaos_check_memory(&ctx, why, sizeof(why));
