@@ -955,6 +955,53 @@ static int c_inflight_eventfd(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * Issue 12: an inflight area in a hugetlbfs file (2 MiB pages), which the
+ * front-end truncates before the ring starts and the back-end reads the
+ * area. The SIGBUS guard cannot replace part of a huge page by base pages,
+ * so a back-end that mapped it dies there; it must refuse the area. The
+ * back-end maps it only with a free huge page (the test reserves some when
+ * it can); without hugetlbfs at all the case cannot run.
+ */
+static int c_inflight_hugetlb(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 1, .queue_size = QSZ};
+    int rc = vhd_chaos__steps(
+        ctx, &s, UPTO(FEATURES, .proto = WANT_PROTO | BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)));
+    if (!rc && !(s.proto & BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD)))
+        rc = vhd_chaos__note(&s, -ENOTSUP, "INFLIGHT_SHMFD not offered");
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__set_features(&s, BIT(VIRTIO_F_VERSION_1)),
+                             "SET_FEATURES");
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE");
+    int fd = -1;
+    if (!rc) {
+        fd = memfd_create("chaos-inflight-huge", MFD_CLOEXEC | MFD_HUGETLB);
+        if (fd < 0 || ftruncate(fd, 2 << 20) < 0)
+            rc = vhd_chaos__note(&s, -errno, "hugetlbfs memfd of 2 MiB: %s", strerror(errno));
+    }
+    if (!rc)
+        rc = vhd_chaos__observe(
+            &s, vhd_chaos__ack(&s, VHOST_USER_SET_INFLIGHT_FD, &in, sizeof(in), &fd, 1),
+            "inflight area on hugetlbfs");
+    if (!rc && !(ctx->observed & VHD_CHAOS_NACK)) {
+        /* Accepted: take the file away and make the back-end read the area. */
+        if (ftruncate(fd, 0) < 0)
+            rc = vhd_chaos__note(&s, -errno, "truncate: %s", strerror(errno));
+        if (!rc)
+            rc = vhd_chaos__observe(&s, vhd_chaos__ring_start(&s, 0, OFF_R0),
+                                    "ring start over the truncated area");
+        if (!rc && vhd_chaos__needs_reset(&s) == 1)
+            ctx->observed |= VHD_CHAOS_BROKEN;
+    }
+    if (fd >= 0)
+        close(fd);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 static int c_inflight_while_started(struct vhd_chaos_ctx *ctx)
 {
     struct vu_inflight in = {.mmap_size = INFL_SIZE, .num_queues = 1, .queue_size = QSZ};
@@ -1471,6 +1518,7 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(inflight_size_huge, MEMORY, N),
     BLK(inflight_shape, MEMORY, N),
     BLK(inflight_eventfd, MEMORY, N),
+    BLK(inflight_hugetlb, MEMORY, N),
     BLK(inflight_while_started, MEMORY, N),
     BLK(get_inflight_shape, MEMORY, N),
 

@@ -13,7 +13,10 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
+
+#include <linux/magic.h> /* HUGETLBFS_MAGIC */
 
 #include "core/dirtylog.h"
 #include "core/inflight.h"
@@ -1915,14 +1918,16 @@ refuse:
  * SET_INFLIGHT_FD: map the area the front-end gives back (its fd is closed
  * afterwards: the mapping keeps it). Checked: the shape (as GET), a size
  * between the split and the packed layout's need for it (mmap_size is
- * untrusted: that also caps it), a page-aligned offset, and that the file
- * holds the whole range (a shorter file would fault when touched). Only
+ * untrusted: that also caps it), a page-aligned offset, a regular file not
+ * on hugetlbfs that holds the whole range (a shorter file would fault when
+ * touched). Only
  * while every ring is stopped: nothing uses the previous area, which is
  * unmapped.
  */
 static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
 {
     const struct vu_inflight *in = &r->p->inflight;
+    struct statfs sfs;
     struct stat st;
 
     if (any_ring_started(c->dev)) {
@@ -1945,10 +1950,23 @@ static int h_set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "bad inflight mmap offset";
         return -EINVAL;
     }
-    if (fstat(r->fds[0], &st) < 0 || st.st_size < 0 ||
-        (uint64_t)st.st_size < in->mmap_offset + in->mmap_size) {
+    if (fstat(r->fds[0], &st) < 0 || !S_ISREG(st.st_mode)) {
+        r->why = "the inflight fd is not a regular file";
+        return -ENODEV;
+    }
+    if (st.st_size < 0 || (uint64_t)st.st_size < in->mmap_offset + in->mmap_size) {
         r->why = "inflight area beyond the end of its file";
         return -ENXIO;
+    }
+    /*
+     * Not on hugetlbfs (as the dirty log): the guard replaces lost memory in
+     * units of the page size it is told, and a huge page cannot be replaced
+     * by base pages, so a truncated hugetlbfs file would kill us. Our own
+     * area is a plain memfd; a front-end has no reason to send another.
+     */
+    if (fstatfs(r->fds[0], &sfs) < 0 || (uint64_t)sfs.f_type == HUGETLBFS_MAGIC) {
+        r->why = "the inflight area is on hugetlbfs";
+        return -ENODEV;
     }
     void *p = mmap(NULL, in->mmap_size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fds[0],
                    (off_t)in->mmap_offset);

@@ -478,13 +478,63 @@ static void chaos_test(const char *what, const enum target *targets, const unsig
     chaos_daemon_stop(&cd);
 }
 
+/*
+ * Huge pages for the inflight_hugetlb case: a back-end that would map a
+ * hugetlbfs area needs a free huge page to do so, and only a mapped area can
+ * fault. As root, vm.nr_hugepages is raised by 2 for the run and put back
+ * afterwards (atexit too: a failed check exits). Without, the case still
+ * checks that the area is refused.
+ */
+#define NR_HUGEPAGES "/proc/sys/vm/nr_hugepages"
+static long g_hugepages_saved = -1;
+
+static long hugepages_read(void)
+{
+    long n = -1;
+    FILE *f = fopen(NR_HUGEPAGES, "r");
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = -1;
+        fclose(f);
+    }
+    return n;
+}
+
+static void hugepages_write(long n)
+{
+    FILE *f = fopen(NR_HUGEPAGES, "w");
+    if (f) {
+        fprintf(f, "%ld\n", n);
+        fclose(f);
+    }
+}
+
+static void hugepages_restore(void)
+{
+    if (g_hugepages_saved >= 0)
+        hugepages_write(g_hugepages_saved);
+    g_hugepages_saved = -1;
+}
+
+static void hugepages_reserve(void)
+{
+    long n = hugepages_read();
+    if (n < 0 || geteuid() != 0)
+        return;
+    g_hugepages_saved = n;
+    atexit(hugepages_restore);
+    hugepages_write(n + 2);
+}
+
 /* Protocol-level cases (framing, fds, features, memory, rings, order) on the file-backed blk. */
 VHD_TEST(chaos_messages)
 {
     static const enum target t[] = {T_A};
     static const unsigned m[] = {CAT(FRAMING) | CAT(FDS) | CAT(FEATURES) | CAT(MEMORY) |
                                  CAT(RINGS) | CAT(ORDER)};
+    hugepages_reserve();
     chaos_test("messages", t, m, 1);
+    hugepages_restore();
 }
 
 /* Malformed descriptor chains on the file-backed blk. */
