@@ -130,6 +130,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(fstat, "mem.c checks a region fd's size before mmap"),
     ANY(newfstatat, "fstat() and stat() as glibc implements them"),
     ANY(fstatfs, "mem.c checks whether a region fd is on hugetlbfs (page alignment)"),
+    ANY(readlinkat, "efd.c reads /proc/self/fd/N: a kick, call or error fd must be an eventfd"),
     ANY(memfd_create, "GET_INFLIGHT_FD allocates the inflight area (after the filter is on)"),
     ANY(ftruncate, "GET_INFLIGHT_FD sizes the inflight area"),
     ARG_EQ(fcntl, 1, F_ADD_SEALS, "seal the inflight area's size: it can never shrink under us"),

@@ -8,11 +8,15 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -425,6 +429,107 @@ static int kick_hangup(struct vhd_chaos_ctx *ctx, bool sock)
 
 VHD_CHAOS_VARIANT(c_kick_pipe_hangup, kick_hangup, false)
 VHD_CHAOS_VARIANT(c_kick_socket_hangup, kick_hangup, true)
+
+/* Files that are not eventfds, each harmful as a ring fd in its own way (issue 12). */
+enum ring_fd_kind {
+    RFD_LISTEN, /* a listening socket with a connection waiting: readable, read fails */
+    RFD_EPOLL,  /* an epoll fd with a ready event: readable, read fails */
+    RFD_FIFO,   /* a FIFO: its poll and reads go to a pipe, writes fill it */
+    RFD_MEMFD,  /* a regular file: not pollable, writes land in it */
+};
+
+/* Make a file of that kind (*peer: a second fd to close with it, or -1). -errno on failure. */
+static int ring_fd_make(enum ring_fd_kind kind, int *peer)
+{
+    int fd = -1;
+    *peer = -1;
+    switch (kind) {
+    case RFD_LISTEN: {
+        struct sockaddr_un a = {.sun_family = AF_UNIX};
+        fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -errno;
+        /* Autobind: the kernel picks an abstract name. */
+        socklen_t len = sizeof(sa_family_t);
+        if (bind(fd, (struct sockaddr *)&a, len) < 0 || listen(fd, 4) < 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &(socklen_t){sizeof(a)}) < 0)
+            goto fail;
+        *peer = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (*peer < 0 || connect(*peer, (struct sockaddr *)&a,
+                                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 6)) < 0)
+            goto fail;
+        return fd;
+    }
+    case RFD_EPOLL: {
+        fd = epoll_create1(EPOLL_CLOEXEC);
+        *peer = eventfd(1, EFD_CLOEXEC);
+        struct epoll_event ev = {.events = EPOLLIN};
+        if (fd < 0 || *peer < 0 || epoll_ctl(fd, EPOLL_CTL_ADD, *peer, &ev) < 0)
+            goto fail;
+        return fd;
+    }
+    case RFD_FIFO: {
+        char path[64];
+        snprintf(path, sizeof(path), "/tmp/vhd-chaos-fifo-%d", (int)getpid());
+        unlink(path);
+        if (mkfifo(path, 0600) < 0)
+            return -errno;
+        fd = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        int err = errno;
+        unlink(path);
+        return fd < 0 ? -err : fd;
+    }
+    case RFD_MEMFD:
+        fd = memfd_create("chaos-ring-fd", MFD_CLOEXEC);
+        return fd < 0 ? -errno : fd;
+    }
+    return -EINVAL;
+fail:;
+    int err = errno;
+    if (fd >= 0)
+        close(fd);
+    if (*peer >= 0)
+        close(*peer);
+    *peer = -1;
+    return -err;
+}
+
+/*
+ * SET_VRING_KICK, CALL or ERR of ring 0 with a file that is not an eventfd
+ * (the rest of the ring set up as usual). The back-end must refuse it: a
+ * kick fd that is readable but cannot be read makes a worker spin, one whose
+ * reads or poll can sleep hangs it (and, through epoll_ctl under the
+ * worker's lock, the control thread); writes to a call or error fd that is
+ * a file or a pipe go to the wrong place or sleep.
+ */
+static int ring_fd_case(struct vhd_chaos_ctx *ctx, uint32_t req, enum ring_fd_kind kind)
+{
+    struct vhd_chaos_sess s;
+    enum vhd_chaos_step stop = req == VHOST_USER_SET_VRING_KICK ? VHD_STEP_KICK : VHD_STEP_END;
+    int rc = vhd_chaos__steps(ctx, &s, (struct vhd_chaos_plan){.stop = stop});
+    int peer = -1, fd = -1;
+    if (!rc) {
+        fd = ring_fd_make(kind, &peer);
+        if (fd < 0)
+            rc = vhd_chaos__note(&s, fd, "making the fd: %s", strerror(-fd));
+    }
+    if (!rc)
+        rc = vhd_chaos__observe(&s, vhd_chaos__set_vring_fd(&s, req, 0, fd), "not an eventfd");
+    if (fd >= 0)
+        close(fd);
+    if (peer >= 0)
+        close(peer);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+VHD_CHAOS_VARIANT(c_kick_listen_socket, ring_fd_case, VHOST_USER_SET_VRING_KICK, RFD_LISTEN)
+VHD_CHAOS_VARIANT(c_kick_epoll, ring_fd_case, VHOST_USER_SET_VRING_KICK, RFD_EPOLL)
+VHD_CHAOS_VARIANT(c_kick_fifo, ring_fd_case, VHOST_USER_SET_VRING_KICK, RFD_FIFO)
+VHD_CHAOS_VARIANT(c_call_memfd, ring_fd_case, VHOST_USER_SET_VRING_CALL, RFD_MEMFD)
+VHD_CHAOS_VARIANT(c_call_fifo, ring_fd_case, VHOST_USER_SET_VRING_CALL, RFD_FIFO)
+VHD_CHAOS_VARIANT(c_err_epoll, ring_fd_case, VHOST_USER_SET_VRING_ERR, RFD_EPOLL)
+VHD_CHAOS_VARIANT(c_err_listen_socket, ring_fd_case, VHOST_USER_SET_VRING_ERR, RFD_LISTEN)
 
 /* ADD_MEM_REG with a pipe. */
 static int c_add_reg_pipe(struct vhd_chaos_ctx *ctx)
@@ -1477,9 +1582,16 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(too_many_fds, FDS, C),
     BLK(mem_wrong_fd, FDS, N),
     BLK(mem_fd_count, FDS, N),
-    BLK(kick_memfd, FDS, N | B),
-    BLK(kick_pipe_hangup, FDS, N | B),
-    BLK(kick_socket_hangup, FDS, N | B),
+    BLK(kick_memfd, FDS, N),
+    BLK(kick_pipe_hangup, FDS, N),
+    BLK(kick_socket_hangup, FDS, N),
+    BLK(kick_listen_socket, FDS, N),
+    BLK(kick_epoll, FDS, N),
+    BLK(kick_fifo, FDS, N),
+    BLK(call_memfd, FDS, N),
+    BLK(call_fifo, FDS, N),
+    BLK(err_epoll, FDS, N),
+    BLK(err_listen_socket, FDS, N),
     BLK(add_reg_pipe, FDS, N),
     BLK(backend_fd_memfd, FDS, N | B),
 

@@ -5,12 +5,17 @@
  * that sleeps.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <linux/magic.h> /* ANON_INODE_FS_MAGIC */
 
 #include "efd.h"
 #include "log.h"
@@ -175,4 +180,30 @@ ssize_t vhd_efd_read(int fd, uint64_t *v)
     if (n >= 0)
         return n;
     return err == EINTR ? -ETIMEDOUT : -err;
+}
+
+int vhd_efd_check(int fd)
+{
+    static const char want[] = "anon_inode:[eventfd]";
+    static int no_proc_logged;
+    struct statfs sfs;
+    char path[48], name[sizeof(want) + 1];
+
+    if (fstatfs(fd, &sfs) < 0)
+        return -errno;
+    if ((unsigned long)sfs.f_type != ANON_INODE_FS_MAGIC)
+        return -EINVAL;
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = readlinkat(AT_FDCWD, path, name, sizeof(name));
+    if (n < 0) {
+        if (!__atomic_exchange_n(&no_proc_logged, 1, __ATOMIC_RELAXED))
+            vhd_log(VHD_LOG_WARN,
+                    "cannot read %s (%s): kick, call and error fds are checked to be "
+                    "anonymous-inode files only, not eventfds",
+                    path, strerror(errno));
+        return 0;
+    }
+    if ((size_t)n != sizeof(want) - 1 || memcmp(name, want, sizeof(want) - 1) != 0)
+        return -EINVAL;
+    return 0;
 }

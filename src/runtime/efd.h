@@ -82,4 +82,21 @@ int vhd_efd_signal(int fd);
  */
 ssize_t vhd_efd_read(int fd, uint64_t *v);
 
+/*
+ * vhd_efd_check - is fd an eventfd? A front-end chooses the kick, call and
+ * error fds; anything else can hurt the thread that polls, reads or writes
+ * it: a listening socket or an epoll fd is readable but cannot be read (a
+ * level-triggered loop spins), a FUSE file or a FIFO can sleep in read or
+ * in poll (under epoll_ctl). Two checks, both without touching the file's
+ * own operations: fstatfs says the file lives on the anonymous-inode
+ * filesystem (eventfd, epoll, signalfd, timerfd... share it and even share
+ * one inode, so fstat cannot tell them apart), then the name the kernel gave
+ * the file, read through /proc/self/fd, is "anon_inode:[eventfd]". Without
+ * /proc (not mounted) the first check alone decides, logged once; a worker
+ * also breaks a queue whose kick fd fails to read. Control path (the
+ * SET_VRING_KICK/CALL/ERR handlers), any thread.
+ * Returns 0, -EINVAL (not an eventfd), or the fstatfs errno (-EBADF).
+ */
+int vhd_efd_check(int fd);
+
 #endif /* VHD_EFD_H */

@@ -556,6 +556,13 @@ static int worker_do_attach(struct vhd_worker *w, struct vhd_queue *q)
         return -ENOMEM;
     e->q = q;
     if (q->kick_fd >= 0) {
+        /*
+         * Under w->lock, which the control thread waits for: EPOLL_CTL_ADD
+         * polls the file once, so it must be one whose poll never sleeps.
+         * The transport hands over eventfds only (vhd_efd_check); a FUSE
+         * file or a FIFO here could hold the lock for as long as its
+         * server wants.
+         */
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = e};
         if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, q->kick_fd, &ev) < 0) {
             int rc = -errno;
@@ -789,6 +796,17 @@ static bool worker_dispatch(struct vhd_worker *w, const struct epoll_event *ev)
              * queue is broken (the front-end sees NEEDS_RESET).
              */
             worker_queue_broke(w, e, -EPIPE);
+            return false;
+        }
+        if (n < 0 && n != -EAGAIN && n != -EINTR && n != -ETIMEDOUT) {
+            /*
+             * Readable, yet it cannot be read: not an eventfd (an epoll fd,
+             * a listening socket). The transport accepts only eventfds
+             * (efd.h, vhd_efd_check); should another one get here,
+             * level-triggered epoll would report it again at once, for
+             * ever: the queue is broken instead of the worker spinning.
+             */
+            worker_queue_broke(w, e, (int)n);
             return false;
         }
         if (n < 0)

@@ -1548,6 +1548,21 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
 }
 
 /*
+ * The fd of SET_VRING_KICK/CALL/ERR (or -1: none) must be an eventfd
+ * (efd.h, vhd_efd_check): a worker polls and reads kick fds, and workers and
+ * the control thread write call and error fds. 0, or -EINVAL with r->why.
+ */
+static int ring_fd_check(struct vu_req *r, int fd, const char *why)
+{
+    if (fd < 0)
+        return 0;
+    int rc = vhd_efd_check(fd);
+    if (rc < 0)
+        r->why = why;
+    return rc == -EBADF ? rc : rc < 0 ? -EINVAL : 0;
+}
+
+/*
  * SET_VRING_KICK: bits 0-7 index, bit 8 no fd (then the ring is polled).
  * On a stopped ring it starts the ring; on a started one it replaces the kick
  * fd (detach, swap, re-attach). A started ring runs only while enabled.
@@ -1556,8 +1571,10 @@ static int h_set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
 {
     struct vhd_queue *q = req_queue(c, r->p->u64 & VHOST_USER_VRING_IDX_MASK);
     int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
-    int rc;
+    int rc = ring_fd_check(r, fd, "the kick fd is not an eventfd");
 
+    if (rc < 0)
+        return rc;
     if (q->started) {
         rc = queue_detach(c, q);
         if (rc < 0) {
@@ -1618,7 +1635,10 @@ static int h_set_vring_call(struct vhd_vu_conn *c, struct vu_req *r)
     int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
     bool was_attached = q->attached;
 
-    int rc = queue_detach(c, q);
+    int rc = ring_fd_check(r, fd, "the call fd is not an eventfd");
+    if (rc < 0)
+        return rc;
+    rc = queue_detach(c, q);
     if (rc < 0) {
         r->why = "the ring did not stop";
         return rc;
@@ -1640,7 +1660,10 @@ static int h_set_vring_err(struct vhd_vu_conn *c, struct vu_req *r)
 {
     struct vhd_queue *q = req_queue(c, r->p->u64 & VHOST_USER_VRING_IDX_MASK);
     int fd = (r->p->u64 & VHOST_USER_VRING_NOFD_MASK) ? -1 : r->fds[0];
+    int rc = ring_fd_check(r, fd, "the error fd is not an eventfd");
 
+    if (rc < 0)
+        return rc;
     close_fd(&q->err_fd);
     q->err_fd = fd;
     if (fd >= 0) {

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -1230,6 +1231,61 @@ VHD_TEST(broken_queue_isolated_device_error)
     VHD_CHECK_EQ(drv_collect(a), 10); /* the ones taken before the failure were completed */
     check_all_seen(b, n);
     env_fini(&e);
+}
+
+/*
+ * A kick fd that is readable but cannot be read (an epoll fd with a ready
+ * event: its read fails) breaks its queue instead of making the worker spin
+ * on it; another queue on the same worker keeps running.
+ */
+VHD_TEST(unreadable_kick_breaks_the_queue)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+    const uint64_t n = 3000;
+
+    rt_opts(&ro, 1, VHD_POLL_NEVER);
+    env_init(&e, &ro);
+    struct qopts qa = {.mode = FAKE_NOP};
+    struct qopts qb = {.mode = FAKE_NOP};
+    struct tq *a = env_add_queue(&e, &qa, 64);
+    struct tq *b = env_add_queue(&e, &qb, n);
+    int ready = eventfd(1, EFD_CLOEXEC), ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN};
+    VHD_CHECK(ready >= 0 && ep >= 0);
+    VHD_CHECK_EQ(epoll_ctl(ep, EPOLL_CTL_ADD, ready, &ev), 0);
+    close(a->kick_fd);
+    a->kick_fd = a->fq->q.kick_fd = ep; /* closed with the queue */
+    VHD_CHECK_EQ(vhd_rt_attach(e.rt, &a->fq->q, 0), 0);
+    VHD_CHECK_EQ(vhd_rt_attach(e.rt, &b->fq->q, 0), 0);
+    wait_broken(&e, &a->fq->q);
+    drv_run(b, n, 64);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, &a->fq->q, DETACH_MS), 0);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, &b->fq->q, DETACH_MS), 0);
+    VHD_CHECK(!b->fq->q.broken);
+    check_all_seen(b, n);
+    close(ready);
+    env_fini(&e);
+}
+
+/* vhd_efd_check: an eventfd passes; other anonymous-inode files and other files do not. */
+VHD_TEST(efd_check_accepts_only_eventfds)
+{
+    int efd = eventfd(0, EFD_CLOEXEC), ep = epoll_create1(EPOLL_CLOEXEC), p[2];
+    VHD_CHECK(efd >= 0 && ep >= 0);
+    VHD_CHECK_EQ(pipe(p), 0);
+    int mfd = memfd_create("efd-check", MFD_CLOEXEC);
+    VHD_CHECK(mfd >= 0);
+    VHD_CHECK_EQ(vhd_efd_check(efd), 0);
+    VHD_CHECK_EQ(vhd_efd_check(ep), -EINVAL);
+    VHD_CHECK_EQ(vhd_efd_check(p[0]), -EINVAL);
+    VHD_CHECK_EQ(vhd_efd_check(mfd), -EINVAL);
+    VHD_CHECK_EQ(vhd_efd_check(-1), -EBADF);
+    close(efd);
+    close(ep);
+    close(p[0]);
+    close(p[1]);
+    close(mfd);
 }
 
 /* Same with a malformed ring (a head index out of range): the engine breaks the queue. */
