@@ -225,6 +225,7 @@ int main(int argc, char **argv)
     ro.poll_mode = d.opts.poll_mode == VHD_OPT_POLL_ALWAYS  ? VHD_POLL_ALWAYS
                    : d.opts.poll_mode == VHD_OPT_POLL_NEVER ? VHD_POLL_NEVER
                                                             : VHD_POLL_ADAPTIVE;
+    vhd_mem_set_total_max(d.opts.max_guest_mem);
     rc = vhd_rt_new(&ro, &d.rt);
     if (rc < 0) {
         fprintf(stderr, "vhostd: workers: %s\n", strerror(-rc));
@@ -254,6 +255,7 @@ int main(int argc, char **argv)
         }
         d.ndev = i + 1;
         d.dev[i]->rt = d.rt;
+        d.dev[i]->max_mem = b->max_guest_mem;
         if (assign_workers(d.dev[i], b, nworkers, &next_rr) < 0) {
             fprintf(stderr, "vhostd: %s: out of memory\n", b->name);
             goto fail;
@@ -293,6 +295,7 @@ int main(int argc, char **argv)
         }
         d.ndev = k + 1;
         d.dev[k]->rt = d.rt;
+        d.dev[k]->max_mem = n->max_guest_mem;
         if (vhd_net_assign_workers(d.dev[k], n->workers, (unsigned)n->nworkers, nworkers,
                                    &next_rr) < 0) {
             fprintf(stderr, "vhostd: %s: out of memory\n", n->name);

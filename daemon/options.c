@@ -30,6 +30,8 @@ const char vhd_usage[] =
     "                       and log them (dmesg) | off\n"
     "  --user NAME          after setup, drop to user NAME (or UID[:GID]); the sockets are\n"
     "                       chowned to it first\n"
+    "  --max-guest-mem SIZE most guest memory all devices together may map (default 64T);\n"
+    "                       a memory table beyond it is refused\n"
     "  --config FILE        read options from FILE, one per line without the dashes\n"
     "                       (e.g. 'workers 2', 'blk socket=/run/vm1.sock,image=vm1.img'); '#' "
     "comments\n"
@@ -52,6 +54,8 @@ const char vhd_usage[] =
     "  workers=LIST         workers for this device's queues, e.g. 0,1 or 0-3 (default: all,\n"
     "                       round robin)\n"
     "  name=STR             name used in logs (default: the socket's file name)\n"
+    "  max-guest-mem=SIZE   most guest memory a front-end may have this device map (memory\n"
+    "                       table and added regions; default 16T): more is refused\n"
     "  client=on|off        client mode (default off): connect to a front-end that listens on\n"
     "                       socket= (QEMU server=on, DPDK virtio-user server=1), and connect\n"
     "                       again whenever the connection fails or the session ends\n"
@@ -79,6 +83,7 @@ const char vhd_usage[] =
     "  workers=LIST         workers for this device's queue pairs, e.g. 0,1 or 0-3; both\n"
     "                       rings of a pair always share a worker (default: all, round robin)\n"
     "  name=STR             name used in logs (default: the socket's file name)\n"
+    "  max-guest-mem=SIZE   as for --blk\n"
     "  client=on|off, reconnect-max=MS   client mode, as for --blk\n";
 /* ---- end net ---- */
 
@@ -382,6 +387,16 @@ static const struct dev_key dev_keys[] = {
      BOTH_AT(allow_split),
      {0, 0}},
     {"workers", NULL, DEV_BLK | DEV_NET, KEY_WORKERS, 0, 0, NULL, WORKERS_EXPECT, {0, 0}, {0, 0}},
+    {"max-guest-mem",
+     "max_guest_mem",
+     DEV_BLK | DEV_NET,
+     KEY_SIZE,
+     0,
+     0,
+     NULL,
+     "expected a size like 64G or 2T",
+     BOTH_AT(max_guest_mem),
+     {0, 0}},
     /* client mode */
     {"client", NULL, DEV_BLK | DEV_NET, KEY_BOOL, 0, 0, NULL, ON_OFF, BOTH_AT(client), {0, 0}},
     {"reconnect-max",
@@ -722,6 +737,10 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
             return fail(err, errlen, "--user needs a user name");
         if (!(o->user = own(o, v)))
             return fail(err, errlen, "out of memory");
+    } else if (!strcmp(k, "max-guest-mem")) {
+        if (vhd_parse_size(v, &n) || n == 0)
+            return fail(err, errlen, "--max-guest-mem %s: expected a size like 64G or 2T", v);
+        o->max_guest_mem = n;
     } else if (!strcmp(k, "config")) {
         return parse_config(o, v, err, errlen, depth);
     } else {

@@ -31,6 +31,7 @@ struct vhd_opt_blk {
     bool allow_packed;
     int nworkers;                     /* 0: round robin over every worker */
     int workers[VHD_OPT_MAX_WORKERS]; /* queue i runs on workers[i % nworkers] */
+    uint64_t max_guest_mem;           /* max-guest-mem=SIZE; 0: the library's default */
     /* ---- client mode ---- */
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
@@ -52,6 +53,7 @@ struct vhd_opt_net {
     bool allow_packed;
     int nworkers;                     /* 0: pairs round robin over every worker */
     int workers[VHD_OPT_MAX_WORKERS]; /* pair i (both rings) runs on workers[i % nworkers] */
+    uint64_t max_guest_mem;           /* max-guest-mem=SIZE; 0: the library's default */
     /* ---- client mode ---- */
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
@@ -74,6 +76,8 @@ struct vhd_options {
     enum vhd_opt_sandbox sandbox; /* default on */
     const char *user;             /* --user: drop to this user after setup; NULL: stay */
     /* ---- end sandboxing ---- */
+    /* --max-guest-mem: guest memory all devices together may map; 0: the library's default */
+    uint64_t max_guest_mem;
     int nblk;
     struct vhd_opt_blk blk[VHD_OPT_MAX_DEVICES];
     int nnet; /* --net devices; nblk + nnet <= VHD_OPT_MAX_DEVICES */

@@ -124,11 +124,43 @@ static int table_index(struct vhd_mem *mem)
     return 0;
 }
 
+/*
+ * Bytes mapped by every table (region_map adds, map_destroy subtracts) and
+ * the process-wide cap (0: the default). Control path only; atomic so that
+ * any thread may read them.
+ */
+static uint64_t g_mapped, g_total_max;
+
+void vhd_mem_set_total_max(uint64_t bytes)
+{
+    __atomic_store_n(&g_total_max, bytes, __ATOMIC_RELAXED);
+}
+
+uint64_t vhd_mem_total_max(void)
+{
+    uint64_t m = __atomic_load_n(&g_total_max, __ATOMIC_RELAXED);
+    return m ? m : VHD_MEM_TOTAL_MAX_DEFAULT;
+}
+
+uint64_t vhd_mem_mapped(void)
+{
+    return __atomic_load_n(&g_mapped, __ATOMIC_RELAXED);
+}
+
+uint64_t vhd_mem_bytes(const struct vhd_mem *mem)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; mem && i < mem->nregions; i++)
+        n += mem->regions[i].map->len; /* at most 509 mappings, each < 2^63: no wrap */
+    return n;
+}
+
 /* Unmap and free a mapping no table holds (refs == 0). */
 static void map_destroy(struct vhd_mem_map *map)
 {
     vhd_memguard_remove(map->guard);
     munmap(map->base, map->len);
+    __atomic_sub_fetch(&g_mapped, map->len, __ATOMIC_RELAXED);
     free(map);
 }
 
@@ -210,6 +242,7 @@ static int region_map(struct vhd_mem_region *r, int fd, uint64_t page)
     map->base = p;
     map->len = (size_t)len;
     map->refs = 0;
+    __atomic_add_fetch(&g_mapped, map->len, __ATOMIC_RELAXED);
     r->map = map;
     r->hva = (uint8_t *)p + delta;
     return 0;

@@ -155,6 +155,31 @@ int vhd_mem_hva_to_gpa(const struct vhd_mem *mem, const void *hva, uint64_t len,
  */
 bool vhd_mem_faulted(const struct vhd_mem *mem);
 
+/*
+ * Caps on the guest memory front-ends have us map. A front-end can pass
+ * sparse files of any size, which cost it nothing and us address space:
+ * without a cap one session could leave none for the other tenants. The
+ * transport refuses a SET_MEM_TABLE or ADD_MEM_REG whose table would map
+ * more than the device's cap (struct vhd_dev max_mem, 0: the default) or
+ * take the whole process beyond its cap. Defaults, generous: 16 TiB per
+ * device (beyond the largest guests), 64 TiB for the process (half of the
+ * 128 TiB user address space of x86-64 and arm64 with 4-level tables).
+ */
+#define VHD_MEM_DEV_MAX_DEFAULT   (16ull << 40)
+#define VHD_MEM_TOTAL_MAX_DEFAULT (64ull << 40)
+
+/* vhd_mem_set_total_max - the process-wide cap in bytes (0: the default). Any thread. */
+void vhd_mem_set_total_max(uint64_t bytes);
+
+/* The process-wide cap in effect. Any thread. */
+uint64_t vhd_mem_total_max(void);
+
+/* Bytes of guest memory mapped now by every table of the process (each mapping once). */
+uint64_t vhd_mem_mapped(void);
+
+/* Bytes mapped by mem's regions (NULL: 0). */
+uint64_t vhd_mem_bytes(const struct vhd_mem *mem);
+
 /* Test/diagnostic helper: the region containing gpa, or NULL. */
 const struct vhd_mem_region *vhd_mem_region_of(const struct vhd_mem *mem, uint64_t gpa);
 

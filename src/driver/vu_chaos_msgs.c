@@ -813,6 +813,44 @@ static int c_size_huge(struct vhd_chaos_ctx *ctx)
     return mem_case(ctx, &r, 1, "region of 2^62 bytes");
 }
 
+/*
+ * Issue 12: guest memory beyond the device's cap (default 16 TiB, mem.h),
+ * from a sparse memfd that costs the front-end nothing and the back-end
+ * address space every other tenant needs: SET_MEM_TABLE of one 17 TiB
+ * region, or ADD_MEM_REG of 16 TiB on top of the usual table. Refused.
+ */
+#define OVER_CAP (17ull << 40)
+
+static int over_cap(struct vhd_chaos_ctx *ctx, bool add)
+{
+    struct vhd_chaos_sess s;
+    int rc = add ? vhd_chaos__setup(ctx, &s, 0) : vhd_chaos__steps(ctx, &s, UPTO(MEM));
+    int fd = -1;
+    if (!rc) {
+        fd = memfd_create("chaos-over-cap", MFD_CLOEXEC);
+        if (fd < 0 || ftruncate(fd, (off_t)OVER_CAP) < 0)
+            rc = vhd_chaos__note(&s, -errno, "memfd of 17 TiB: %s", strerror(errno));
+    }
+    if (!rc && add) {
+        struct vu_mem_single m = {
+            .region = {.gpa = 1ull << 44, .size = 16ull << 40, .uva = 1ull << 45}};
+        rc = vhd_chaos__observe(&s,
+                                vhd_chaos__ack(&s, VHOST_USER_ADD_MEM_REG, &m, sizeof(m), &fd, 1),
+                                "ADD_MEM_REG of 16 TiB");
+    } else if (!rc) {
+        struct vu_mem_region r = {.gpa = 0, .size = OVER_CAP, .uva = 1ull << 45};
+        rc = vhd_chaos__observe(&s, vhd_chaos__mem_table(&s, &r, 1, &fd, 1),
+                                "SET_MEM_TABLE of 17 TiB");
+    }
+    if (fd >= 0)
+        close(fd);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+VHD_CHAOS_VARIANT(c_mem_over_cap, over_cap, false)
+VHD_CHAOS_VARIANT(c_add_reg_over_cap, over_cap, true)
+
 static int c_mmap_beyond(struct vhd_chaos_ctx *ctx)
 {
     struct vu_mem_region r = ctx_region(ctx, 0);
@@ -1616,6 +1654,8 @@ const struct vhd_chaos_case vhd_chaos__msg_cases[] = {
     BLK(uva_overflow, MEMORY, N),
     BLK(size_zero, MEMORY, N),
     BLK(size_huge, MEMORY, N),
+    BLK(mem_over_cap, MEMORY, N),
+    BLK(add_reg_over_cap, MEMORY, N),
     BLK(mmap_beyond, MEMORY, N),
     BLK(mmap_unaligned_beyond, MEMORY, N),
     BLK(mmap_offset_wraps, MEMORY, N),

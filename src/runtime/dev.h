@@ -214,7 +214,8 @@ struct vhd_dev {
      */
     bool config_changed;
     bool allow_split, allow_packed; /* ring layouts allowed (daemon option) */
-    void *priv;                     /* device-type state */
+    uint64_t max_mem; /* guest memory a front-end may map, bytes; 0: VHD_MEM_DEV_MAX_DEFAULT */
+    void *priv;       /* device-type state */
 };
 
 /*

@@ -1256,10 +1256,48 @@ static const char *mem_error(int rc)
     }
 }
 
+/* a + b, or UINT64_MAX when that wraps (sizes a front-end chose). */
+static uint64_t add_sat(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/*
+ * The caps on guest memory (mem.h) for a table of `bytes` that replaces the
+ * device's current one: at most the device's cap, and with what every
+ * other table maps, at most the process's. Checked before anything is
+ * mapped. 0, or -E2BIG with r->why (the numbers are logged, rate-limited).
+ */
+static int conn_mem_cap(struct vhd_vu_conn *c, struct vu_req *r, uint64_t bytes)
+{
+    uint64_t dev_max = c->dev->max_mem ? c->dev->max_mem : VHD_MEM_DEV_MAX_DEFAULT;
+    uint64_t total_max = vhd_mem_total_max();
+    uint64_t mine = vhd_mem_bytes(c->dev->mem), all = vhd_mem_mapped();
+    uint64_t others = all > mine ? all - mine : 0;
+
+    if (bytes > dev_max) {
+        r->why = "guest memory beyond the device's cap (max-guest-mem=)";
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: a memory table of %llu bytes exceeds the device's cap of %llu",
+                   c->dev->name, (unsigned long long)bytes, (unsigned long long)dev_max);
+        return -E2BIG;
+    }
+    if (bytes > total_max || others > total_max - bytes) {
+        r->why = "guest memory beyond the daemon's cap (--max-guest-mem)";
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: a memory table of %llu bytes, with the %llu bytes other devices map, "
+                   "exceeds the daemon's cap of %llu",
+                   c->dev->name, (unsigned long long)bytes, (unsigned long long)others,
+                   (unsigned long long)total_max);
+        return -E2BIG;
+    }
+    return 0;
+}
+
 /*
  * SET_MEM_TABLE: map the regions (fds in region order, closed afterwards:
  * the mappings keep the memory) and swap the table in. Up to 8 regions
- * (the spec's region0..region7, one fd each).
+ * (the spec's region0..region7, one fd each), within the memory caps.
  */
 static int h_set_mem_table(struct vhd_vu_conn *c, struct vu_req *r)
 {
@@ -1267,9 +1305,15 @@ static int h_set_mem_table(struct vhd_vu_conn *c, struct vu_req *r)
     struct vhd_mem_region_desc d[VHOST_USER_MEM_TABLE_MAX_REGIONS];
     struct vhd_mem *mem = NULL;
 
-    for (uint32_t i = 0; i < m->nregions; i++)
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->nregions; i++) {
         region_desc(&m->regions[i], r->fds[i], &d[i]);
-    int rc = vhd_mem_new(d, m->nregions, &mem);
+        bytes = add_sat(bytes, m->regions[i].size);
+    }
+    int rc = conn_mem_cap(c, r, bytes);
+    if (rc < 0)
+        return rc;
+    rc = vhd_mem_new(d, m->nregions, &mem);
     if (rc < 0) {
         r->why = mem_error(rc);
         return rc;
@@ -1288,7 +1332,10 @@ static int h_get_max_mem_slots(struct vhd_vu_conn *c, struct vu_req *r)
     return 0;
 }
 
-/* ADD_MEM_REG: the table plus one region (existing mappings are shared, not remapped). */
+/*
+ * ADD_MEM_REG: the table plus one region (existing mappings are shared, not
+ * remapped), within the memory caps.
+ */
 static int h_add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r)
 {
     struct vhd_mem_region_desc d;
@@ -1299,7 +1346,10 @@ static int h_add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r)
         return -ENOSPC;
     }
     region_desc(&r->p->mreg.region, r->fds[0], &d);
-    int rc = vhd_mem_add(c->dev->mem, &d, &mem);
+    int rc = conn_mem_cap(c, r, add_sat(vhd_mem_bytes(c->dev->mem), d.size));
+    if (rc < 0)
+        return rc;
+    rc = vhd_mem_add(c->dev->mem, &d, &mem);
     if (rc < 0) {
         r->why = mem_error(rc);
         return rc;

@@ -537,3 +537,58 @@ VHD_TEST(client_mode_keys)
     VHD_CHECK(strstr(vhd_usage, "client=on|off"));
     VHD_CHECK(strstr(vhd_usage, "reconnect-max=MS"));
 }
+
+/* ---- guest memory caps: max-guest-mem=SIZE per device, --max-guest-mem SIZE for all ---- */
+
+VHD_TEST(guest_mem_caps)
+{
+    struct vhd_options o;
+    char err[256] = "";
+
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/a,image=a,max-guest-mem=64G",
+                       "--net=socket=/n,max_guest_mem=1T", "--max-guest-mem=8T", NULL),
+                 0);
+    VHD_CHECK_EQ(o.blk[0].max_guest_mem, 64ull << 30);
+    VHD_CHECK_EQ(o.net[0].max_guest_mem, 1ull << 40);
+    VHD_CHECK_EQ(o.max_guest_mem, 8ull << 40);
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/a,image=a", NULL, NULL, NULL), 0);
+    VHD_CHECK_EQ(o.blk[0].max_guest_mem, 0); /* the library's defaults apply */
+    VHD_CHECK_EQ(o.max_guest_mem, 0);
+    vhd_options_free(&o);
+
+    static const struct {
+        const char *arg, *arg2, *msg;
+    } bad[] = {
+        {"--blk=socket=/a,image=a,max-guest-mem=0", NULL,
+         "--blk: max-guest-mem=0: expected a size like 64G or 2T"},
+        {"--net=socket=/a,max-guest-mem=lots", NULL,
+         "--net: max-guest-mem=lots: expected a size like 64G or 2T"},
+        {"--blk=socket=/a,image=a", "--max-guest-mem=1Q",
+         "--max-guest-mem 1Q: expected a size like 64G or 2T"},
+        {"--blk=socket=/a,image=a", "--max-guest-mem=0",
+         "--max-guest-mem 0: expected a size like 64G or 2T"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        VHD_CHECK(parse(&o, err, bad[i].arg, bad[i].arg2, NULL, NULL) < 0);
+        if (strcmp(err, bad[i].msg))
+            fprintf(stderr, "  %s: '%s'\n", bad[i].arg, err);
+        VHD_CHECK(!strcmp(err, bad[i].msg));
+        vhd_options_free(&o);
+    }
+    /* A config file takes both; --help documents them. */
+    char path[] = "/tmp/vhostd-conf-XXXXXX";
+    int fd = mkstemp(path);
+    VHD_CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "max-guest-mem 2T\nblk socket=/tmp/vm.sock,backend=null,size=1G,max-guest-mem=4G\n");
+    fclose(f);
+    VHD_CHECK_EQ(parse(&o, err, "--config", path, NULL, NULL), 0);
+    VHD_CHECK_EQ(o.max_guest_mem, 2ull << 40);
+    VHD_CHECK_EQ(o.blk[0].max_guest_mem, 4ull << 30);
+    vhd_options_free(&o);
+    unlink(path);
+    VHD_CHECK(strstr(vhd_usage, "max-guest-mem=SIZE"));
+    VHD_CHECK(strstr(vhd_usage, "--max-guest-mem SIZE"));
+}

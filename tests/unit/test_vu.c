@@ -33,6 +33,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
+#include "core/mem.h"
 #include "core/virtio.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
@@ -1125,6 +1126,65 @@ VHD_TEST(vu_mem_slots_limit)
     sess_close(&s);
     /* All 509 mappings and fds are gone after the disconnect. */
     wait_fds(fds0);
+    env_down();
+}
+
+/* SET_MEM_TABLE of one region of `size` bytes of fd at gpa 0; the ack value. */
+static uint64_t s_mem_one(struct sess *s, int fd, uint64_t size, uint64_t uva)
+{
+    struct vu_mem_table m = {.nregions = 1};
+    m.regions[0].size = size;
+    m.regions[0].uva = uva;
+    return s_set(s, VHOST_USER_SET_MEM_TABLE, &m, VU_MEM_TABLE_HDR_SIZE + 32, &fd, 1);
+}
+
+/*
+ * Issue 12: the guest memory a session maps is capped per device and for
+ * the process (mem.h). Sparse memfds: nothing is allocated. Device 0 has a
+ * cap of 8 MiB, the process one of 12 MiB. A table or a region beyond a cap
+ * is refused (NACK) and the session goes on; a device may replace its own
+ * table up to the cap (its current table does not count against it).
+ */
+VHD_TEST(vu_guest_mem_caps)
+{
+    const uint64_t mib = 1ull << 20;
+    struct sess s0, s1;
+
+    env_up();
+    E.fdev[0].dev.max_mem = 8 * mib; /* before any session: the control thread reads it then */
+    vhd_mem_set_total_max(12 * mib);
+    int mfd = memfd_create("caps", MFD_CLOEXEC);
+    VHD_CHECK(mfd >= 0 && ftruncate(mfd, (off_t)(64 * mib)) == 0);
+    sess_open(&s0, 0, PROTO_ALL);
+    VHD_CHECK(s_mem_one(&s0, mfd, 16 * mib, 0x10000000000ull) != 0); /* device cap */
+    VHD_CHECK_EQ(vhd_mem_mapped(), 0);
+    VHD_CHECK_EQ(s_mem_one(&s0, mfd, 8 * mib, 0x10000000000ull), 0);
+    struct vu_mem_single r = {0};
+    r.region.gpa = 16 * mib;
+    r.region.size = mib;
+    r.region.uva = 0x20000000000ull;
+    VHD_CHECK(s_set(&s0, VHOST_USER_ADD_MEM_REG, &r, sizeof(r), &mfd, 1) != 0); /* 9 MiB */
+    VHD_CHECK_EQ(vhd_mem_mapped(), 8 * mib);
+
+    sess_open(&s1, 1, PROTO_ALL); /* no cap of its own: the process's applies */
+    VHD_CHECK(s_mem_one(&s1, mfd, 8 * mib, 0x30000000000ull) != 0); /* 8 + 8 > 12 */
+    VHD_CHECK_EQ(s_mem_one(&s1, mfd, 4 * mib, 0x30000000000ull), 0);
+    VHD_CHECK_EQ(vhd_mem_mapped(), 12 * mib);
+    /* Device 0 replaces its 8 MiB by another 8 MiB: 4 + 8 fits. */
+    VHD_CHECK_EQ(s_mem_one(&s0, mfd, 8 * mib, 0x40000000000ull), 0);
+    VHD_CHECK(s_set(&s1, VHOST_USER_ADD_MEM_REG, &r, sizeof(r), &mfd, 1) != 0); /* 13 MiB */
+    /* Both sessions still answer. */
+    VHD_CHECK_EQ(cli_get_u64(s0.fd, VHOST_USER_GET_QUEUE_NUM), FAKE_NQUEUES);
+    VHD_CHECK_EQ(cli_get_u64(s1.fd, VHOST_USER_GET_QUEUE_NUM), FAKE_NQUEUES);
+    sess_close(&s0);
+    sess_close(&s1);
+    close(mfd);
+    uint64_t t0 = now_ms();
+    while (vhd_mem_mapped() != 0 && now_ms() - t0 < TIMEOUT_MS)
+        usleep(1000);
+    VHD_CHECK_EQ(vhd_mem_mapped(), 0);
+    vhd_mem_set_total_max(0);
+    VHD_CHECK_EQ(vhd_mem_total_max(), VHD_MEM_TOTAL_MAX_DEFAULT);
     env_down();
 }
 
