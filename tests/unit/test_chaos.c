@@ -2,8 +2,8 @@
 /*
  * vhostd against hostile front-ends: the real daemon (sandbox on) serves four
  * devices — blk "a" (io_uring on a file), blk "b" (io_uring on a file), blk
- * "n" (null backend) and net "net" (loopback). Every case of the driver
- * library's chaos mode (src/driver/vu_chaos.c) runs against a target device
+ * "n" (null backend) and net "net" (loopback). Every case of the chaos
+ * front-end (tests/chaos/vu_chaos.c) runs against a target device
  * while a thread drives a verified write/read workload on blk "b" through the
  * blk driver. After each case: the daemon is alive (same pid, not signalled),
  * the case saw one of its expected outcomes, the daemon's fd count is back
@@ -27,7 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "driver/vu_chaos.h"
+#include "chaos/vu_chaos.h"
 #include "harness.h"
 #include "vhostd/blk_driver.h"
 #include "vhostd/net_driver.h"

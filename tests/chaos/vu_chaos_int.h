@@ -3,7 +3,7 @@
  * Internals of the chaos mode shared by its files: vu_chaos.c (guest memory,
  * the raw session, set-up steps, outcome detection, descriptor writers),
  * vu_chaos_msgs.c (message cases) and vu_chaos_chains.c (descriptor chain
- * cases). Not part of the driver library's interface.
+ * cases). Not part of the chaos front-end's interface.
  *
  * Conventions of the helpers: 0 / -errno; the helpers that send something
  * hostile or ask the back-end something may also return an outcome bit

@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Chaos mode of the driver library: a hostile vhost-user front-end. Each
- * case opens its own session on a back-end's socket and sends something a
- * correct front-end never would — malformed or truncated messages, wrong fd
- * counts and kinds, bad feature sequences, bad memory tables, rings outside
- * guest memory, messages out of order — or writes a malformed descriptor
- * chain straight into the driver-side rings, and reports what the back-end
- * did about it. A robust back-end answers every case with one of the
- * outcomes below and keeps running; the test (tests/unit/test_chaos.c)
- * checks that and everything around it.
+ * The chaos front-end (test support, built only into the test programs): a
+ * hostile vhost-user front-end over the driver library. Each case opens its
+ * own session on a back-end's socket and sends something a correct
+ * front-end never would — malformed or truncated messages, wrong fd counts
+ * and kinds, bad feature sequences, bad memory tables, rings outside guest
+ * memory, messages out of order — or writes a malformed descriptor chain
+ * straight into the driver-side rings, and reports what the back-end did
+ * about it. A robust back-end answers every case with one of the outcomes
+ * below and keeps running; the test (tests/unit/test_chaos.c) checks that and
+ * everything around it.
  *
  * Guest memory is one memfd whose regions are windows with canary guard
  * bytes around them; every byte the back-end changed is checked against the
