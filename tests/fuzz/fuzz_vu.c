@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * libFuzzer target for the vhost-user dispatcher (src/transport/vu_conn.c):
+ * libFuzzer target for the vhost-user dispatcher (src/transport/vu_conn*.c):
  * feeds fuzzed message streams (header, payload, and real fds: memfds,
  * eventfds, socket ends) to vhd_vu_conn_handle() on one thread, with a stub
  * runtime whose attach touches the queue's rings (so a ring left pointing at
