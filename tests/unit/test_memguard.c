@@ -146,6 +146,76 @@ VHD_TEST(forty_thousand_truncated_pages_keep_one_mapping)
     vhd_memguard_uninstall();
 }
 
+/*
+ * A region on hugetlbfs (2 MiB pages) truncated under us: the whole mapping
+ * is replaced (it is huge-page aligned, so anonymous memory can take its
+ * place) and reads zeros. Needs two free huge pages: as root the test
+ * reserves them for its run (vm.nr_hugepages, restored at exit).
+ */
+static long g_huge_saved = -1;
+
+/* At the end of the test, and at exit after a failed check (the harness _exits on success). */
+static void huge_restore(void)
+{
+    FILE *f;
+    if (g_huge_saved >= 0 && (f = fopen("/proc/sys/vm/nr_hugepages", "w"))) {
+        fprintf(f, "%ld\n", g_huge_saved);
+        fclose(f);
+    }
+    g_huge_saved = -1;
+}
+
+VHD_TEST(truncated_hugetlbfs_region_is_replaced_whole)
+{
+    const size_t huge = 2u << 20;
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+    long n = -1;
+    if (f) {
+        if (fscanf(f, "%ld", &n) != 1)
+            n = -1;
+        fclose(f);
+    }
+    if (n >= 0 && geteuid() == 0 && (f = fopen("/proc/sys/vm/nr_hugepages", "w"))) {
+        g_huge_saved = n;
+        atexit(huge_restore);
+        fprintf(f, "%ld\n", n + 2);
+        fclose(f);
+    }
+    int fd = memfd_create("vhd-test-guard-huge", MFD_CLOEXEC | MFD_HUGETLB);
+    if (fd < 0) {
+        huge_restore();
+        vhd_test_skip("no hugetlbfs memfd");
+    }
+    if (ftruncate(fd, (off_t)(2 * huge)) != 0) {
+        close(fd);
+        huge_restore();
+        vhd_test_skip("cannot size a hugetlbfs memfd (huge pages not 2 MiB?)");
+    }
+    VHD_CHECK_EQ(vhd_memguard_install(-1), 0);
+    struct vhd_mem_region_desc d = {.gpa = 0, .size = 2 * huge, .uva = 0x1000, .fd = fd};
+    struct vhd_mem *mem;
+    int rc = vhd_mem_new(&d, 1, &mem);
+    if (rc == -ENOMEM) {
+        close(fd);
+        huge_restore();
+        vhd_test_skip("no free huge pages");
+    }
+    VHD_CHECK_EQ(rc, 0);
+    volatile uint8_t *v = mem->regions[0].hva;
+    v[0] = 1;
+    v[huge] = 2;
+    unsigned long faults = vhd_memguard_faults();
+    VHD_CHECK_EQ(ftruncate(fd, 0), 0);
+    VHD_CHECK_EQ(v[huge + 5], 0);
+    VHD_CHECK_EQ(v[0], 0);
+    VHD_CHECK_EQ(vhd_memguard_faults(), faults + 1);
+    VHD_CHECK(vhd_mem_faulted(mem));
+    vhd_mem_free(mem);
+    close(fd);
+    vhd_memguard_uninstall();
+    huge_restore();
+}
+
 VHD_TEST(a_freed_table_is_forgotten)
 {
     VHD_CHECK_EQ(vhd_memguard_install(-1), 0);
