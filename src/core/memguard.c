@@ -78,30 +78,31 @@ static bool absorb_page(struct guard_entry *e, uintptr_t addr)
  *
  * Several threads may fault in e at once: the one that wins the claim
  * replaces, the others return and their access faults again until the
- * replacement is in place. Returns false when nothing could be mapped.
+ * replacement is in place. Returns 1 when this call mapped something (a
+ * fault to count and report), 0 when the access is just to be retried,
+ * -1 when nothing could be mapped.
  */
-static bool absorb(struct guard_entry *e, uintptr_t addr)
+static int absorb(struct guard_entry *e, uintptr_t addr)
 {
     int zero = 0;
 
     if (__atomic_load_n(&e->replaced, __ATOMIC_ACQUIRE))
-        return true; /* a fault from before the replacement, retried */
+        return 0; /* a fault from before the replacement, retried */
     if (!__atomic_compare_exchange_n(&e->claimed, &zero, 1, false, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE))
-        return true; /* another thread is replacing it: fault again until it is done */
-    bool ok;
+        return 0; /* another thread is replacing it: fault again until it is done */
+    int rc = 1;
     void *p = mmap((void *)e->start, e->len, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     if (p != MAP_FAILED) {
         /* Zeros have no place in a core dump either (best effort). */
         (void)madvise(p, e->len, MADV_DONTDUMP);
         __atomic_store_n(&e->replaced, 1, __ATOMIC_RELEASE);
-        ok = true;
     } else {
-        ok = absorb_page(e, addr);
+        rc = absorb_page(e, addr) ? 1 : -1;
         __atomic_store_n(&e->claimed, 0, __ATOMIC_RELEASE);
     }
-    return ok;
+    return rc;
 }
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
@@ -120,8 +121,13 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
                 uintptr_t start = __atomic_load_n(&e->start, __ATOMIC_ACQUIRE);
                 if (!start || addr - start >= e->len)
                     continue;
-                if (!absorb(e, addr))
+                int rc = absorb(e, addr);
+                if (rc < 0)
                     goto not_ours;
+                if (rc == 0) {
+                    errno = saved_errno;
+                    return;
+                }
                 __atomic_store_n(&e->faulted, 1, __ATOMIC_RELEASE);
                 __atomic_add_fetch(&g_faults, 1, __ATOMIC_RELAXED); /* fault path, not datapath */
                 int fd = __atomic_load_n(&g_notify_fd, __ATOMIC_RELAXED);
