@@ -55,15 +55,18 @@ static struct vhd_vu_conn *device_conn(const struct daemon *d, int i)
  * 0, or -1 with a message on stderr.
  */
 static int device_serve(struct daemon *d, int i, const char *name, const char *socket, bool client,
-                        uint32_t reconnect_max_ms)
+                        uint32_t reconnect_max_ms, const struct vhd_opt_access *oa)
 {
     char err[512] = "";
+    struct vhd_vu_sock_access acc;
 
-    if (client) {
-        struct vhd_vu_client_opts co = {.reconnect_max_ms = reconnect_max_ms};
+    if (vhd_sandbox_resolve_access(oa, &acc, err, sizeof(err)) < 0) {
+        /* nothing created: reported below */
+    } else if (client) {
+        struct vhd_vu_client_opts co = {.reconnect_max_ms = reconnect_max_ms, .access = acc};
         d->cli[i] = vhd_vu_client_new(d->ctl, d->dev[i], socket, &co, err, sizeof(err));
     } else {
-        d->srv[i] = vhd_vu_server_new(d->ctl, d->dev[i], socket, err, sizeof(err));
+        d->srv[i] = vhd_vu_server_new_access(d->ctl, d->dev[i], socket, &acc, err, sizeof(err));
     }
     if (!d->srv[i] && !d->cli[i]) {
         fprintf(stderr, "vhostd: %s: %s\n", name, err);
@@ -174,6 +177,7 @@ int main(int argc, char **argv)
         return 0;
     }
     vhd_log_set_level((enum vhd_log_level)d.opts.log_level);
+    (void)vhd_sandbox_raise_nofile(); /* logged; a failure is not fatal */
 
     /* Signals go to the control loop through a signalfd; block them before any thread starts. */
     sigset_t set;
@@ -260,7 +264,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "vhostd: %s: out of memory\n", b->name);
             goto fail;
         }
-        if (device_serve(&d, i, b->name, b->socket, b->client, b->reconnect_max_ms) < 0)
+        if (device_serve(&d, i, b->name, b->socket, b->client, b->reconnect_max_ms, &b->access) < 0)
             goto fail;
         char wl[256] = "";
         for (uint32_t q = 0; q < d.dev[i]->num_queues && strlen(wl) < sizeof(wl) - 8; q++)
@@ -301,7 +305,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "vhostd: %s: out of memory\n", n->name);
             goto fail;
         }
-        if (device_serve(&d, k, n->name, n->socket, n->client, n->reconnect_max_ms) < 0)
+        if (device_serve(&d, k, n->name, n->socket, n->client, n->reconnect_max_ms, &n->access) < 0)
             goto fail;
         char wl[256] = "";
         for (uint32_t p = 0; p < n->queues && strlen(wl) < sizeof(wl) - 8; p++)
@@ -340,10 +344,13 @@ int main(int argc, char **argv)
     {
         /* Our listening sockets; a client-mode device's socket is the front-end's. */
         const char *socks[sizeof(d.srv) / sizeof(d.srv[0])];
+        int dirs[sizeof(d.srv) / sizeof(d.srv[0])]; /* where they are removed at exit */
         unsigned nsocks = 0;
         for (int i = 0; i < d.ndev; i++)
-            if (d.srv[i])
+            if (d.srv[i]) {
+                dirs[nsocks] = vhd_vu_server_dir_fd(d.srv[i]);
                 socks[nsocks++] = vhd_vu_server_path(d.srv[i]);
+            }
         struct vhd_sandbox_opts so = {
             .mode = d.opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
                     : d.opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
@@ -352,6 +359,8 @@ int main(int argc, char **argv)
             .chown_paths = socks,
             .nchown = nsocks,
             .client_mode = nsocks < (unsigned)d.ndev, /* a device without a listening socket */
+            .unlink_dirs = dirs,
+            .nunlink_dirs = nsocks,
         };
         if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
             fprintf(stderr, "vhostd: sandbox: %s\n", err);

@@ -61,6 +61,13 @@ const char vhd_usage[] =
     "                       again whenever the connection fails or the session ends\n"
     "  reconnect-max=MS     client mode: retries back off from 50 ms, doubling up to MS\n"
     "                       (10..3600000, default 2000)\n"
+    "  socket-mode=MODE     permissions of the socket file, octal (default 0600, whatever\n"
+    "                       the umask)\n"
+    "  socket-group=GROUP   group of the socket file (a name or GID)\n"
+    "  allow-uid=LIST       only peers with one of these uids (or allow-gid= gids) may\n"
+    "                       connect (SO_PEERCRED; client mode: the listening front-end);\n"
+    "                       names or ids separated by ':', e.g. 0:libvirt-qemu\n"
+    "  allow-gid=LIST       the same for the peer's (primary) gid\n"
     /* ---- net ---- */
     "\n"
     "--net keys (virtio-net; SIGUSR1 logs every net device's per-queue counters):\n"
@@ -84,7 +91,8 @@ const char vhd_usage[] =
     "                       rings of a pair always share a worker (default: all, round robin)\n"
     "  name=STR             name used in logs (default: the socket's file name)\n"
     "  max-guest-mem=SIZE   as for --blk\n"
-    "  client=on|off, reconnect-max=MS   client mode, as for --blk\n";
+    "  client=on|off, reconnect-max=MS   client mode, as for --blk\n"
+    "  socket-mode=MODE, socket-group=GROUP, allow-uid=LIST, allow-gid=LIST   as for --blk\n";
 /* ---- end net ---- */
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
@@ -241,6 +249,8 @@ enum key_type {
     KEY_RINGS,   /* split|packed|both into allow_split and allow_packed */
     KEY_MAC,     /* uint8_t[6], vhd_parse_mac */
     KEY_WORKERS, /* a worker list; commas may continue it (parse_device) */
+    KEY_MODE,    /* uint32_t, octal permission bits in min..max */
+    KEY_IDS,     /* const char *: 1..VHD_OPT_MAX_ALLOW non-empty items separated by ':' */
 };
 
 /*
@@ -409,6 +419,47 @@ static const struct dev_key dev_keys[] = {
      " milliseconds",
      BOTH_AT(reconnect_max_ms),
      {0, 0}},
+    /* socket access (transport/vu_sock.h) */
+    {"socket-mode",
+     "socket_mode",
+     DEV_BLK | DEV_NET,
+     KEY_MODE,
+     1,
+     0777,
+     NULL,
+     "expected octal permissions like 0660",
+     BOTH_AT(access.mode),
+     {0, 0}},
+    {"socket-group",
+     "socket_group",
+     DEV_BLK | DEV_NET,
+     KEY_STR,
+     0,
+     0,
+     NULL,
+     NULL,
+     BOTH_AT(access.group),
+     {0, 0}},
+    {"allow-uid",
+     "allow_uid",
+     DEV_BLK | DEV_NET,
+     KEY_IDS,
+     0,
+     0,
+     NULL,
+     "expected users separated by ':' (at most 16), e.g. 0:libvirt-qemu",
+     BOTH_AT(access.allow_uid),
+     {0, 0}},
+    {"allow-gid",
+     "allow_gid",
+     DEV_BLK | DEV_NET,
+     KEY_IDS,
+     0,
+     0,
+     NULL,
+     "expected groups separated by ':' (at most 16), e.g. kvm:107",
+     BOTH_AT(access.allow_gid),
+     {0, 0}},
 };
 
 /* One device spec being parsed: its kind and the fields every kind has. */
@@ -420,6 +471,7 @@ struct dev_spec {
     bool *client;
     uint32_t *reconnect_max_ms;
     int *nworkers, *workers;
+    const struct vhd_opt_access *access;
 };
 
 /* The dev_spec of d, a struct vhd_opt_blk or vhd_opt_net (the fields every kind has). */
@@ -427,7 +479,7 @@ struct dev_spec {
     {                                                                                           \
         .opt = (opt_), .kind = (kind_), .dev = (d), .socket = &(d)->socket, .name = &(d)->name, \
         .client = &(d)->client, .reconnect_max_ms = &(d)->reconnect_max_ms,                     \
-        .nworkers = &(d)->nworkers, .workers = (d)->workers,                                    \
+        .nworkers = &(d)->nworkers, .workers = (d)->workers, .access = &(d)->access,            \
     }
 
 /* The entry for key k of this kind; NULL, with *other set when another kind takes k. */
@@ -495,6 +547,24 @@ static int set_key(const struct dev_key *d, unsigned kind, void *dev, const char
         break;
     case KEY_WORKERS:
         return -1;
+    case KEY_MODE: {
+        char *end;
+        errno = 0;
+        unsigned long m = strtoul(v, &end, 8);
+        if (!isdigit((unsigned char)*v) || *end || errno || m < d->min || m > d->max)
+            return -1;
+        *(uint32_t *)dst = (uint32_t)m;
+        break;
+    }
+    case KEY_IDS: {
+        unsigned items = 1;
+        for (const char *c = v; *c; c++)
+            items += *c == ':';
+        if (items > VHD_OPT_MAX_ALLOW || v[0] == ':' || v[strlen(v) - 1] == ':' || strstr(v, "::"))
+            return -1;
+        *(const char **)dst = v;
+        break;
+    }
     }
     size_t flag = d->flag[kind == DEV_NET];
     if (flag)
@@ -559,6 +629,11 @@ static int parse_device(struct vhd_options *o, const char *spec, const struct de
         return fail(err, errlen, "%s: socket=PATH is required", opt);
     if (*sp->reconnect_max_ms && !*sp->client)
         return fail(err, errlen, "%s: reconnect-max= goes with client=on", opt);
+    if ((sp->access->mode || sp->access->group) && *sp->client)
+        return fail(err, errlen,
+                    "%s: socket-mode= and socket-group= are for a socket vhostd listens on, not "
+                    "client=on",
+                    opt);
     if (!*sp->name) {
         const char *slash = strrchr(*sp->socket, '/');
         *sp->name = slash ? slash + 1 : *sp->socket;

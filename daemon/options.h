@@ -15,6 +15,15 @@
 #define VHD_OPT_MAX_WORKERS 64
 #define VHD_OPT_MAX_QUEUES  64
 
+/* ---- socket access: who may connect (transport/vu_sock.h), for --blk and --net ---- */
+#define VHD_OPT_MAX_ALLOW 16 /* ids per allow-uid= / allow-gid= list */
+struct vhd_opt_access {
+    uint32_t mode;         /* socket-mode=0660 (octal); 0: the default, 0600 */
+    const char *group;     /* socket-group=NAME|GID; NULL: the creator's */
+    const char *allow_uid; /* allow-uid=LIST: NAME|UID items separated by ':'; NULL: anyone */
+    const char *allow_gid; /* allow-gid=LIST: GROUP|GID items separated by ':' */
+};
+
 /* One --blk device. Strings point into storage owned by struct vhd_options. */
 struct vhd_opt_blk {
     const char *socket;  /* required */
@@ -35,6 +44,7 @@ struct vhd_opt_blk {
     /* ---- client mode ---- */
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
+    struct vhd_opt_access access;
 };
 
 /* ---- net ---- */
@@ -57,6 +67,7 @@ struct vhd_opt_net {
     /* ---- client mode ---- */
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
+    struct vhd_opt_access access;
 };
 /* ---- end net ---- */
 

@@ -2,14 +2,17 @@
 /*
  * vhostd's sandbox (sandbox.h): the table of syscalls vhostd's threads may
  * make once setup is done, each with the reason it is needed, the seccomp
- * filter built from it with libseccomp, and the drop to an unprivileged user.
+ * filter built from it with libseccomp, the drop to an unprivileged user or,
+ * as root without one, of every capability, and the fd limit at start.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/fs.h>
 #include <linux/futex.h>
+#include <linux/capability.h>
 #include <linux/if_tun.h>
+#include <linux/securebits.h>
 #include <pwd.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -18,13 +21,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "options.h"
 #include "runtime/log.h"
 #include "sandbox.h"
+#include "transport/vu_sock.h"
+
+_Static_assert(VHD_OPT_MAX_ALLOW == VHD_VU_ACCESS_MAX_IDS, "allow-list sizes");
 
 /*
  * The allow table. Everything vhostd does after setup, found by reading the
@@ -33,6 +44,8 @@
  * Not here, on purpose: open/openat/creat (every file is open before the
  * filter), socket and connect unless a device is in client mode (then
  * AF_UNIX stream sockets only), bind/listen (listening sockets exist),
+ * unlink and unlinkat of any directory but our sockets' (fds given to
+ * vhd_sandbox_apply_dirs),
  * clone/clone3/fork/vfork/execve (workers exist; nothing is
  * spawned), io_uring_setup/io_uring_register (rings exist), ptrace, kill,
  * prctl, setuid and friends, mount and namespaces, bpf, perf_event_open.
@@ -72,6 +85,18 @@
     {                                                                                   \
         .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_SELF_PID, \
         .why = reason                                                                   \
+    }
+/* argi == value, installed only with VHD_SANDBOX_F_CLIENT. */
+#define CLIENT_ARG_EQ(sys, argi, val, reason)                                                     \
+    {                                                                                             \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_EQ, .value = (val), \
+        .why = reason, .only_with = VHD_SANDBOX_F_CLIENT                                          \
+    }
+/* argi is one of the directory fds given to vhd_sandbox_apply_dirs (one rule each), argj == 0. */
+#define ARG_DIRFD_AND_ZERO(sys, argi, argj, reason)                                           \
+    {                                                                                         \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_DIRFD,          \
+        .why = reason, .has_and = true, .and_arg = argj, .and_mask = INT_BITS, .and_value = 0 \
     }
 
 /* Built with a sanitizer? Its runtime makes a few calls of its own (see the end of the table). */
@@ -121,8 +146,16 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_UNIX, 1, SOCK_TYPE_BITS, SOCK_STREAM,
                           VHD_SANDBOX_F_CLIENT,
                           "client mode: a Unix stream socket for the front-end (no other)"),
-    CLIENT_ANY(connect, "client mode: connect to the front-end's listening Unix socket"),
-    CLIENT_ANY(timerfd_settime, "client mode: arm the reconnect back-off timer"),
+    /*
+     * The filter cannot read the address: any Unix stream socket the process
+     * may reach by its path. The exact length of a struct sockaddr_un keeps
+     * out abstract sockets (their name is the whole length: 108 bytes).
+     */
+    CLIENT_ARG_EQ(connect, 2, sizeof(struct sockaddr_un),
+                  "client mode: connect to the front-end's socket (a full sockaddr_un)"),
+    ANY(timerfd_settime, "arm the reconnect back-off (client) and accept back-off (EMFILE) timers"),
+    ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_PEERCRED, 0,
+                          "the front-end's credentials: allow-uid/allow-gid, log lines"),
     ANY(close, "fds of ended sessions, replaced ring fds, region fds after mmap"),
     ARG_EQ(fcntl, 1, F_GETFL, "read the flags of a session, kick or back-end fd"),
     ARG_EQ(fcntl, 1, F_SETFL, "O_NONBLOCK on session, kick and back-end-channel fds"),
@@ -173,8 +206,15 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     /* ---- the block backend ---- */
     ARG_EQ(ioctl, 1, BLKDISCARD, "discard fallback on a block device that cannot punch holes"),
     ANY(fdatasync, "the uring backend flushes the image when a device closes"),
-    /* ---- exit ---- */
-    ANY(unlink, "remove our listening socket at exit"),
+    /*
+     * ---- exit ----
+     * No unlink(): unlinkat on our sockets' directory fds only, never with
+     * AT_REMOVEDIR. The filter cannot read the name, and an absolute name
+     * ignores the fd: what bounds the files that remain removable is the uid
+     * without capabilities (root without --user: files in directories uid 0
+     * owns; --user: that user's).
+     */
+    ARG_DIRFD_AND_ZERO(unlinkat, 0, 2, "remove our listening socket at exit, by name in its dir"),
 #if VHD_SANDBOX_SANITIZER
     /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
     ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),
@@ -189,6 +229,8 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
 #undef ARG_SELF_PID
 #undef ARG_MASKED_AND_MASKED
 #undef CLIENT_ANY
+#undef CLIENT_ARG_EQ
+#undef ARG_DIRFD_AND_ZERO
 
 const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n)
 {
@@ -223,12 +265,60 @@ static void prime_libc(void)
     tzset();
 }
 
+/* Add rule r (dirfd: the value for VHD_SANDBOX_ARG_DIRFD). 0 or -errno. */
+static int add_rule(scmp_filter_ctx ctx, const struct vhd_sandbox_rule *r, pid_t self, int dirfd)
+{
+    struct scmp_arg_cmp cmp[2] = {{0}};
+    unsigned ncmp = 0;
+
+    if (r->arg >= 0) {
+        cmp[0].arg = (unsigned)r->arg;
+        switch (r->op) {
+        case VHD_SANDBOX_ARG_EQ:
+            cmp[0].op = SCMP_CMP_EQ;
+            cmp[0].datum_a = r->value;
+            break;
+        case VHD_SANDBOX_ARG_MASKED_EQ:
+            cmp[0].op = SCMP_CMP_MASKED_EQ;
+            cmp[0].datum_a = r->mask;
+            cmp[0].datum_b = r->value;
+            break;
+        case VHD_SANDBOX_ARG_SELF_PID:
+            cmp[0].op = SCMP_CMP_EQ;
+            cmp[0].datum_a = (scmp_datum_t)self;
+            break;
+        case VHD_SANDBOX_ARG_DIRFD: /* an int: its 32 bits only */
+            cmp[0].op = SCMP_CMP_MASKED_EQ;
+            cmp[0].datum_a = INT_BITS;
+            cmp[0].datum_b = (scmp_datum_t)(unsigned)dirfd;
+            break;
+        default:
+            return -EINVAL;
+        }
+        ncmp = 1;
+        if (r->has_and) { /* comparisons of one rule are ANDed by libseccomp */
+            cmp[1].arg = (unsigned)r->and_arg;
+            cmp[1].op = SCMP_CMP_MASKED_EQ;
+            cmp[1].datum_a = r->and_mask;
+            cmp[1].datum_b = r->and_value;
+            ncmp = 2;
+        }
+    }
+    return seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, r->nr, ncmp, ncmp ? cmp : NULL);
+}
+
 int vhd_sandbox_apply(enum vhd_sandbox_mode mode)
 {
-    return vhd_sandbox_apply_with(mode, 0);
+    return vhd_sandbox_apply_dirs(mode, 0, NULL, 0);
 }
 
 int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags)
+{
+    return vhd_sandbox_apply_dirs(mode, flags, NULL, 0);
+}
+
+int vhd_sandbox_apply_dirs(enum vhd_sandbox_mode mode, unsigned flags, const int *dirs,
+                           unsigned ndirs)
 {
     uint32_t deny;
     size_t n;
@@ -260,46 +350,19 @@ int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags)
     pid_t self = getpid();
     for (size_t i = 0; i < n; i++) {
         const struct vhd_sandbox_rule *r = &rules[i];
-        struct scmp_arg_cmp cmp[2] = {{0}};
-        unsigned ncmp = 0;
 
         if (r->nr < 0)
             continue; /* not a syscall on this architecture (libseccomp's pseudo number) */
         if (r->only_with && !(r->only_with & flags))
             continue; /* a feature not in use */
-        if (r->arg >= 0) {
-            cmp[0].arg = (unsigned)r->arg;
-            switch (r->op) {
-            case VHD_SANDBOX_ARG_EQ:
-                cmp[0].op = SCMP_CMP_EQ;
-                cmp[0].datum_a = r->value;
-                break;
-            case VHD_SANDBOX_ARG_MASKED_EQ:
-                cmp[0].op = SCMP_CMP_MASKED_EQ;
-                cmp[0].datum_a = r->mask;
-                cmp[0].datum_b = r->value;
-                break;
-            case VHD_SANDBOX_ARG_SELF_PID:
-                cmp[0].op = SCMP_CMP_EQ;
-                cmp[0].datum_a = (scmp_datum_t)self;
-                break;
-            default:
-                rc = -EINVAL;
+        /* A rule per directory fd; none without directories. */
+        unsigned copies = r->op == VHD_SANDBOX_ARG_DIRFD && r->arg >= 0 ? ndirs : 1;
+        for (unsigned k = 0; k < copies; k++) {
+            rc = add_rule(ctx, r, self, r->op == VHD_SANDBOX_ARG_DIRFD ? dirs[k] : 0);
+            if (rc < 0) {
+                vhd_log(VHD_LOG_ERROR, "sandbox: rule for %s: %s", r->name, strerror(-rc));
                 goto release;
             }
-            ncmp = 1;
-            if (r->has_and) { /* comparisons of one rule are ANDed by libseccomp */
-                cmp[1].arg = (unsigned)r->and_arg;
-                cmp[1].op = SCMP_CMP_MASKED_EQ;
-                cmp[1].datum_a = r->and_mask;
-                cmp[1].datum_b = r->and_value;
-                ncmp = 2;
-            }
-        }
-        rc = seccomp_rule_add_array(ctx, SCMP_ACT_ALLOW, r->nr, ncmp, ncmp ? cmp : NULL);
-        if (rc < 0) {
-            vhd_log(VHD_LOG_ERROR, "sandbox: rule for %s: %s", r->name, strerror(-rc));
-            goto release;
         }
     }
     rc = seccomp_load(ctx);
@@ -344,6 +407,77 @@ static int resolve_user(const char *user, uid_t *uid, gid_t *gid)
     return 0;
 }
 
+/* A group name or GID. 0 or -errno. */
+static int resolve_group(const char *name, gid_t *gid)
+{
+    char buf[16384], *end;
+    struct group gr, *res = NULL;
+
+    if (getgrnam_r(name, &gr, buf, sizeof(buf), &res) == 0 && res) {
+        *gid = res->gr_gid;
+        return 0;
+    }
+    errno = 0;
+    unsigned long g = strtoul(name, &end, 10);
+    if (end == name || *end || errno || g > (gid_t)-2)
+        return -ENOENT;
+    *gid = (gid_t)g;
+    return 0;
+}
+
+/* A user name or UID (a name's own uid, not its group). 0 or -errno. */
+static int resolve_uid(const char *name, uid_t *uid)
+{
+    char buf[16384], *end;
+    struct passwd pw, *res = NULL;
+
+    if (getpwnam_r(name, &pw, buf, sizeof(buf), &res) == 0 && res) {
+        *uid = res->pw_uid;
+        return 0;
+    }
+    errno = 0;
+    unsigned long u = strtoul(name, &end, 10);
+    if (end == name || *end || errno || u > (uid_t)-2)
+        return -ENOENT;
+    *uid = (uid_t)u;
+    return 0;
+}
+
+int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_vu_sock_access *out,
+                               char *err, size_t errlen)
+{
+    char list[1024];
+
+    memset(out, 0, sizeof(*out));
+    out->mode = (mode_t)in->mode;
+    if (in->group) {
+        if (resolve_group(in->group, &out->gid) < 0)
+            return set_err(err, errlen, -ENOENT, "socket-group=%s: no such group", in->group);
+        out->gid_set = true;
+    }
+    for (int which = 0; which < 2; which++) {
+        const char *v = which ? in->allow_gid : in->allow_uid;
+        if (!v)
+            continue;
+        if (strlen(v) >= sizeof(list))
+            return set_err(err, errlen, -EINVAL, "allow-%s=: list too long", which ? "gid" : "uid");
+        strcpy(list, v);
+        for (char *save = NULL, *tok = strtok_r(list, ":", &save); tok;
+             tok = strtok_r(NULL, ":", &save)) {
+            unsigned *n = which ? &out->ngids : &out->nuids;
+            if (*n >= VHD_VU_ACCESS_MAX_IDS)
+                return set_err(err, errlen, -E2BIG, "allow-%s=: more than %d ids",
+                               which ? "gid" : "uid", VHD_VU_ACCESS_MAX_IDS);
+            int rc = which ? resolve_group(tok, &out->gids[*n]) : resolve_uid(tok, &out->uids[*n]);
+            if (rc < 0)
+                return set_err(err, errlen, rc, "allow-%s=%s: no such %s", which ? "gid" : "uid",
+                               tok, which ? "group" : "user");
+            (*n)++;
+        }
+    }
+    return 0;
+}
+
 /*
  * Removing a socket at exit needs write access to its directory, which the
  * new user may lack: say so now rather than leave a stale socket silently
@@ -367,7 +501,7 @@ static void warn_if_dir_not_writable(const char *path)
     }
     if (access(dir, W_OK | X_OK) < 0)
         vhd_log(VHD_LOG_WARN,
-                "sandbox: %s: directory not writable by the new user (%s): the "
+                "sandbox: %s: directory not writable without privileges (%s): the "
                 "socket will stay behind at exit",
                 path, strerror(errno));
 }
@@ -443,18 +577,125 @@ static void sanitizer_before_filter(void)
 }
 #endif
 
+int vhd_sandbox_raise_nofile(void)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+        return -errno;
+    if (rl.rlim_cur >= rl.rlim_max) {
+        vhd_log(VHD_LOG_DEBUG, "fd limit: %llu", (unsigned long long)rl.rlim_cur);
+        return 0;
+    }
+    rlim_t old = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        int rc = -errno;
+        vhd_log(VHD_LOG_WARN, "fd limit: cannot raise %llu to %llu: %s", (unsigned long long)old,
+                (unsigned long long)rl.rlim_max, strerror(-rc));
+        return rc;
+    }
+    vhd_log(VHD_LOG_INFO, "fd limit raised from %llu to %llu (the hard limit)",
+            (unsigned long long)old, (unsigned long long)rl.rlim_max);
+    return 0;
+}
+
+/* The effective and permitted capability sets, as 64-bit masks. 0 or -errno. */
+static int caps_get(uint64_t *eff, uint64_t *prm)
+{
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct d[2];
+
+    memset(d, 0, sizeof(d));
+    if (syscall(SYS_capget, &h, d) < 0)
+        return -errno;
+    *eff = (uint64_t)d[1].effective << 32 | d[0].effective;
+    *prm = (uint64_t)d[1].permitted << 32 | d[0].permitted;
+    return 0;
+}
+
+int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
+{
+    uint64_t eff, prm;
+    int rc = caps_get(&eff, &prm);
+
+    if (rc < 0)
+        return set_err(err, errlen, rc, "capget: %s", strerror(-rc));
+    if (prm & (1ull << CAP_SETPCAP)) {
+        /*
+         * uid 0 would get every capability back from any execve (the filter
+         * forbids it, but not with --sandbox=off): SECBIT_NOROOT says no,
+         * locked. Then the bounding set, which also takes CAP_SETPCAP.
+         */
+        if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED, 0, 0, 0) < 0)
+            return set_err(err, errlen, -errno, "securebits: %s", strerror(errno));
+        for (unsigned cap = 0; cap < 64; cap++) {
+            if (keep & (1ull << cap))
+                continue;
+            if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+                if (errno == EINVAL)
+                    break; /* past the last capability this kernel knows */
+                return set_err(err, errlen, -errno, "bounding set: %s", strerror(errno));
+            }
+        }
+    }
+    (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); /* EINVAL before 4.3 */
+
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct d[2];
+    uint64_t want = keep & prm;
+    memset(d, 0, sizeof(d));
+    for (int i = 0; i < 2; i++)
+        d[i].effective = d[i].permitted = (uint32_t)(want >> (32 * i));
+    if (syscall(SYS_capset, &h, d) < 0)
+        return set_err(err, errlen, -errno, "capset: %s", strerror(errno));
+    rc = caps_get(&eff, &prm);
+    if (rc < 0 || eff != want || prm != want)
+        return set_err(err, errlen, rc < 0 ? rc : -EPERM, "capabilities did not drop");
+    return 0;
+}
+
+/*
+ * Root without --user: after setup uid 0 needs no capability (sockets and
+ * images are open; our sockets are unlinked as their owner) except, in
+ * client mode, CAP_DAC_OVERRIDE: a front-end's socket is its own (QEMU as
+ * libvirt-qemu, mode 0755) and reconnecting must still reach it.
+ */
+static int drop_root_caps(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
+{
+    uint64_t eff, prm;
+    uint64_t keep = o->client_mode ? 1ull << CAP_DAC_OVERRIDE : 0;
+
+    if (caps_get(&eff, &prm) < 0 || (prm & ~keep) == 0)
+        return 0; /* nothing to drop */
+    int rc = vhd_sandbox_drop_caps(keep, err, errlen);
+    if (rc < 0)
+        return rc;
+    if (keep)
+        vhd_log(VHD_LOG_INFO, "sandbox: no --user: dropped every capability but CAP_DAC_OVERRIDE "
+                              "(client mode: reach the front-end's socket whatever its mode)");
+    else
+        vhd_log(VHD_LOG_INFO, "sandbox: no --user: dropped every capability");
+    for (unsigned i = 0; i < o->nchown; i++)
+        if (o->chown_paths[i])
+            warn_if_dir_not_writable(o->chown_paths[i]);
+    return 0;
+}
+
 int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
 {
     int rc;
 
-    if (o->user) {
+    if (o->user)
         rc = vhd_sandbox_drop_user(o->user, o->chown_paths, o->nchown, err, errlen);
-        if (rc < 0)
-            return rc;
-    }
+    else
+        rc = drop_root_caps(o, err, errlen);
+    if (rc < 0)
+        return rc;
     if (o->mode != VHD_SANDBOX_OFF)
         sanitizer_before_filter();
-    rc = vhd_sandbox_apply_with(o->mode, o->client_mode ? VHD_SANDBOX_F_CLIENT : 0);
+    rc = vhd_sandbox_apply_dirs(o->mode, o->client_mode ? VHD_SANDBOX_F_CLIENT : 0, o->unlink_dirs,
+                                o->nunlink_dirs);
     if (rc < 0)
         return set_err(err, errlen, rc, "seccomp filter: %s%s", strerror(-rc),
                        rc == -EINVAL || rc == -ENOSYS
@@ -463,7 +704,8 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
     size_t n = 0, all;
     const struct vhd_sandbox_rule *rules = vhd_sandbox_rules(&all);
     for (size_t i = 0; i < all; i++)
-        n += !rules[i].only_with || (o->client_mode && rules[i].only_with == VHD_SANDBOX_F_CLIENT);
+        if (!rules[i].only_with || (o->client_mode && rules[i].only_with == VHD_SANDBOX_F_CLIENT))
+            n += rules[i].op == VHD_SANDBOX_ARG_DIRFD ? o->nunlink_dirs : 1;
     if (o->mode == VHD_SANDBOX_ON)
         vhd_log(VHD_LOG_INFO, "sandbox: seccomp filter on (%zu rules): other syscalls kill vhostd",
                 n);

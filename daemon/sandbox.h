@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * vhostd's sandbox: once setup is done (sockets bound, images open, workers
- * running), optionally drop to an unprivileged user, then confine every
- * thread of the process to the syscalls the control thread and the workers
- * need, with a seccomp filter (libseccomp). The allowed syscalls and the
- * reason for each are one table in sandbox.c.
+ * running), drop to an unprivileged user or, as root without one, drop every
+ * capability not needed any more, then confine every thread of the process
+ * to the syscalls the control thread and the workers need, with a seccomp
+ * filter (libseccomp). The allowed syscalls and the reason for each are one
+ * table in sandbox.c. Also the fd limit, raised at start.
  */
 #ifndef VHD_SANDBOX_H
 #define VHD_SANDBOX_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum vhd_sandbox_mode {
     VHD_SANDBOX_OFF, /* no filter */
@@ -27,11 +29,45 @@ struct vhd_sandbox_opts {
     unsigned nchown;
     /* A device is in client mode: allow its rows (VHD_SANDBOX_F_CLIENT). */
     bool client_mode;
+    /* Directory fds of our listening sockets (vhd_vu_server_dir_fd): unlinkat only there. */
+    const int *unlink_dirs;
+    unsigned nunlink_dirs;
 };
 
+struct vhd_opt_access;
+struct vhd_vu_sock_access;
+
 /*
- * vhd_sandbox_enter - the last step of setup: drop to o->user (when set),
- * then install the filter for o->mode on every thread (SECCOMP_FILTER_FLAG_TSYNC).
+ * vhd_sandbox_resolve_access - a device's socket-mode=, socket-group=,
+ * allow-uid= and allow-gid= (names or numeric ids; names are looked up in
+ * the user and group databases) into the transport's access settings.
+ * Returns 0, or -errno with a one-line reason in err (an unknown name).
+ */
+int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_vu_sock_access *out,
+                               char *err, size_t errlen);
+
+/*
+ * vhd_sandbox_raise_nofile - raise the soft fd limit (RLIMIT_NOFILE) to the
+ * hard one, logging it: each vhost-user session holds a few fds per queue and
+ * per memory region, and the usual soft limit of 1024 runs out at a few dozen
+ * devices. Call first thing in main. 0 or -errno (logged; not fatal).
+ */
+int vhd_sandbox_raise_nofile(void);
+
+/*
+ * vhd_sandbox_drop_caps - keep only the capabilities in keep (bits
+ * 1 << CAP_*), in the permitted and effective sets; clear the ambient set;
+ * with CAP_SETPCAP, also shrink the bounding set to keep and lock
+ * SECBIT_NOROOT (uid 0 gets nothing back from an execve). Checks the result.
+ * Returns 0, or -errno with a one-line reason in err.
+ */
+int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen);
+
+/*
+ * vhd_sandbox_enter - the last step of setup: drop to o->user when set, else
+ * drop every capability (all but CAP_DAC_OVERRIDE with o->client_mode) and
+ * log it, then install the filter for o->mode on every thread
+ * (SECCOMP_FILTER_FLAG_TSYNC).
  * Call it from any one thread once every thread that will ever exist has
  * been created: the filter forbids creating threads. Irreversible.
  * Returns 0, or -errno with a one-line reason in err.
@@ -63,6 +99,15 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
 #define VHD_SANDBOX_F_CLIENT 1u
 int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags);
 
+/*
+ * vhd_sandbox_apply_dirs - vhd_sandbox_apply_with, plus unlinkat(dirfd,
+ * name, 0) allowed for each of dirs[0..ndirs) (our sockets' directories).
+ * The filter cannot read the name: see the unlinkat row in sandbox.c for
+ * what that leaves.
+ */
+int vhd_sandbox_apply_dirs(enum vhd_sandbox_mode mode, unsigned flags, const int *dirs,
+                           unsigned ndirs);
+
 /* One row of the allow table: syscall, optional argument condition, and why. */
 struct vhd_sandbox_rule {
     const char *name;    /* syscall name */
@@ -83,6 +128,7 @@ struct vhd_sandbox_rule {
 #define VHD_SANDBOX_ARG_EQ        0 /* argument == value */
 #define VHD_SANDBOX_ARG_MASKED_EQ 1 /* (argument & mask) == value */
 #define VHD_SANDBOX_ARG_SELF_PID  2 /* argument == our pid (value unused) */
+#define VHD_SANDBOX_ARG_DIRFD     3 /* argument == one of the directory fds (apply_dirs) */
 
 /* The table (for tests and documentation); *n gets its length. */
 const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n);

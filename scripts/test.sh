@@ -74,6 +74,7 @@ unit_tests+=(test_inflight)
 unit_tests+=(test_net_gen)
 unit_tests+=(test_crash)
 unit_tests+=(test_dirtylog)
+unit_tests+=(test_access)
 
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build

@@ -33,6 +33,7 @@ struct vhd_vu_client {
     uint64_t session_start_ms;
     unsigned attempts;
     int last_logged_err; /* errno of the last failure logged at info level; 0: none yet */
+    struct vhd_vu_sock_access acc;
 };
 
 static uint64_t now_ms(void)
@@ -126,6 +127,22 @@ static void try_connect(struct vhd_vu_client *cl)
         attempt_failed(cl, "connect", err);
         return;
     }
+    /* Whoever listens there must be a front-end we accept (a socket can be replaced). */
+    struct ucred cred;
+    int prc = vhd_vu_peer_check(fd, &cl->acc, &cred);
+    if (prc < 0) {
+        close(fd);
+        enum vhd_log_level lvl = prc == cl->last_logged_err ? VHD_LOG_DEBUG : VHD_LOG_WARN;
+        cl->last_logged_err = prc;
+        vhd_log(lvl,
+                "%s: front-end on %s refused: pid %d uid %u gid %u %s (attempt %u); "
+                "retrying in %u ms",
+                cl->dev->name, cl->path, (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid,
+                prc == -EACCES ? "not in allow-uid/allow-gid" : strerror(-prc), cl->attempts,
+                cl->delay_ms);
+        schedule_retry(cl);
+        return;
+    }
     enum vhd_vu_session_step failed;
     int rc = vhd_vu_session_start(&cl->sess, cl->ctl, cl->dev, fd, on_conn, cl, &failed);
     if (rc < 0) {
@@ -136,8 +153,9 @@ static void try_connect(struct vhd_vu_client *cl)
     cl->next_delay_ms = 0;
     cl->last_logged_err = 0;
     cl->session_start_ms = now_ms();
-    vhd_log(VHD_LOG_INFO, "%s: connected to the front-end on %s (attempt %u)", cl->dev->name,
-            cl->path, cl->attempts);
+    vhd_log(VHD_LOG_INFO, "%s: connected to the front-end on %s (attempt %u; pid %d uid %u gid %u)",
+            cl->dev->name, cl->path, cl->attempts, (int)cred.pid, (unsigned)cred.uid,
+            (unsigned)cred.gid);
 }
 
 static void on_timer(void *opaque, uint32_t events)
@@ -189,6 +207,8 @@ struct vhd_vu_client *vhd_vu_client_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     cl->min_ms = o && o->reconnect_min_ms ? o->reconnect_min_ms : VHD_VU_CLIENT_RECONNECT_MIN_MS;
     if (cl->min_ms > cl->max_ms)
         cl->min_ms = cl->max_ms;
+    if (o)
+        cl->acc = o->access;
     cl->delay_ms = cl->min_ms;
     cl->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (cl->timer_fd < 0) {
@@ -209,8 +229,11 @@ struct vhd_vu_client *vhd_vu_client_new(struct vhd_ctl *ctl, struct vhd_dev *dev
         vhd_vu_set_err(err, errlen, "cannot arm the reconnect timer: %s", strerror(rc));
         goto del_timer;
     }
-    vhd_log(VHD_LOG_INFO, "%s: client mode: connecting to %s (back-off %u..%u ms)", dev->name, path,
-            cl->min_ms, cl->max_ms);
+    vhd_vu_dir_warn_if_open(dev->name, path);
+    vhd_log(VHD_LOG_INFO, "%s: client mode: connecting to %s (back-off %u..%u ms%s)", dev->name,
+            path, cl->min_ms, cl->max_ms,
+            cl->acc.nuids || cl->acc.ngids ? "; front-end checked against allow-uid/allow-gid"
+                                           : "");
     return cl;
 
 del_timer:

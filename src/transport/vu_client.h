@@ -18,6 +18,7 @@
 #include "ctl.h"
 #include "runtime/dev.h"
 #include "vu_conn.h"
+#include "vu_sock.h"
 
 /* Back-off defaults: the first retry after 50 ms, doubling up to 2 s. */
 #define VHD_VU_CLIENT_RECONNECT_MIN_MS 50u
@@ -35,6 +36,12 @@ struct vhd_vu_client;
 struct vhd_vu_client_opts {
     unsigned reconnect_min_ms;
     unsigned reconnect_max_ms;
+    /*
+     * Only the allow-lists apply (the socket file is the front-end's): a
+     * front-end whose credentials at listen() are not allowed is hung up on
+     * and retried like a failed connect (its socket may have been replaced).
+     */
+    struct vhd_vu_sock_access access;
 };
 
 /*

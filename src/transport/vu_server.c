@@ -1,34 +1,53 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * vhost-user server mode (see vu_server.h): socket path checks, listen,
- * accept one session per device at a time, end sessions on disconnect or
- * protocol error, and unlink our socket on exit.
+ * vhost-user server mode (see vu_server.h): socket path checks, listen with
+ * the socket file's mode and group set before anyone can connect, accept one
+ * session per device at a time from allowed peers only, back off when out of
+ * fds, end sessions on disconnect or protocol error, and unlink our socket on
+ * exit through the directory fd opened at start.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "runtime/log.h"
 #include "vu_server.h"
 #include "vu_session.h"
+#include "vu_sock.h"
 
 /* Pending connections the kernel queues while we are busy; only one is served. */
 #define SERVER_BACKLOG 8
+/*
+ * Out of fds (EMFILE/ENFILE) or kernel memory, accept() fails and leaves the
+ * connection queued: the socket stays readable and a level-triggered loop
+ * would spin on it. Accepting pauses instead, first for 50 ms, doubling up
+ * to 1 s while it keeps failing (fds come back when sessions end).
+ */
+#define ACCEPT_PAUSE_MIN_MS 50u
+#define ACCEPT_PAUSE_MAX_MS 1000u
 
 struct vhd_vu_server {
     struct vhd_ctl *ctl;
     struct vhd_dev *dev;
     char *path;
+    const char *base; /* the file name in path */
+    int dir_fd;       /* O_PATH fd of the socket's directory: chown, chmod, unlink by name */
     int listen_fd;
     struct vhd_ctl_src *listen_src;
     dev_t sock_dev; /* identity of the socket file we bound, for a safe unlink */
     ino_t sock_ino;
+    struct vhd_vu_sock_access acc;
+    int timer_fd; /* accept back-off (one-shot) */
+    struct vhd_ctl_src *timer_src;
+    unsigned pause_ms; /* the next pause; 0: accepting normally */
     struct vhd_vu_session sess;
 };
 
@@ -83,6 +102,42 @@ static void on_conn(void *opaque, uint32_t events)
         server_end_session(srv);
 }
 
+/*
+ * accept() failed for want of fds or memory: stop watching the socket and
+ * look again after the current pause. The first failure of a run is a
+ * warning; later ones are debug lines, so a full fd table costs a few
+ * wake-ups per second and one log line, not a spinning control thread.
+ */
+static void pause_accepting(struct vhd_vu_server *srv, int err)
+{
+    unsigned ms = srv->pause_ms ? srv->pause_ms : ACCEPT_PAUSE_MIN_MS;
+    struct itimerspec its = {0};
+
+    vhd_log(srv->pause_ms ? VHD_LOG_DEBUG : VHD_LOG_WARN,
+            "%s: accept on %s: %s: new connections wait %u ms (raise the fd limit?)",
+            srv->dev->name, srv->path, strerror(err), ms);
+    srv->pause_ms = ms > ACCEPT_PAUSE_MAX_MS / 2 ? ACCEPT_PAUSE_MAX_MS : ms * 2;
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = (long)(ms % 1000) * 1000000L;
+    if (vhd_ctl_mod(srv->listen_src, 0) < 0 || timerfd_settime(srv->timer_fd, 0, &its, NULL) < 0) {
+        /* Cannot happen with valid fds; keep watching rather than never accept again. */
+        (void)vhd_ctl_mod(srv->listen_src, EPOLLIN);
+    }
+}
+
+static void on_accept_timer(void *opaque, uint32_t events)
+{
+    struct vhd_vu_server *srv = opaque;
+    uint64_t expirations;
+
+    (void)events;
+    if (read(srv->timer_fd, &expirations, sizeof(expirations)) < 0)
+        return; /* EAGAIN: spurious; the timer is still armed */
+    /* Watch again: a connection still queued calls on_accept at once. */
+    if (vhd_ctl_mod(srv->listen_src, EPOLLIN) < 0)
+        vhd_log(VHD_LOG_ERROR, "%s: cannot watch %s again", srv->dev->name, srv->path);
+}
+
 static void on_accept(void *opaque, uint32_t events)
 {
     struct vhd_vu_server *srv = opaque;
@@ -91,12 +146,30 @@ static void on_accept(void *opaque, uint32_t events)
     for (;;) {
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
+            if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
+                pause_accepting(srv, err);
+            else if (err != EAGAIN && err != EWOULDBLOCK)
                 VHD_LOG_RL(VHD_LOG_WARN, "%s: accept on %s: %s", srv->dev->name, srv->path,
-                           strerror(errno));
+                           strerror(err));
             return;
+        }
+        if (srv->pause_ms) {
+            vhd_log(VHD_LOG_INFO, "%s: accepting connections on %s again", srv->dev->name,
+                    srv->path);
+            srv->pause_ms = 0;
+        }
+        struct ucred cred;
+        int prc = vhd_vu_peer_check(fd, &srv->acc, &cred);
+        if (prc < 0) {
+            VHD_LOG_RL(VHD_LOG_WARN, "%s: connection on %s refused: peer pid %d uid %u gid %u %s",
+                       srv->dev->name, srv->path, (int)cred.pid, (unsigned)cred.uid,
+                       (unsigned)cred.gid,
+                       prc == -EACCES ? "not in allow-uid/allow-gid" : strerror(-prc));
+            close(fd);
+            continue;
         }
         if (srv->sess.conn || srv->sess.disabled) {
             VHD_LOG_RL(VHD_LOG_WARN, "%s: connection on %s refused: %s", srv->dev->name, srv->path,
@@ -112,12 +185,98 @@ static void on_accept(void *opaque, uint32_t events)
                     strerror(-rc));
             continue;
         }
-        vhd_log(VHD_LOG_INFO, "%s: front-end connected on %s", srv->dev->name, srv->path);
+        vhd_log(VHD_LOG_INFO, "%s: front-end connected on %s (pid %d uid %u gid %u)",
+                srv->dev->name, srv->path, (int)cred.pid, (unsigned)cred.uid, (unsigned)cred.gid);
     }
+}
+
+/*
+ * Remove our socket file, and only ours: someone may have replaced the path
+ * since. By name in the directory we bound in (the sandbox allows unlinkat on
+ * that directory fd only, see daemon/sandbox.c).
+ */
+static void unlink_own(const struct vhd_vu_server *srv)
+{
+    struct stat st;
+
+    if (srv->sock_ino && fstatat(srv->dir_fd, srv->base, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        st.st_dev == srv->sock_dev && st.st_ino == srv->sock_ino)
+        unlinkat(srv->dir_fd, srv->base, 0);
+}
+
+/* Open path's directory (O_PATH) into *dir_fd; *base gets the file name within path. 0 or -errno.
+ */
+static int open_dir_of(const char *path, int *dir_fd, const char **base)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+
+    if (!slash) {
+        strcpy(dir, ".");
+        *base = path;
+    } else {
+        size_t len = slash == path ? 1 : (size_t)(slash - path);
+        memcpy(dir, path, len); /* path fits sun_path (checked first) */
+        dir[len] = '\0';
+        *base = slash + 1;
+    }
+    if (!**base)
+        return -EINVAL;
+    *dir_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    return *dir_fd < 0 ? -errno : 0;
+}
+
+/*
+ * The socket file's group and mode, set between bind() and listen(). The
+ * file is born with at most srv->acc.mode: fchmod() on the socket before
+ * bind() set its inode's mode, and Linux creates the file with that mode
+ * minus the umask (a new socket's inode would otherwise be 0777: under umask
+ * 0 or 002 any local user could connect). The umask may have taken bits
+ * away: chmod puts them back, only ever widening up to the requested mode.
+ * Nobody can connect before listen(), so there is no window either way.
+ * The file is checked to be the one we bound. 0 or -errno, reason in err.
+ */
+static int set_file_access(struct vhd_vu_server *srv, mode_t mode, char *err, size_t errlen)
+{
+    struct stat st;
+
+    if (fstatat(srv->dir_fd, srv->base, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISSOCK(st.st_mode)) {
+        vhd_vu_set_err(err, errlen, "%s: the socket file vanished after bind", srv->path);
+        return -ENOENT;
+    }
+    srv->sock_dev = st.st_dev;
+    srv->sock_ino = st.st_ino;
+    if (srv->acc.gid_set &&
+        fchownat(srv->dir_fd, srv->base, (uid_t)-1, srv->acc.gid, AT_SYMLINK_NOFOLLOW) < 0) {
+        int rc = errno;
+        vhd_vu_set_err(err, errlen, "%s: socket-group=%u: chown: %s", srv->path,
+                       (unsigned)srv->acc.gid, strerror(rc));
+        return -rc;
+    }
+    if ((st.st_mode & 07777) != mode && fchmodat(srv->dir_fd, srv->base, mode, 0) < 0) {
+        int rc = errno;
+        vhd_vu_set_err(err, errlen, "%s: chmod %04o: %s", srv->path, (unsigned)mode, strerror(rc));
+        return -rc;
+    }
+    if (fstatat(srv->dir_fd, srv->base, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+        st.st_dev != srv->sock_dev || st.st_ino != srv->sock_ino || (st.st_mode & 07777) != mode ||
+        (srv->acc.gid_set && st.st_gid != srv->acc.gid)) {
+        vhd_vu_set_err(err, errlen, "%s: the socket file changed under us", srv->path);
+        return -EPERM;
+    }
+    return 0;
 }
 
 struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev, const char *path,
                                         char *err, size_t errlen)
+{
+    return vhd_vu_server_new_access(ctl, dev, path, NULL, err, errlen);
+}
+
+struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_dev *dev,
+                                               const char *path,
+                                               const struct vhd_vu_sock_access *acc, char *err,
+                                               size_t errlen)
 {
     struct sockaddr_un sa;
     struct stat st;
@@ -175,11 +334,27 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
     }
     srv->ctl = ctl;
     srv->dev = dev;
+    srv->listen_fd = srv->timer_fd = -1;
+    if (acc)
+        srv->acc = *acc;
+    mode_t mode = srv->acc.mode ? srv->acc.mode & 0777 : VHD_VU_SOCK_MODE_DEFAULT;
+    rc = -open_dir_of(srv->path, &srv->dir_fd, &srv->base);
+    if (rc) {
+        vhd_vu_set_err(err, errlen, "%s: cannot open its directory: %s", path, strerror(rc));
+        goto free_srv;
+    }
+    srv->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     srv->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (srv->listen_fd < 0) {
+    if (srv->listen_fd < 0 || srv->timer_fd < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "socket: %s", strerror(rc));
-        goto free_srv;
+        goto close_listen;
+    }
+    /* The socket file is created with at most this mode (set_file_access). */
+    if (fchmod(srv->listen_fd, mode) < 0) {
+        rc = errno;
+        vhd_vu_set_err(err, errlen, "%s: fchmod on the socket: %s", path, strerror(rc));
+        goto close_listen;
     }
     if (bind(srv->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = errno;
@@ -189,28 +364,38 @@ struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev
             vhd_vu_set_err(err, errlen, "%s: bind: %s", path, strerror(rc));
         goto close_listen;
     }
-    if (stat(path, &st) == 0) {
-        srv->sock_dev = st.st_dev;
-        srv->sock_ino = st.st_ino;
-    }
+    rc = -set_file_access(srv, mode, err, errlen);
+    if (rc)
+        goto unlink_path;
     if (listen(srv->listen_fd, SERVER_BACKLOG) < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "%s: listen: %s", path, strerror(rc));
         goto unlink_path;
     }
     rc = vhd_ctl_add(ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
+    if (rc == 0) {
+        rc = vhd_ctl_add(ctl, srv->timer_fd, EPOLLIN, on_accept_timer, srv, &srv->timer_src);
+        if (rc < 0)
+            vhd_ctl_del(srv->listen_src);
+    }
     if (rc < 0) {
         rc = -rc;
         vhd_vu_set_err(err, errlen, "%s: cannot watch the socket: %s", path, strerror(rc));
         goto unlink_path;
     }
-    vhd_log(VHD_LOG_INFO, "%s: listening on %s", dev->name, path);
+    vhd_vu_dir_warn_if_open(dev->name, path);
+    vhd_log(VHD_LOG_INFO, "%s: listening on %s (mode %04o%s)", dev->name, path, (unsigned)mode,
+            srv->acc.nuids || srv->acc.ngids ? ", peers checked against allow-uid/allow-gid" : "");
     return srv;
 
 unlink_path:
-    unlink(path);
+    unlink_own(srv);
 close_listen:
-    close(srv->listen_fd);
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    if (srv->timer_fd >= 0)
+        close(srv->timer_fd);
+    close(srv->dir_fd);
 free_srv:
     free(srv->path);
     free(srv);
@@ -220,16 +405,15 @@ free_srv:
 
 void vhd_vu_server_free(struct vhd_vu_server *srv)
 {
-    struct stat st;
-
     if (!srv)
         return;
     server_end_session(srv);
     vhd_ctl_del(srv->listen_src);
+    vhd_ctl_del(srv->timer_src);
     close(srv->listen_fd);
-    /* Unlink only our own socket: someone may have replaced the path since. */
-    if (stat(srv->path, &st) == 0 && st.st_dev == srv->sock_dev && st.st_ino == srv->sock_ino)
-        unlink(srv->path);
+    close(srv->timer_fd);
+    unlink_own(srv);
+    close(srv->dir_fd);
     free(srv->path);
     free(srv);
 }
@@ -247,6 +431,11 @@ bool vhd_vu_server_check_queues(struct vhd_vu_server *srv)
 const char *vhd_vu_server_path(const struct vhd_vu_server *srv)
 {
     return srv->path;
+}
+
+int vhd_vu_server_dir_fd(const struct vhd_vu_server *srv)
+{
+    return srv->dir_fd;
 }
 
 unsigned vhd_vu_server_sessions(const struct vhd_vu_server *srv)

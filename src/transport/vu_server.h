@@ -16,6 +16,7 @@
 #include "ctl.h"
 #include "runtime/dev.h"
 #include "vu_conn.h"
+#include "vu_sock.h"
 
 struct vhd_vu_server;
 
@@ -24,12 +25,28 @@ struct vhd_vu_server;
  * An existing socket file is checked first: if a live server answers on it
  * the call fails ("socket path in use"); a stale one (nobody listening) is
  * removed. Any other existing file is an error (never unlinked). dev must
- * be set up as vhd_vu_conn_new() requires and outlive the server.
+ * be set up as vhd_vu_conn_new() requires and outlive the server. The
+ * socket file is 0600 whatever the umask; any peer that can reach it is
+ * served (vhd_vu_server_new_access for other settings).
  * Returns the server, or NULL with a one-line reason in err (errlen bytes,
  * may be 0) and errno set.
  */
 struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev, const char *path,
                                         char *err, size_t errlen);
+
+/*
+ * vhd_vu_server_new_access - vhd_vu_server_new with access settings (acc may
+ * be NULL: the defaults). The socket file gets acc->mode (default 0600) and
+ * acc->gid whatever the umask, before listen(): no front-end can connect
+ * before they are in place. Every accepted connection is checked against
+ * acc's allow-lists (SO_PEERCRED) and closed at once when not allowed. A
+ * directory writable by every user without the sticky bit is warned about.
+ * acc is copied.
+ */
+struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_dev *dev,
+                                               const char *path,
+                                               const struct vhd_vu_sock_access *acc, char *err,
+                                               size_t errlen);
 
 /*
  * vhd_vu_server_free - end the session if any (queues stopped, device
@@ -50,6 +67,12 @@ bool vhd_vu_server_check_queues(struct vhd_vu_server *srv);
 
 /* The socket path. */
 const char *vhd_vu_server_path(const struct vhd_vu_server *srv);
+
+/*
+ * The O_PATH fd of the socket's directory, through which the socket is
+ * removed at free (unlinkat): a sandbox may allow unlinkat on it only.
+ */
+int vhd_vu_server_dir_fd(const struct vhd_vu_server *srv);
 
 /*
  * Sessions accepted so far (diagnostics and tests), and whether the device

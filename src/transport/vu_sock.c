@@ -6,14 +6,18 @@
  * data of the message; QEMU sends header, payload and fds in one sendmsg().
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/log.h"
 #include "vu_sock.h"
 
 #define HDR_SIZE ((uint32_t)sizeof(struct vu_hdr))
@@ -196,4 +200,49 @@ int vu_send(int sock, const struct vu_hdr *hdr, const void *payload, const int *
         sent += (size_t)n;
     }
     return 0;
+}
+
+int vhd_vu_peer_check(int fd, const struct vhd_vu_sock_access *a, struct ucred *cred)
+{
+    socklen_t len = sizeof(*cred);
+
+    memset(cred, 0, sizeof(*cred));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, cred, &len) < 0) {
+        int err = -errno;
+        memset(cred, 0, sizeof(*cred));
+        return err;
+    }
+    if (!a || (a->nuids == 0 && a->ngids == 0))
+        return 0;
+    for (unsigned i = 0; i < a->nuids && i < VHD_VU_ACCESS_MAX_IDS; i++)
+        if (a->uids[i] == cred->uid)
+            return 0;
+    for (unsigned i = 0; i < a->ngids && i < VHD_VU_ACCESS_MAX_IDS; i++)
+        if (a->gids[i] == cred->gid)
+            return 0;
+    return -EACCES;
+}
+
+void vhd_vu_dir_warn_if_open(const char *who, const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+
+    if (!slash) {
+        strcpy(dir, ".");
+    } else if (slash == path) {
+        strcpy(dir, "/");
+    } else {
+        size_t len = (size_t)(slash - path);
+        if (len >= sizeof(dir))
+            return;
+        memcpy(dir, path, len);
+        dir[len] = '\0';
+    }
+    if (stat(dir, &st) == 0 && (st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))
+        vhd_log(VHD_LOG_WARN,
+                "%s: %s: directory %s is writable by every user and not sticky: anyone can "
+                "replace the socket",
+                who, path, dir);
 }

@@ -8,7 +8,10 @@
 #ifndef VHD_VU_SOCK_H
 #define VHD_VU_SOCK_H
 
+#include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h> /* struct ucred (_GNU_SOURCE) */
+#include <sys/types.h>
 
 #include "vu_msg.h"
 
@@ -56,5 +59,51 @@ void vu_rx_reset(struct vu_rx *rx);
  */
 int vu_send(int sock, const struct vu_hdr *hdr, const void *payload, const int *fds, unsigned nfds,
             int timeout_ms);
+
+/* ---- who may connect: socket file access and the peer allow-list ---- */
+
+/* Ids per allow-list (allow-uid=, allow-gid=). */
+#define VHD_VU_ACCESS_MAX_IDS 16
+/* Mode of a listening socket when none is given: its owner only. */
+#define VHD_VU_SOCK_MODE_DEFAULT 0600
+
+/*
+ * Who may connect to a device's socket, shared by server and client mode.
+ * A plain struct (copyable, no pointers) that an embedder fills; all zero is
+ * the default: socket mode 0600, the creator's group, any peer.
+ */
+struct vhd_vu_sock_access {
+    /* Server mode: permission bits of the socket file (0: VHD_VU_SOCK_MODE_DEFAULT). */
+    mode_t mode;
+    /* Server mode: the socket file's group (when gid_set); needs the right to chown. */
+    bool gid_set;
+    gid_t gid;
+    /*
+     * The peer allow-list, checked with SO_PEERCRED on every accepted
+     * connection (server mode) and on the front-end we connected to (client
+     * mode: its credentials when it called listen()). A peer is allowed when
+     * both lists are empty, or its uid is in uids, or its (effective,
+     * primary) gid is in gids. Supplementary groups are not looked at.
+     */
+    unsigned nuids, ngids;
+    uid_t uids[VHD_VU_ACCESS_MAX_IDS];
+    gid_t gids[VHD_VU_ACCESS_MAX_IDS];
+};
+
+/*
+ * vhd_vu_peer_check - read the peer credentials of the connected Unix socket
+ * fd into *cred (pid, uid, gid) and check them against a (NULL: anyone).
+ * Returns 0 when the peer is allowed, -EACCES when it is not, or the
+ * getsockopt errno (cred then zeroed). Any thread.
+ */
+int vhd_vu_peer_check(int fd, const struct vhd_vu_sock_access *a, struct ucred *cred);
+
+/*
+ * vhd_vu_dir_warn_if_open - log a warning when the directory holding the
+ * socket path is writable by every user without the sticky bit: anyone could
+ * then remove or replace the socket (server mode: front-ends would reach an
+ * impostor; client mode: vhostd would serve one). who names the device.
+ */
+void vhd_vu_dir_warn_if_open(const char *who, const char *path);
 
 #endif /* VHD_VU_SOCK_H */

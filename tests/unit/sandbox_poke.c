@@ -3,7 +3,9 @@
  * A preload library for test_sandbox: interposes accept4() in vhostd so that
  * the control thread, at its first accept (a front-end connecting, long after
  * the sandbox is on), first tries what VHD_SANDBOX_POKE names ("open": open
- * /etc/passwd; "socket": an AF_INET socket) and reports it on stderr. Test-only.
+ * /etc/passwd; "socket": an AF_INET socket) and reports it on stderr. With
+ * VHD_SANDBOX_POKE=bind-mode (test_access), bind() of a Unix socket reports
+ * the mode its file has the moment it exists. Test-only.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -19,14 +22,17 @@
  * takes a transparent union (hence socket() through syscall() below).
  */
 int accept4(int fd, void *addr, unsigned *addrlen, int flags);
+int bind(int fd, const void *addr, unsigned addrlen);
 
 static int (*real_accept4)(int, void *, unsigned *, int);
+static int (*real_bind)(int, const void *, unsigned);
 static const char *poke;
 
 /* Resolved at load time, before any sandbox: dlsym itself may need forbidden syscalls. */
 __attribute__((constructor)) static void poke_init(void)
 {
     real_accept4 = (int (*)(int, void *, unsigned *, int))dlsym(RTLD_NEXT, "accept4");
+    real_bind = (int (*)(int, const void *, unsigned))dlsym(RTLD_NEXT, "bind");
     poke = getenv("VHD_SANDBOX_POKE");
 }
 
@@ -62,4 +68,28 @@ int accept4(int fd, void *addr, unsigned *addrlen, int flags)
         return -1;
     }
     return real_accept4(fd, addr, addrlen, flags);
+}
+
+/* bind-mode: the mode of a Unix socket's file right after bind() created it. */
+int bind(int fd, const void *addr, unsigned addrlen)
+{
+    if (!real_bind) {
+        errno = ENOSYS;
+        return -1;
+    }
+    int rc = real_bind(fd, addr, addrlen);
+    unsigned short family;
+    memcpy(&family, addr, sizeof(family)); /* sockaddr_un: sun_family, then sun_path */
+    const char *path = (const char *)addr + sizeof(family);
+    struct stat st;
+    if (rc == 0 && poke && !strcmp(poke, "bind-mode") && family == 1 /* AF_UNIX */ && path[0] &&
+        lstat(path, &st) == 0) {
+        char line[300];
+        int n = snprintf(line, sizeof(line), "sandbox-poke: bind %s mode %04o\n", path,
+                         (unsigned)(st.st_mode & 07777));
+        if (n > 0 && write(STDERR_FILENO, line, (size_t)n) < 0) {
+            /* nothing to do */
+        }
+    }
+    return rc;
 }

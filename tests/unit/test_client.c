@@ -16,6 +16,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -564,6 +565,80 @@ VHD_TEST(client_unreachable_path_backs_off)
     /* 3000 ms at one attempt per 400 ms: 7 or 8; a busy loop would make thousands. */
     VHD_CHECK(a >= 4 && a <= 10);
     VHD_CHECK(cpu * 1000 / hz < 300); /* < 10% of one CPU, even under a sanitizer */
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * allow-uid= in client mode: whoever listens on the path (a socket anyone
+ * could have replaced) must be an allowed front-end. One listening as
+ * another user is hung up on and retried with back-off; the real front-end
+ * (root here) is then served. Root without --user keeps CAP_DAC_OVERRIDE in
+ * client mode (a front-end's socket is its own) and nothing else.
+ */
+VHD_TEST(client_refuses_a_frontend_not_allowed)
+{
+    struct daemon dm;
+    int ready[2];
+
+    if (geteuid() != 0)
+        vhd_test_skip("needs root (another user listens)");
+    prepare(&dm, true);
+    VHD_CHECK_EQ(chown(dm.dir, 65534, 65534), 0);
+    VHD_CHECK_EQ(pipe(ready), 0);
+    fflush(NULL);
+    pid_t imp = fork();
+    VHD_CHECK(imp >= 0);
+    if (imp == 0) {
+        /* The impostor: listens as nobody and never accepts (the kernel completes connects). */
+        pid_t parent = getppid();
+        if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+            setresuid(65534, 65534, 65534) < 0)
+            _exit(10);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* after setresuid, which clears it */
+        if (getppid() != parent)
+            _exit(13);
+        struct sockaddr_un sa;
+        sun_of(&sa, dm.sock);
+        int l = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (l < 0 || bind(l, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(l, 8) < 0)
+            _exit(11);
+        if (write(ready[1], "x", 1) != 1)
+            _exit(12);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char c;
+    VHD_CHECK_EQ(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    start_client(&dm, "allow-uid=0,reconnect-max=200");
+    wait_log(&dm, "refused: pid ", 1);
+    VHD_CHECK(log_count(&dm, "uid 65534 gid 65534 not in allow-uid/allow-gid", NULL) >= 1);
+    VHD_CHECK_EQ(log_count(&dm, "connected to the front-end", NULL), 0);
+    check_alive(&dm);
+
+    /* Client mode as root keeps CAP_DAC_OVERRIDE (bit 1) only. */
+    char p[64], line[256];
+    long long eff = -1;
+    snprintf(p, sizeof(p), "/proc/%d/status", (int)dm.pid);
+    FILE *f = fopen(p, "r");
+    VHD_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, "CapEff:", 7))
+            eff = strtoll(line + 7, NULL, 16);
+    fclose(f);
+    VHD_CHECK_EQ(eff, 1ll << 1);
+    wait_log(&dm, "dropped every capability but CAP_DAC_OVERRIDE", 1);
+
+    /* The impostor goes; the real front-end listens and is served. */
+    kill(imp, SIGKILL);
+    waitpid(imp, NULL, 0);
+    unlink(dm.sock);
+    struct vhd_blkdrv *d = listen_and_wait(dm.sock);
+    wait_log(&dm, "connected to the front-end", 1);
+    write_verify(d, 0, 21);
+    vhd_blkdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }

@@ -592,3 +592,65 @@ VHD_TEST(guest_mem_caps)
     VHD_CHECK(strstr(vhd_usage, "max-guest-mem=SIZE"));
     VHD_CHECK(strstr(vhd_usage, "--max-guest-mem SIZE"));
 }
+
+/* ---- socket access: socket-mode=, socket-group=, allow-uid=, allow-gid= ---- */
+
+VHD_TEST(socket_access_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+
+    VHD_CHECK_EQ(parse(&o, err,
+                       "--blk=socket=/run/a.sock,image=a.img,socket-mode=0660,socket-group=kvm,"
+                       "allow-uid=0:libvirt-qemu,allow-gid=107",
+                       "--net=socket=/run/b.sock,socket_mode=640,allow_gid=kvm:108",
+                       "--blk=socket=/run/c.sock,backend=null,size=1M,client=on,allow-uid=0", NULL),
+                 0);
+    VHD_CHECK_EQ(o.blk[0].access.mode, 0660);
+    VHD_CHECK(o.blk[0].access.group && !strcmp(o.blk[0].access.group, "kvm"));
+    VHD_CHECK(!strcmp(o.blk[0].access.allow_uid, "0:libvirt-qemu"));
+    VHD_CHECK(!strcmp(o.blk[0].access.allow_gid, "107"));
+    VHD_CHECK_EQ(o.net[0].access.mode, 0640); /* octal without the leading 0 too */
+    VHD_CHECK(!strcmp(o.net[0].access.allow_gid, "kvm:108"));
+    VHD_CHECK(o.blk[1].client && !strcmp(o.blk[1].access.allow_uid, "0"));
+    vhd_options_free(&o);
+
+    /* Nothing given: the transport's defaults (0600, the creator's group, any peer). */
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/run/a.sock,image=a.img", NULL, NULL, NULL), 0);
+    VHD_CHECK(o.blk[0].access.mode == 0 && !o.blk[0].access.group && !o.blk[0].access.allow_uid &&
+              !o.blk[0].access.allow_gid);
+    vhd_options_free(&o);
+
+    static const struct {
+        const char *arg, *msg;
+    } bad[] = {
+        {"--blk=socket=/a,image=a,socket-mode=0800",
+         "--blk: socket-mode=0800: expected octal permissions like 0660"},
+        {"--blk=socket=/a,image=a,socket-mode=01777",
+         "--blk: socket-mode=01777: expected octal permissions like 0660"},
+        {"--blk=socket=/a,image=a,socket-mode=0", "--blk: socket-mode=0: expected octal"},
+        {"--net=socket=/a,socket-mode=rw", "--net: socket-mode=rw: expected octal"},
+        {"--blk=socket=/a,image=a,allow-uid=0::1",
+         "--blk: allow-uid=0::1: expected users separated by ':' (at most 16), e.g. "
+         "0:libvirt-qemu"},
+        {"--net=socket=/a,allow-gid=:kvm",
+         "--net: allow-gid=:kvm: expected groups separated by ':' (at most 16), e.g. kvm:107"},
+        {"--blk=socket=/a,image=a,allow-uid=1:2:3:4:5:6:7:8:9:10:11:12:13:14:15:16:17",
+         "allow-uid=1:2:3:4:5:6:7:8:9:10:11:12:13:14:15:16:17: expected users"},
+        {"--blk=socket=/a,image=a,client=on,socket-mode=0660",
+         "--blk: socket-mode= and socket-group= are for a socket vhostd listens on, not "
+         "client=on"},
+        {"--net=socket=/a,client=on,socket-group=kvm", "--net: socket-mode= and socket-group="},
+        {"--blk=socket=/a,image=a,allow-uid=", "--blk: allow-uid= needs a value"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        VHD_CHECK(parse(&o, err, bad[i].arg, NULL, NULL, NULL) < 0);
+        if (!strstr(err, bad[i].msg))
+            fprintf(stderr, "  %s: '%s'\n", bad[i].arg, err);
+        VHD_CHECK(strstr(err, bad[i].msg));
+        vhd_options_free(&o);
+    }
+    VHD_CHECK(strstr(vhd_usage, "socket-mode=MODE"));
+    VHD_CHECK(strstr(vhd_usage, "allow-uid=LIST"));
+}

@@ -45,6 +45,7 @@
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "transport/vu_msg.h"
+#include "transport/vu_sock.h"
 
 #define BIT(n) (1ull << (n))
 
@@ -161,7 +162,8 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
         "capset mount umount2 unshare setns bpf perf_event_open fallocate "
         "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
         "chown rename symlink link truncate init_module kexec_load keyctl "
-        "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom";
+        "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom unlink rmdir rename renameat "
+        "renameat2 setsockopt";
     int bad = 0;
 
     for (char *save = NULL, *name = strtok_r(never, " ", &save); name;
@@ -196,10 +198,38 @@ VHD_TEST(table_socket_only_unix_stream)
         VHD_CHECK_EQ(r[i].and_value, SOCK_STREAM);
     }
     VHD_CHECK_EQ(rows, 1);
-    /* connect and the timer exist for client mode only. */
-    VHD_CHECK(find_rule("connect") && find_rule("connect")->only_with == VHD_SANDBOX_F_CLIENT);
-    VHD_CHECK(find_rule("timerfd_settime") &&
-              find_rule("timerfd_settime")->only_with == VHD_SANDBOX_F_CLIENT);
+    /*
+     * connect exists for client mode only, and only with the length of a
+     * struct sockaddr_un (no abstract socket with a shorter name).
+     */
+    const struct vhd_sandbox_rule *c = find_rule("connect");
+    VHD_CHECK(c && c->only_with == VHD_SANDBOX_F_CLIENT);
+    VHD_CHECK(c->arg == 2 && c->op == VHD_SANDBOX_ARG_EQ && c->value == sizeof(struct sockaddr_un));
+    /* The back-off timer: client mode's reconnects and a server's accept pause (EMFILE). */
+    VHD_CHECK(find_rule("timerfd_settime") && find_rule("timerfd_settime")->only_with == 0);
+}
+
+/* unlinkat: on the directory fds given to the filter only, never AT_REMOVEDIR; no unlink. */
+VHD_TEST(table_unlinkat_only_in_socket_dirs)
+{
+    size_t n;
+    const struct vhd_sandbox_rule *r = vhd_sandbox_rules(&n);
+    int rows = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(r[i].name, "unlinkat"))
+            continue;
+        rows++;
+        VHD_CHECK(r[i].arg == 0 && r[i].op == VHD_SANDBOX_ARG_DIRFD);
+        VHD_CHECK(r[i].has_and && r[i].and_arg == 2 && r[i].and_value == 0);
+        VHD_CHECK(r[i].and_mask & AT_REMOVEDIR);
+    }
+    VHD_CHECK_EQ(rows, 1);
+    VHD_CHECK(find_rule("unlink") == NULL);
+    /* getsockopt: SO_PEERCRED only. */
+    const struct vhd_sandbox_rule *g = find_rule("getsockopt");
+    VHD_CHECK(g && g->arg == 1 && g->value == SOL_SOCKET && g->has_and && g->and_arg == 2 &&
+              g->and_value == SO_PEERCRED);
 }
 
 /* =====================================================================
@@ -230,8 +260,11 @@ static void allowed_ops_child(void *arg)
     CHILD_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     int tfd = mkstemp(tmpl);
     CHILD_CHECK(tfd >= 0);
+    int dirfd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC); /* the socket's directory */
+    CHILD_CHECK(dirfd >= 0);
+    uid_t me = getuid(); /* getuid is not in the table */
 
-    CHILD_CHECK(vhd_sandbox_apply(VHD_SANDBOX_ON) == 0);
+    CHILD_CHECK(vhd_sandbox_apply_dirs(VHD_SANDBOX_ON, 0, &dirfd, 1) == 0);
 
     /* epoll + eventfd: a kick wakes a loop. */
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = efd}, out[4];
@@ -341,9 +374,16 @@ static void allowed_ops_child(void *arg)
     uint64_t range[2] = {0, 4096};
     CHILD_CHECK(ioctl(tfd, BLKDISCARD, range) < 0 && errno == ENOTTY);
 
-    /* Exit: stat and unlink of our socket file. */
-    CHILD_CHECK(stat(tmpl, &st) == 0);
-    CHILD_CHECK(unlink(tmpl) == 0);
+    /* Exit: stat and unlinkat of our socket file, by name in its directory. */
+    CHILD_CHECK(fstatat(dirfd, tmpl + 5, &st, AT_SYMLINK_NOFOLLOW) == 0);
+    CHILD_CHECK(unlinkat(dirfd, tmpl + 5, 0) == 0);
+    CHILD_CHECK(close(dirfd) == 0);
+
+    /* The session's peer, for allow-uid/allow-gid and the log line. */
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    CHILD_CHECK(getsockopt(sp[0], SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0);
+    CHILD_CHECK(cred.pid == getpid() && cred.uid == me);
     CHILD_CHECK(close(tfd) == 0 && close(sp[0]) == 0 && close(sp[1]) == 0);
     CHILD_CHECK(close(mfd) == 0 && close(ep) == 0 && close(kick) == 0 && close(efd) == 0);
 }
@@ -430,6 +470,9 @@ static void probe_thread(void)
         pthread_join(t, NULL);
 }
 
+/* The directory fd the probes' filter allows unlinkat in (probe_child). */
+static int probe_dirfd = -1;
+
 static void probe_open_new_file(void)
 {
     char path[64];
@@ -462,8 +505,11 @@ static void client_ops_child(void *arg)
     CHILD_CHECK(listen(lfd, 1) == 0);
     int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     CHILD_CHECK(timer >= 0);
+    int dirfd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    CHILD_CHECK(dirfd >= 0);
 
-    CHILD_CHECK(vhd_sandbox_apply_with(VHD_SANDBOX_ON, client ? VHD_SANDBOX_F_CLIENT : 0) == 0);
+    CHILD_CHECK(
+        vhd_sandbox_apply_dirs(VHD_SANDBOX_ON, client ? VHD_SANDBOX_F_CLIENT : 0, &dirfd, 1) == 0);
 
     int cfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     CHILD_CHECK(cfd >= 0);
@@ -475,7 +521,7 @@ static void client_ops_child(void *arg)
     struct pollfd tp = {.fd = timer, .events = POLLIN};
     CHILD_CHECK(poll(&tp, 1, 1000) == 1);
     CHILD_CHECK(read(timer, &expired, sizeof(expired)) == 8 && expired == 1);
-    CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlink(tmpl) == 0);
+    CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlinkat(dirfd, tmpl + 5, 0) == 0);
 }
 
 /* The client-mode rows are there with the flag, and only with it. */
@@ -629,6 +675,47 @@ static void probe_unshare(void)
     syscall(SYS_unshare, 0L);
 }
 
+/* No unlink by path: not of a file that does not exist either (the call itself is the probe). */
+static void probe_unlink(void)
+{
+    unlink("/tmp/vhd-sandbox-no-such-file");
+}
+
+static void probe_unlinkat_cwd(void)
+{
+    unlinkat(AT_FDCWD, "/tmp/vhd-sandbox-no-such-file", 0);
+}
+
+/* The probes run with /tmp's fd as the sockets' directory (probe_child): rmdir through it. */
+static void probe_unlinkat_removedir(void)
+{
+    unlinkat(probe_dirfd, "vhd-sandbox-no-such-dir", AT_REMOVEDIR);
+}
+
+/* Another fd than the sockets' directory (stderr: ENOTDIR without the filter). */
+static void probe_unlinkat_other_dir(void)
+{
+    unlinkat(STDERR_FILENO, "vhd-sandbox-no-such-file", 0);
+}
+
+/* getsockopt for anything but SO_PEERCRED. */
+static void probe_getsockopt_other(void)
+{
+    int v;
+    socklen_t len = sizeof(v);
+    getsockopt(STDERR_FILENO, SOL_SOCKET, SO_RCVBUF, &v, &len);
+}
+
+/* connect to an abstract Unix socket (a short name, no file permissions apply). */
+static void probe_connect_abstract(void)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, "\0vhd-sandbox-abstract", 22);
+    connect(fd, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 22));
+    close(fd);
+}
+
 static const struct probe {
     const char *name;
     void (*fn)(void);
@@ -657,6 +744,12 @@ static const struct probe {
     {"setuid", probe_setuid},
     {"prctl", probe_prctl},
     {"unshare", probe_unshare},
+    {"unlink", probe_unlink},
+    {"unlinkat(AT_FDCWD)", probe_unlinkat_cwd},
+    {"unlinkat(AT_REMOVEDIR) in the socket dir", probe_unlinkat_removedir},
+    {"unlinkat relative to another fd", probe_unlinkat_other_dir},
+    {"getsockopt(SO_RCVBUF)", probe_getsockopt_other},
+    {"connect to an abstract socket", probe_connect_abstract},
 };
 #define NPROBES (sizeof(probes) / sizeof(probes[0]))
 
@@ -669,7 +762,10 @@ struct probe_run {
 static void probe_child(void *arg)
 {
     const struct probe_run *r = arg;
-    CHILD_CHECK(vhd_sandbox_apply_with(r->mode, r->flags) == 0);
+    /* As in the daemon: a socket directory where unlinkat is allowed. */
+    probe_dirfd = open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    CHILD_CHECK(probe_dirfd >= 0);
+    CHILD_CHECK(vhd_sandbox_apply_dirs(r->mode, r->flags, &probe_dirfd, 1) == 0);
     r->p->fn();
 }
 
@@ -875,6 +971,31 @@ VHD_TEST(options_sandbox_and_user)
     VHD_CHECK_EQ(o.sandbox, VHD_OPT_SANDBOX_LOG);
     VHD_CHECK(o.user && !strcmp(o.user, "1000:1000"));
     vhd_options_free(&o);
+}
+
+/* socket-group=, allow-uid=, allow-gid=: names and numbers into the transport's settings. */
+VHD_TEST(access_names_resolve)
+{
+    struct vhd_opt_access in = {
+        .mode = 0660, .group = "root", .allow_uid = "root:65534", .allow_gid = "0:107"};
+    struct vhd_vu_sock_access out;
+    char err[256] = "";
+
+    VHD_CHECK_EQ(vhd_sandbox_resolve_access(&in, &out, err, sizeof(err)), 0);
+    VHD_CHECK(out.mode == 0660 && out.gid_set && out.gid == 0);
+    VHD_CHECK(out.nuids == 2 && out.uids[0] == 0 && out.uids[1] == 65534);
+    VHD_CHECK(out.ngids == 2 && out.gids[0] == 0 && out.gids[1] == 107);
+
+    struct vhd_opt_access none = {0};
+    VHD_CHECK_EQ(vhd_sandbox_resolve_access(&none, &out, err, sizeof(err)), 0);
+    VHD_CHECK(out.mode == 0 && !out.gid_set && out.nuids == 0 && out.ngids == 0);
+
+    struct vhd_opt_access bad = {.allow_uid = "0:vhd-no-such-user"};
+    VHD_CHECK_EQ(vhd_sandbox_resolve_access(&bad, &out, err, sizeof(err)), -ENOENT);
+    VHD_CHECK(strstr(err, "allow-uid=vhd-no-such-user: no such user"));
+    struct vhd_opt_access badg = {.group = "vhd-no-such-group"};
+    VHD_CHECK(vhd_sandbox_resolve_access(&badg, &out, err, sizeof(err)) < 0);
+    VHD_CHECK(strstr(err, "socket-group=vhd-no-such-group: no such group"));
 }
 
 /* =====================================================================
@@ -1504,4 +1625,48 @@ VHD_TEST(daemon_survives_the_poke_without_filter_or_in_log_mode)
         VHD_CHECK(exited_ok(st));
         daemon_cleanup(&d);
     }
+}
+
+/* =====================================================================
+ * Capabilities: root without --user keeps none once setup is done.
+ * ===================================================================== */
+
+/* The hexadecimal mask of field ("CapEff:") in /proc/PID/status; -1 when absent. */
+static long long proc_caps(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    long long v = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    VHD_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, field, strlen(field)))
+            v = strtoll(line + strlen(field), NULL, 16);
+    fclose(f);
+    return v;
+}
+
+VHD_TEST(daemon_as_root_drops_every_capability)
+{
+    if (geteuid() != 0)
+        vhd_test_skip("needs root");
+    struct daemon_run d;
+    daemon_start(&d, "on", NULL);
+    long long eff = proc_caps(d.pid, "CapEff:"), prm = proc_caps(d.pid, "CapPrm:");
+    long long bnd = proc_caps(d.pid, "CapBnd:"), amb = proc_caps(d.pid, "CapAmb:");
+    if (eff || prm || bnd || amb) {
+        fprintf(stderr, "  CapEff %llx CapPrm %llx CapBnd %llx CapAmb %llx\n", eff, prm, bnd, amb);
+        daemon_dump_log(&d);
+    }
+    VHD_CHECK_EQ(eff, 0);
+    VHD_CHECK_EQ(prm, 0);
+    VHD_CHECK_EQ(bnd, 0);
+    VHD_CHECK_EQ(amb, 0);
+    VHD_CHECK(log_has(&d, "sandbox: no --user: dropped every capability"));
+    /* And it still serves, and removes its socket at exit as uid 0 without capabilities. */
+    daemon_io(&d);
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    VHD_CHECK(exited_ok(daemon_wait(&d, TIMEOUT_MS)));
+    VHD_CHECK(access(d.sock, F_OK) < 0 && errno == ENOENT);
+    daemon_cleanup(&d);
 }
