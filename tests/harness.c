@@ -3,7 +3,8 @@
  * The harness's main(): runs every registered test (or those whose name
  * contains one of the arguments) in its own child process with a timeout
  * (VHD_TEST_TIMEOUT seconds, default 60), and prints one result line per test
- * and a summary line.
+ * and a summary line. Under ASan a test that returns is also leak-checked
+ * before its child exits: a leak fails it like a failed check.
  */
 #include <signal.h>
 #include <stdbool.h>
@@ -16,8 +17,20 @@
 
 #include "harness.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define VHD_TEST_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define VHD_TEST_LSAN 1
+#endif
+#endif
+#ifdef VHD_TEST_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
+
 #define MAX_TESTS 1024
 #define SKIP_EXIT 77
+#define LEAK_EXIT 78
 
 static struct {
     const char *name;
@@ -51,6 +64,20 @@ static bool selected(const char *name, int argc, char **argv)
     return false;
 }
 
+/*
+ * The child ends with _exit(), which skips LeakSanitizer's at-exit check: run it
+ * here, while the test's memory is still in place. True when LSan reported a
+ * leak (it prints the report); false without ASan or with detect_leaks=0.
+ */
+static bool leaked(void)
+{
+#ifdef VHD_TEST_LSAN
+    return __lsan_do_recoverable_leak_check() != 0;
+#else
+    return false;
+#endif
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -80,6 +107,8 @@ int main(int argc, char **argv)
             alarm((unsigned)timeout);
             tests[i].fn();
             fflush(NULL);
+            if (leaked())
+                _exit(LEAK_EXIT);
             _exit(0);
         }
         int st = 0;
@@ -93,7 +122,9 @@ int main(int argc, char **argv)
             printf("SKIP %s\n", tests[i].name);
             skipped++;
         } else {
-            if (WIFSIGNALED(st))
+            if (WIFEXITED(st) && WEXITSTATUS(st) == LEAK_EXIT)
+                printf("FAIL %s (memory leaked, see the LeakSanitizer report)\n", tests[i].name);
+            else if (WIFSIGNALED(st))
                 printf("FAIL %s (signal %d%s)\n", tests[i].name, WTERMSIG(st),
                        WTERMSIG(st) == SIGALRM ? ", timeout" : "");
             else
