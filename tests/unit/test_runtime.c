@@ -91,6 +91,32 @@ struct fake_queue {
     struct fake_req reqs[QSIZE];
 } vhd_cacheline_aligned;
 
+/*
+ * The order in which the worker served queues: one entry per queue_process
+ * call that took chains. Off (v NULL) except in budget_fairness_one_worker,
+ * whose single worker is its only writer; the test reads it after detach.
+ */
+struct service {
+    const struct fake_queue *fq;
+    unsigned n; /* chains taken by the call */
+};
+static struct {
+    struct service *v;
+    unsigned n, cap;
+} service_log;
+/*
+ * A gate in front of the worker: when the worker enters queue_process of
+ * gate.fq it sets gate.entered and blocks reading gate.fd (a pipe) until the
+ * test writes a byte. Meanwhile the test queues work on other queues, which
+ * the worker then finds all at once. Off (fq NULL) except in
+ * budget_fairness_one_worker.
+ */
+static struct {
+    const struct fake_queue *fq;
+    int fd;
+    int entered;
+} gate = {.fd = -1};
+
 static struct fake_queue *fq_of(struct vhd_queue *q)
 {
     return vhd_container_of(q, struct fake_queue, q);
@@ -135,6 +161,12 @@ static int fake_queue_process(struct vhd_queue *q, unsigned budget)
     unsigned n;
 
     VHD_CHECK(q->worker != NULL);
+    if (fq == gate.fq) {
+        char c;
+        __atomic_store_n(&gate.entered, 1, __ATOMIC_RELEASE);
+        VHD_CHECK_EQ(read(gate.fd, &c, 1), 1);
+        gate.fq = NULL;
+    }
     fake_note_thread(fq);
     if (budget > fq->max_budget_seen)
         fq->max_budget_seen = budget;
@@ -198,6 +230,8 @@ static int fake_queue_process(struct vhd_queue *q, unsigned budget)
         }
         io_uring_sqe_set_data(sqe, &r->cb);
     }
+    if (service_log.v && n > 0 && service_log.n < service_log.cap)
+        service_log.v[service_log.n++] = (struct service){fq, n};
     return (int)n;
 }
 
@@ -707,7 +741,10 @@ VHD_TEST(uring_restricted_refuses_other_ops)
  * the runtime must signal only when need_notify says so: once per batch
  * (plus the engine's allowed spurious first one), and each notification must
  * find the whole batch done. Without EVENT_IDX and with interrupts left on,
- * the same workload is signalled at every flush: at least 8 per batch.
+ * the same workload is signalled at every flush: at least 8 per batch. The
+ * driver counts the signals it reads (an eventfd adds them up): with EVENT_IDX
+ * the first batch gets exactly two, the first flush after the ring started
+ * (need_notify has no signalled index yet) and the crossing of used_event.
  */
 static uint64_t event_idx_run(bool suppress)
 {
@@ -730,11 +767,13 @@ static uint64_t event_idx_run(bool suppress)
         }
         VHD_CHECK_EQ(drv_submit(t, batch, batch), batch);
         unsigned got = 0;
+        uint64_t signals = 0;
         while (got < batch) {
             struct pollfd pfd = {.fd = t->call_fd, .events = POLLIN};
             VHD_CHECK_EQ(poll(&pfd, 1, WAIT_MS), 1);
             eventfd_t v;
             VHD_CHECK_EQ(eventfd_read(t->call_fd, &v), 0);
+            signals += v;
             unsigned g = drv_collect(t);
             /* One notification, and it comes with the whole batch (the first may be spurious). */
             if (suppress && b > 0 && g != batch) {
@@ -743,19 +782,21 @@ static uint64_t event_idx_run(bool suppress)
             }
             got += g;
         }
-        if (b == 0) {
+        if (suppress && b == 0) {
             /*
-             * The first batch may be signalled twice (the spurious first one, then the
-             * crossing of used_event). When the first call already found the whole
-             * batch, the second can land after our read: take it now, bounded, so it is
-             * not counted against batch 1.
+             * The first batch is signalled twice (the first flush, then the crossing of
+             * used_event). When the first call already found the whole batch, the second
+             * can land after our read: wait for it, so it is not counted against batch 1.
              */
-            struct pollfd pfd = {.fd = t->call_fd, .events = POLLIN};
-            if (poll(&pfd, 1, 100) == 1) {
+            while (signals < 2) {
+                struct pollfd pfd = {.fd = t->call_fd, .events = POLLIN};
+                VHD_CHECK_EQ(poll(&pfd, 1, WAIT_MS), 1);
                 eventfd_t v;
                 VHD_CHECK_EQ(eventfd_read(t->call_fd, &v), 0);
+                signals += v;
                 VHD_CHECK_EQ(drv_collect(t), 0);
             }
+            VHD_CHECK_EQ(signals, 2);
         }
     }
     VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
@@ -836,35 +877,105 @@ VHD_TEST(two_devices_two_workers)
     env_fini(&e);
 }
 
-/* Four queues on one worker, one of them flooded: the others still get served, fairly. */
+/*
+ * The most services any other queue got while t[a] waited: before its first
+ * service or between two consecutive ones, up to its last (after it, t[a]
+ * had nothing left to wait for). Every queue must have had work from the
+ * log's start.
+ */
+static unsigned served_between(const struct service *log, unsigned n, struct tq *const *t, int nq,
+                               int a)
+{
+    unsigned last = 0, worst = 0, between[MAX_QUEUES] = {0};
+
+    for (unsigned k = 0; k < n; k++)
+        if (log[k].fq == t[a]->fq)
+            last = k;
+    for (unsigned k = 0; k < last; k++) {
+        if (log[k].fq == t[a]->fq) {
+            memset(between, 0, sizeof(between));
+            continue;
+        }
+        for (int b = 0; b < nq; b++)
+            if (log[k].fq == t[b]->fq && ++between[b] > worst)
+                worst = between[b];
+    }
+    return worst;
+}
+
+/*
+ * Four queues on one worker, one of them flooded (a full ring, four times what
+ * each other queue holds), all their requests queued while the worker is held
+ * in a gate, so it finds them all at once: the worker must take at most a
+ * budget per queue per turn and go round the queues, so they progress
+ * interleaved. Measured on the order of the worker's queue_process calls: no
+ * call takes more than the budget, and while a queue waits (before its first
+ * service and between two), no other queue is served more than twice (once
+ * per turn; the turn's first queue rotates). A worker that stayed on a queue
+ * while it had work would serve the flooded one 16 times in a row, and each
+ * other one 4 times.
+ */
 VHD_TEST(budget_fairness_one_worker)
 {
     struct vhd_rt_opts ro;
     struct env e;
-    const uint64_t n = 4000;
+    const unsigned budget = 8;
+    static struct service log[1024];
 
     rt_opts(&ro, 1, VHD_POLL_NEVER);
-    ro.budget = 16;
+    ro.budget = budget;
     env_init(&e, &ro);
-    struct tq *t[4];
-    for (int i = 0; i < 4; i++) {
-        struct qopts qo = {.event_idx = true, .mode = i ? FAKE_NOP : FAKE_INLINE};
-        t[i] = env_add_queue(&e, &qo, n);
+    struct tq *t[5]; /* t[4]: the gate */
+    uint64_t n[5];
+    for (int i = 0; i < 5; i++) {
+        struct qopts qo = {.event_idx = true, .mode = FAKE_INLINE};
+        /* two descriptors a request: QSIZE / 2 fill the ring */
+        n[i] = i == 0 ? QSIZE / 2 : i < 4 ? QSIZE / 8 : 1;
+        t[i] = env_add_queue(&e, &qo, n[i]);
         VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t[i]->fq->q, 0), 0);
     }
-    pthread_t th[4];
-    struct drv_thread_arg a[4];
-    for (int i = 0; i < 4; i++) {
-        a[i] = (struct drv_thread_arg){t[i], n, i ? 32u : 256u};
-        VHD_CHECK_EQ(pthread_create(&th[i], NULL, drv_thread, &a[i]), 0);
+    /* Hold the worker in the gate, queue everything, open the gate. */
+    int gp[2];
+    VHD_CHECK_EQ(pipe(gp), 0);
+    gate.fd = gp[0];
+    gate.fq = t[4]->fq;
+    service_log.v = log;
+    service_log.cap = VHD_ARRAY_SIZE(log);
+    VHD_CHECK_EQ(drv_submit(t[4], 1, QSIZE), 1);
+    uint64_t t0 = mono_ms();
+    while (!__atomic_load_n(&gate.entered, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(mono_ms() - t0 < WAIT_MS);
+        usleep(200);
     }
     for (int i = 0; i < 4; i++)
-        pthread_join(th[i], NULL);
-    for (int i = 0; i < 4; i++) {
+        VHD_CHECK_EQ(drv_submit(t[i], n[i], QSIZE), n[i]);
+    VHD_CHECK_EQ(write(gp[1], "g", 1), 1);
+    for (int i = 0; i < 5; i++)
+        wait_popped(t[i], n[i]);
+    for (int i = 0; i < 5; i++) {
         VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t[i]->fq->q, DETACH_MS), 0);
-        check_all_seen(t[i], n);
-        VHD_CHECK(t[i]->fq->max_budget_seen == 16);
+        drv_collect(t[i]);
+        check_all_seen(t[i], n[i]);
+        if (i < 4)
+            VHD_CHECK(t[i]->fq->max_budget_seen == budget);
     }
+    close(gp[0]);
+    close(gp[1]);
+    /* The detaches published the worker's log to us. */
+    unsigned total = 0;
+    for (unsigned k = 0; k < service_log.n; k++) {
+        VHD_CHECK(log[k].n <= budget);
+        total += log[k].n;
+    }
+    VHD_CHECK_EQ(total, n[0] + n[1] + n[2] + n[3] + n[4]);
+    for (int q = 0; q < 4; q++) {
+        unsigned worst = served_between(log, service_log.n, t, 5, q);
+        if (worst > 2)
+            fprintf(stderr, "  queue %d waited while another was served %u times\n", q, worst);
+        VHD_CHECK(worst <= 2);
+    }
+    fprintf(stderr, "  %u services of at most %u chains, interleaved\n", service_log.n, budget);
+    service_log.v = NULL;
     env_fini(&e);
 }
 
