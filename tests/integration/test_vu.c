@@ -78,6 +78,7 @@ struct fake_dev {
     /* Counters read by the test thread: atomics. */
     int resets, queue_inits, queue_finis, set_features_calls;
     int fini_with_inflight; /* queue_fini saw in-flight I/O: a drain bug */
+    int popped;             /* chains popped by fake_process (workers) */
     uint64_t features;      /* last set_features value (control thread) */
 };
 
@@ -174,6 +175,7 @@ static int fake_process(struct vhd_queue *q, unsigned budget)
             break;
         n++;
         q->inflight_io++;
+        __atomic_fetch_add(&((struct fake_dev *)q->dev->priv)->popped, 1, __ATOMIC_SEQ_CST);
         struct fake_req *r = calloc(1, sizeof(*r));
         if (!r)
             return -ENOMEM;
@@ -820,8 +822,12 @@ VHD_TEST(vu_get_vring_base_drains_inflight)
     sess_up(&s, 0, &g, PROTO_ALL);
     for (uint64_t t = 0; t < 8; t++)
         g_submit(&g, 0, t, 1, 300); /* each completes 300 ms after it was popped */
-    usleep(50 * 1000);              /* let the worker pop them */
+    /* The worker popped all 8 (their timers run) before the ring is stopped. */
     uint64_t t0 = now_ms();
+    while (fcount(&E.fdev[0], &E.fdev[0].popped) < 8 && now_ms() - t0 < TIMEOUT_MS)
+        usleep(1000);
+    VHD_CHECK_EQ(fcount(&E.fdev[0], &E.fdev[0].popped), 8);
+    t0 = now_ms();
     struct vu_vring_state st = {.index = 0};
     cli_send(s.fd, VHOST_USER_GET_VRING_BASE, VHOST_USER_VERSION, &st, sizeof(st), NULL, 0);
     VHD_CHECK_EQ(cli_reply(s.fd, VHOST_USER_GET_VRING_BASE, &st, sizeof(st)), 8);
