@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <liburing.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1386,7 +1387,39 @@ VHD_TEST(config_space)
     tb_fini(&t);
 }
 
-/* Writes carry RWF_DSYNC exactly when the cache is writethrough (5.2.6.2). */
+/*
+ * The rw_flags of the write the worker of queue 0 submitted to its io_uring
+ * for byte offset off, or -1 if it submitted none: read from the ring's SQE
+ * array, where consumed SQEs stay until the slot is reused (a test bed's ring
+ * has far more slots than a test submits). Each offset must be written once
+ * per test bed, so the match is that write. Call after the write completed:
+ * its used element orders the worker's SQE stores before these reads. (The
+ * ring is the worker's; only this test peeks at it, with queue 0 attached.)
+ */
+static int submitted_write_flags(struct tb *t, uint64_t off)
+{
+    struct vhd_worker *w = t->tq[0].q->worker;
+    VHD_CHECK(w != NULL);
+    const struct io_uring *ring = vhd_worker_uring(w);
+    int flags = -1, matches = 0;
+
+    for (unsigned i = 0; i < ring->sq.ring_entries; i++) {
+        const struct io_uring_sqe *sqe = &ring->sq.sqes[i];
+        if ((sqe->opcode == IORING_OP_WRITEV || sqe->opcode == IORING_OP_WRITE) &&
+            sqe->off == off) {
+            flags = (int)sqe->rw_flags;
+            matches++;
+        }
+    }
+    VHD_CHECK(matches <= 1);
+    return flags;
+}
+
+/*
+ * Writes carry RWF_DSYNC exactly when the cache is writethrough (5.2.6.2): the
+ * flag is checked on the write the worker submitted to io_uring (and the
+ * device's dsync_writes counter agrees). Every write goes to its own sector.
+ */
 VHD_TEST(write_cache_modes)
 {
     struct tb t;
@@ -1397,18 +1430,23 @@ VHD_TEST(write_cache_modes)
     /* FLUSH + writeback: volatile writes */
     tb_init(&t, &o);
     VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(submitted_write_flags(&t, 0), 0);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 0);
     /* switch to writethrough (queues quiesced, as the transport does) */
     VHD_CHECK_EQ(vhd_rt_detach(t.rt, t.tq[0].q, WAIT_MS), 0);
     VHD_CHECK_EQ(t.dev->ops->set_config(t.dev, &zero, 32, 1), 0);
     VHD_CHECK_EQ(vhd_rt_attach(t.rt, t.tq[0].q, 0), 0);
-    VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
     VHD_CHECK_EQ(tb_write(&t, 1, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(submitted_write_flags(&t, 1 * 512), RWF_DSYNC);
+    VHD_CHECK_EQ(tb_write(&t, 2, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(submitted_write_flags(&t, 2 * 512), RWF_DSYNC);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 2);
+    /* back to writeback */
     VHD_CHECK_EQ(vhd_rt_detach(t.rt, t.tq[0].q, WAIT_MS), 0);
     VHD_CHECK_EQ(t.dev->ops->set_config(t.dev, &one, 32, 1), 0);
     VHD_CHECK_EQ(vhd_rt_attach(t.rt, t.tq[0].q, 0), 0);
-    VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(tb_write(&t, 3, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(submitted_write_flags(&t, 3 * 512), 0);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 2);
     tb_fini(&t);
 
@@ -1416,6 +1454,7 @@ VHD_TEST(write_cache_modes)
     o.features_off = BIT(VIRTIO_BLK_F_FLUSH) | BIT(VIRTIO_BLK_F_CONFIG_WCE);
     tb_init(&t, &o);
     VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
+    VHD_CHECK_EQ(submitted_write_flags(&t, 0), RWF_DSYNC);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 1);
     tb_fini(&t);
 }
