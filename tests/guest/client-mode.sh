@@ -13,7 +13,8 @@
 #                 rings; every compare must pass;
 #   net:          a virtio-net device (-netdev vhost-user on a server=on chardev): the guest's
 #                 eth0 has vhostd's MAC and comes up, and vhostd loops its frames back.
-# One "PASS|FAIL client-mode/<case>" line per case and a final "N passed, N failed". Everything
+# One "PASS|FAIL client-mode/<case>" line per case (a "SKIP" line for each case CASES leaves
+# out) and a final "N passed, N failed[, N skipped]". Everything
 # we start is stopped and the scratch directory removed, also on failure. Bounded by
 # GUEST_TIMEOUT (default 180 s) per guest.
 #
@@ -27,13 +28,14 @@ GUEST_DIR=${GUEST_DIR:-$REPO/build/guest}
 VHOSTD=${VHOSTD:-$REPO/build/vhostd}
 LOG_DIR=${LOG_DIR:-$REPO/build/client-mode}
 GUEST_TIMEOUT=${GUEST_TIMEOUT:-180}
-CASES=${CASES:-vhostd-first qemu-first restart net}
 IMG_SIZE=$((64 * 1024 * 1024))
 SECTORS=$((IMG_SIZE / 512))
 
 SCRIPT_NAME=client-mode
 # shellcheck source=tests/guest/lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=tests/common/cases.sh
+. "$HERE/../common/cases.sh"
 
 [ -x "$VHOSTD" ] || { echo "client-mode: $VHOSTD not built" >&2; exit 2; }
 mkdir -p "$LOG_DIR"
@@ -141,8 +143,9 @@ run_case() {
     fi
 }
 
-for c in $CASES; do
+cases_plan "$SCRIPT_NAME" "${CASES:-}" vhostd-first qemu-first restart net
+for c in $cases_run; do
     run_case "$c"
 done
-echo "client-mode: $passed passed, $failed failed"
+cases_summary
 [ "$failed" = 0 ]

@@ -2,7 +2,7 @@
 # shellcheck shell=bash disable=SC2034,SC2154 # the variables are the sourcing script's
 #
 # lib.sh: sourced by the guest scripts that run a vhost-user back-end under a QEMU guest
-# (vhostd-crash.sh, vhostd-matrix.sh, client-mode.sh, qsd-smoke.sh) after they set SCRIPT_NAME
+# (vhostd-crash.sh, vhostd-matrix.sh, client-mode.sh, qsd-smoke.sh, vhostd-migrate.sh) after they set SCRIPT_NAME
 # (theirs, for messages): the pass/fail counters, the pids of the vhostd (or other back-end, such
 # as qemu-storage-daemon) and the guest (run-guest.sh) they started, the scratch directory,
 # stopping them, the start and end of a case (case_begin, case_end), and traps that stop what the
@@ -47,13 +47,11 @@ stop_backend() {
 }
 
 # case_begin NAME DEADLINE_VAR: 0 when case NAME runs now, with the caller's t0, dir (made) and
-# seed set; 1 when it does not: not in CASES, or more than ${!DEADLINE_VAR} seconds since
-# start_all (counted as failed).
+# seed set; 1 when it does not: not selected (cases_plan, tests/common/cases.sh), or more than
+# ${!DEADLINE_VAR} seconds since start_all (counted as failed).
 case_begin() {
     local name=$1 limit=${!2}
-    if [ -n "${CASES:-}" ] && [[ " $CASES " != *" $name "* ]]; then
-        return 1
-    fi
+    case_selected "$name" || return 1
     if [ $(($(date +%s) - start_all)) -gt "$limit" ]; then
         echo "FAIL $SCRIPT_NAME/$name: not started, $2=${limit}s exceeded"
         failed=$((failed + 1))

@@ -4,8 +4,8 @@
 # qsd-smoke.sh: end-to-end proof of the guest harness against qemu-storage-daemon's
 # vhost-user-blk export (the reference backend until vhostd serves disks). For each case:
 # fresh sparse images, host-verify.sh --prepare, start qsd, run-guest.sh, stop qsd,
-# host-verify.sh on every image. One "PASS|FAIL qsd-smoke/<case>" line per case and a final
-# "N passed, N failed". Every qsd and QEMU we start is stopped, and the scratch directory
+# host-verify.sh on every image. One "PASS|FAIL qsd-smoke/<case>" line per case (a "SKIP" line
+# for each case CASES leaves out) and a final "N passed, N failed[, N skipped]". Every qsd and QEMU we start is stopped, and the scratch directory
 # (images, sockets) removed, also on failure or Ctrl-C. Bounded: each guest has
 # GUEST_TIMEOUT seconds (default 180) and the run stops starting cases after SMOKE_DEADLINE
 # seconds (default 900).
@@ -29,6 +29,8 @@ QSD_SERIAL=vhost_user_blk
 SCRIPT_NAME=qsd-smoke
 # shellcheck source=tests/guest/lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=tests/common/cases.sh
+. "$HERE/../common/cases.sh"
 
 command -v "$QSD" >/dev/null || { echo "qsd-smoke: $QSD not found (apt-get install qemu-system-common)"; exit 1; }
 "$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'
@@ -99,6 +101,8 @@ run_case() {
     case_end "$name" "$reason"
 }
 
+cases_plan "$SCRIPT_NAME" "${CASES:-}" q1-split q2-split-ro q2-packed-fallback q4-lbs4k \
+    negative-detection
 # One queue, split ring, one disk; discard is a no-op in qsd's default (discard=ignore).
 run_case q1-split 1 off split 0 512 ignore
 # Two queues on two vCPUs plus a read-only second disk; discard punches holes (unmap).
@@ -161,5 +165,5 @@ run_negative() {
 run_negative
 
 echo "qsd-smoke: total $(($(date +%s) - start_all))s, logs in $LOG_DIR"
-echo "$passed passed, $failed failed"
+cases_summary
 [ "$failed" = 0 ]

@@ -8,7 +8,7 @@
 # capacity, serial, block size, ring layout, verified O_DIRECT writes at 4K/64K/1M, flush, WCE
 # toggle, discard, write-zeroes, RO rejection), then SIGTERM vhostd (must exit 0 and remove its
 # sockets) and host-verify.sh on every image. One "PASS|FAIL vhostd-matrix/<case>" line per case
-# and a final "N passed, N failed".
+# (a "SKIP" line for each case CASES leaves out) and a final "N passed, N failed[, N skipped]".
 #
 # Env: VHOSTD (default build/vhostd), GUEST_DIR (build/guest), LOG_DIR (build/vhostd-matrix),
 # GUEST_TIMEOUT (180 s per boot), MATRIX_DEADLINE (1200 s: no case starts after it),
@@ -28,6 +28,8 @@ SECTORS=$((IMG_SIZE / 512))
 SCRIPT_NAME=vhostd-matrix
 # shellcheck source=tests/guest/lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=tests/common/cases.sh
+. "$HERE/../common/cases.sh"
 
 [ -x "$VHOSTD" ] || { echo "vhostd-matrix: $VHOSTD not built"; exit 1; }
 "$HERE/build-guest.sh" "$GUEST_DIR" | sed 's/^/  /'
@@ -92,6 +94,8 @@ run_case() {
     case_end "$name" "$reason"
 }
 
+cases_plan "$SCRIPT_NAME" "${CASES:-}" split-q1-w1 split-q1-w2 split-q2-w1 split-q2-w2 \
+    packed-q1-w1 packed-q1-w2 packed-q2-w1 packed-q2-w2 split-q2-w2-lbs4k
 #        name                ring   queues workers lbs  ro-disk
 run_case split-q1-w1         split  1      1       512  0
 run_case split-q1-w2         split  1      2       512  0
@@ -104,5 +108,5 @@ run_case packed-q2-w2        packed 2      2       512  1
 run_case split-q2-w2-lbs4k   split  2      2       4096 0
 
 echo "vhostd-matrix: total $(($(date +%s) - start_all))s, logs in $LOG_DIR"
-echo "$passed passed, $failed failed"
+cases_summary
 [ "$failed" = 0 ]
