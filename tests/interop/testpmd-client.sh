@@ -124,8 +124,9 @@ testpmd_run() {
     result "run$run" "$ok" "$why (logs: $tlog)"
 }
 
-command -v "$testpmd" >/dev/null || { echo "testpmd-client: $testpmd not found (skipped)"; exit 0; }
-[ -x "$vhostd" ] || { echo "testpmd-client: $vhostd not built" >&2; exit 2; }
+command -v "$testpmd" >/dev/null ||
+    { echo "testpmd-client: $testpmd not found (Debian: apt-get install dpdk-dev)"; echo "0 passed, 1 failed"; exit 1; }
+[ -x "$vhostd" ] || { echo "testpmd-client: $vhostd not built"; echo "0 passed, 1 failed"; exit 1; }
 
 "$vhostd" --net "socket=$work/tp.sock,backend=loopback,client=on,reconnect-max=300" \
     >"$work/vhostd.log" 2>&1 &

@@ -6,12 +6,13 @@
 # mergeable receive buffers, one and two queue pairs, and one pair more than
 # the device has (refused). Frame counts are
 # checked on both sides: testpmd's port statistics and vhostd's per-queue
-# counters (logged when the front-end disconnects). Ends with "N passed,
-# N failed".
+# counters (logged when the front-end disconnects); vhostd must exit 0 on
+# SIGTERM after each case. Ends with "N passed, N failed[, N skipped]".
 #
 # Env: VHOSTD (default build/vhostd), TESTPMD (default dpdk-testpmd),
 #      TESTPMD_SECONDS traffic time per case (default 5),
-#      TESTPMD_CASES to run a subset (space-separated case names).
+#      TESTPMD_CASES to run a subset (space-separated case names; the others
+#      are shown and counted as skipped).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 vhostd=${VHOSTD:-$root/build/vhostd}
@@ -22,11 +23,15 @@ passed=0
 failed=0
 pids=()  # every process we started and have not reaped
 in_fd="" # write end of the current testpmd's command FIFO
+# shellcheck source=tests/common/cases.sh
+. "$root/tests/common/cases.sh"
 
-# Stop one process we started: SIGTERM, up to 10 s, then SIGKILL. By pid only.
+# Stop one process we started: SIGTERM, up to 10 s, then SIGKILL. By pid only. Its exit
+# status in stop_status.
+stop_status=0
 stop_pid() {
     local pid=$1 i
-    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
+    stop_status=0
     kill -TERM "$pid" 2>/dev/null
     for i in $(seq 1 100); do
         kill -0 "$pid" 2>/dev/null || break
@@ -36,7 +41,7 @@ stop_pid() {
         echo "   (pid $pid did not stop on SIGTERM: SIGKILL)"
         kill -KILL "$pid" 2>/dev/null
     fi
-    wait "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null || stop_status=$?
     return 0
 }
 
@@ -105,9 +110,7 @@ run_case() {
     local sock=$work/$name.sock vlog=$work/$name.vhostd.log tlog=$work/$name.testpmd.log
     local fifo=$work/$name.in vpid tpid ok=1 start_cmd=start
 
-    if [ -n "${TESTPMD_CASES:-}" ] && ! grep -qw -- "$name" <<<"$TESTPMD_CASES"; then
-        return 0
-    fi
+    case_selected "$name" || return 0
     # Two workers when there are two pairs: each pair's rings on its own worker.
     "$vhostd" --workers "$q" --net "socket=$sock,backend=loopback,queues=$q" >"$vlog" 2>&1 &
     vpid=$!
@@ -157,7 +160,15 @@ run_case() {
     stop_pid "$tpid"; forget_pid "$tpid"
     # The session-end counters are logged at disconnect; give the control thread a moment.
     wait_for "$vlog" "stats \(session end\)" 5 "$vpid"
+    if ! kill -0 "$vpid" 2>/dev/null; then
+        echo "   $name: vhostd exited during the case"; tail -n 5 "$vlog" | sed 's/^/      /'
+        ok=0
+    fi
     stop_pid "$vpid"; forget_pid "$vpid"
+    if [ "$stop_status" != 0 ]; then
+        echo "   $name: vhostd exit status $stop_status on SIGTERM"; tail -n 5 "$vlog" | sed 's/^/      /'
+        ok=0
+    fi
     rm -f "$fifo" "$sock"
     if [ $ok = 0 ]; then
         failed=$((failed + 1)); return 1
@@ -232,9 +243,7 @@ run_refused() {
     local name=$1 q=$2
     local sock=$work/$name.sock vlog=$work/$name.vhostd.log tlog=$work/$name.testpmd.log vpid tpid i
     local ok=1
-    if [ -n "${TESTPMD_CASES:-}" ] && ! grep -qw -- "$name" <<<"$TESTPMD_CASES"; then
-        return 0
-    fi
+    case_selected "$name" || return 0
     "$vhostd" --workers 1 --net "socket=$sock,backend=loopback,queues=$q" >"$vlog" 2>&1 &
     vpid=$!
     pids+=("$vpid")
@@ -255,6 +264,7 @@ run_refused() {
     check "$name" "the session ended" grep -q "session ended" "$vlog" || ok=0
     check "$name" "vhostd still running" kill -0 "$vpid" || ok=0
     stop_pid "$vpid"; forget_pid "$vpid"
+    check "$name" "vhostd exit status 0 on SIGTERM (got $stop_status)" test "$stop_status" = 0 || ok=0
     rm -f "$sock"
     printf '   %-26s %s  testpmd queues=%u on a %u-pair device refused\n' "$name" \
         "$([ $ok = 1 ] && echo ok || echo FAIL)" $((q + 1)) "$q"
@@ -274,6 +284,9 @@ fi
 echo "testpmd interop: DPDK $(dpkg-query -W -f='${Version}' dpdk-dev 2>/dev/null || echo '?'),"\
     "${secs} s of traffic per case, $(nproc) CPUs"
 
+cases_plan testpmd-loopback "${TESTPMD_CASES:-}" split-txonly-q1 split-io-q1 split-io-q1-nomrg \
+    split-rxonly-q1 packed-txonly-q1 packed-io-q1 packed-io-q1-nomrg split-io-q2 \
+    split-txonly-q2-nomrg packed-io-q2 packed-rxonly-q2 queues-over-limit
 # name                         pairs mode    vdev options
 run_case split-txonly-q1       1 txonly ""
 run_case split-io-q1           1 io     ""
@@ -289,5 +302,5 @@ run_case packed-rxonly-q2      2 rxonly ",packed_vq=1,mrg_rxbuf=0"
 # the pair limit: 2 pairs work above, 3 on a 2-pair device do not
 run_refused queues-over-limit  2
 
-echo "$passed passed, $failed failed"
+cases_summary
 [ "$failed" -eq 0 ]
