@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 # The test command: installs what is missing, builds (warnings are errors),
-# runs the unit tests, the same under ASan+UBSan, a smoke run of every
-# libFuzzer target, and the style check; ends with "N passed, N failed".
-# Env: FUZZ_SECONDS (default 20) per fuzz target; VHD_TESTS_QUICK=1 skips fuzzing.
+# runs the unit and integration tests, the same under ASan+UBSan (leak checks
+# on) and the threaded ones under TSan, a smoke run of every libFuzzer target,
+# the guest and interop scripts, and the style check; ends with "N passed,
+# N failed[, N skipped]". The tests are the ones meson.build defines, by suite
+# (unit, integration, tsan, guest, interop): this script names none of them.
+# Env: FUZZ_SECONDS (default 20) per fuzz target; VHD_TESTS_QUICK=1 skips
+# fuzzing (each target is counted as skipped).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -48,8 +52,41 @@ count() {
 run() {
     local name=$1; shift
     local log="$logdir/$name.log"
-    "$@" >"$log" 2>&1
+    "$@" >"$log" 2>&1 </dev/null
     count "$name" "$log" $?
+}
+
+# suite_tests DIR SUITE: the tests meson defines in SUITE for build DIR, one a line:
+# NAME, TAB, TIMEOUT, TAB, then the command with its environment (env K=V... CMD ARGS...),
+# shell-quoted.
+suite_tests() {
+    meson introspect "$1" --tests | python3 -c '
+import json, shlex, sys
+suite = sys.argv[1]
+for t in json.load(sys.stdin):
+    if not any(s == suite or s.endswith(":" + suite) for s in t["suite"]):
+        continue
+    env = ["%s=%s" % kv for kv in sorted((t.get("env") or {}).items())]
+    cmd = ["env"] + env + t["cmd"]
+    print("%s\t%d\t%s" % (t["name"], t["timeout"] or 0, " ".join(shlex.quote(c) for c in cmd)))
+' "$2"
+}
+
+# run_suite DIR SUITE PREFIX: run every test of SUITE in build DIR (one count() line each, as
+# PREFIX-NAME), each bounded by its meson timeout. A suite meson lists no test for is a failure.
+run_suite() {
+    local dir=$1 suite=$2 prefix=$3 n=0 name tmo cmd list
+    if ! list=$(suite_tests "$dir" "$suite"); then
+        failed=$((failed + 1)); echo "   $prefix: cannot list the $suite tests of $dir"; return
+    fi
+    while IFS=$'\t' read -r -u 3 name tmo cmd; do
+        n=$((n + 1))
+        [ "$tmo" -gt 0 ] || tmo=3600
+        eval "run \"\$prefix-\$name\" timeout --kill-after=30 \"\$tmo\" $cmd"
+    done 3<<<"$list"
+    if [ "$n" -eq 0 ]; then
+        failed=$((failed + 1)); echo "   $prefix: meson defines no $suite tests in $dir"
+    fi
 }
 
 note "dependencies"
@@ -68,75 +105,51 @@ build() {
     ninja -C "$dir"
 }
 
-unit_tests=(test_mem test_vq test_options test_runtime test_blk test_vu test_frontend test_sandbox
-    test_net test_net_switch test_net_driver test_memguard test_client test_chaos)
-unit_tests+=(test_inflight)
-unit_tests+=(test_net_gen)
-unit_tests+=(test_crash)
-unit_tests+=(test_dirtylog)
-unit_tests+=(test_access)
-
 note "build (gcc, -Wall -Wextra -Werror)"
 run build build build
-for t in "${unit_tests[@]}"; do
-    if [ -x "build/$t" ]; then run "unit-$t" "build/$t"; else failed=$((failed + 1)); echo "   unit-$t not built"; fi
-done
+run_suite build unit unit
+run_suite build integration integration
 
-note "build with ASan+UBSan"
+note "build with ASan+UBSan (leak checks on)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:halt_on_error=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 run build-asan build build-asan -Db_sanitize=address,undefined -Db_lundef=false \
     -Dc_args=-fno-sanitize-recover=all -Dbuildtype=debug
-for t in "${unit_tests[@]}"; do
-    if [ -x "build-asan/$t" ]; then run "asan-$t" "build-asan/$t"; else failed=$((failed + 1)); echo "   asan-$t not built"; fi
-done
+run_suite build-asan unit asan
+run_suite build-asan integration asan
 
 note "build with TSan (threaded parts)"
 run build-tsan build build-tsan -Db_sanitize=thread -Db_lundef=false -Dc_args=-Wno-tsan \
     -Dbuildtype=debugoptimized
-for t in test_runtime test_blk test_vu test_frontend test_net test_net_switch test_net_driver \
-    test_net_gen test_crash test_inflight test_client test_dirtylog; do
-    if [ -x "build-tsan/$t" ]; then
-        TSAN_OPTIONS=halt_on_error=1 run "tsan-$t" "build-tsan/$t"
-    else
-        failed=$((failed + 1)); echo "   tsan-$t not built"
-    fi
-done
+TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan tsan tsan
 
+nfuzz=$(find tests/fuzz -maxdepth 1 -name 'fuzz_*.c' | wc -l)
 if [ "${VHD_TESTS_QUICK:-0}" != 1 ]; then
     note "libFuzzer smoke runs (${FUZZ_SECONDS:-20} s each)"
     CC=clang run build-fuzz build build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized
-    for f in fuzz_mem fuzz_vq_split fuzz_vq_packed fuzz_blk fuzz_vu fuzz_inflight fuzz_net; do
-        if [ -x "build-fuzz/$f" ]; then
-            work=$(mktemp -d)
-            cp -r "tests/fuzz/corpus/$f/." "$work/" 2>/dev/null || true
-            run "$f" "build-fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -timeout=10 \
-                -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$logdir/$f-" "$work"
-            rm -rf "$work"
-        else
-            failed=$((failed + 1)); echo "   $f not built"
-        fi
+    # The targets are the fuzz_* executables meson defines (one per tests/fuzz/fuzz_*.c).
+    fuzzers=$(meson introspect build-fuzz --targets 2>/dev/null |
+        python3 -c 'import json, sys; print("\n".join(t["name"] for t in json.load(sys.stdin) if t["type"] == "executable" and t["name"].startswith("fuzz_")))')
+    if [ "$(wc -w <<<"$fuzzers")" != "$nfuzz" ]; then
+        failed=$((failed + 1)); echo "   meson defines $(wc -w <<<"$fuzzers") fuzz targets for $nfuzz tests/fuzz/fuzz_*.c"
+    fi
+    for f in $fuzzers; do
+        work=$(mktemp -d)
+        cp -r "tests/fuzz/corpus/$f/." "$work/" 2>/dev/null || true
+        run "$f" "build-fuzz/$f" -max_total_time="${FUZZ_SECONDS:-20}" -timeout=10 \
+            -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$logdir/$f-" "$work"
+        rm -rf "$work"
     done
+else
+    note "libFuzzer smoke runs: skipped (VHD_TESTS_QUICK=1)"
+    skipped=$((skipped + nfuzz)); printf '   %-28s %s\n' fuzz "$nfuzz skipped (VHD_TESTS_QUICK=1)"
 fi
 
 note "real Linux guests (QEMU TCG) on vhostd disks and NICs, and the harness against qemu-storage-daemon"
-if [ -x build/vhostd ]; then
-    run guest-vhostd-matrix bash tests/guest/vhostd-matrix.sh
-    run guest-qsd-smoke bash tests/guest/qsd-smoke.sh
-    run guest-net bash tests/guest/net-guests.sh
-    run guest-crash bash tests/guest/vhostd-crash.sh
-    # Live migration mid-workload (dirty logging), split rings: ~1 min; CASES="split packed" for both.
-    run guest-migrate env CASES=split bash tests/guest/vhostd-migrate.sh
-else
-    failed=$((failed + 1)); echo "   build/vhostd not built: guest tests not run"
-fi
+run_suite build guest guest
 
-note "DPDK interop: dpdk-testpmd (virtio-user) against vhostd's virtio-net loopback"
-if [ -x build/vhostd ]; then
-    run interop-testpmd bash tests/interop/testpmd-loopback.sh
-else
-    failed=$((failed + 1)); echo "   build/vhostd not built: interop tests not run"
-fi
+note "DPDK interop: dpdk-testpmd (virtio-user) against vhostd's virtio-net loopback, server and client"
+run_suite build interop interop
 
 note "style (clang-format)"
 run clang-format bash -c 'git ls-files "*.c" "*.h" | xargs -r clang-format --dry-run -Werror'
