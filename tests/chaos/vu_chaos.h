@@ -8,8 +8,8 @@
  * memory, messages out of order — or writes a malformed descriptor chain
  * straight into the driver-side rings, and reports what the back-end did
  * about it. A robust back-end answers every case with one of the outcomes
- * below and keeps running; the test (tests/unit/test_chaos.c) checks that and
- * everything around it.
+ * below and keeps running; the test (tests/integration/test_chaos.c) checks that
+ * and everything around it.
  *
  * Guest memory is one memfd whose regions are windows with canary guard
  * bytes around them; every byte the back-end changed is checked against the
