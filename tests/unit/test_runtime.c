@@ -932,15 +932,17 @@ VHD_TEST(budget_fairness_one_worker)
         /* two descriptors a request: QSIZE / 2 fill the ring */
         n[i] = i == 0 ? QSIZE / 2 : i < 4 ? QSIZE / 8 : 1;
         t[i] = env_add_queue(&e, &qo, n[i]);
-        VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t[i]->fq->q, 0), 0);
     }
-    /* Hold the worker in the gate, queue everything, open the gate. */
+    /* Set before the attaches, which publish them to the worker. */
     int gp[2];
     VHD_CHECK_EQ(pipe(gp), 0);
     gate.fd = gp[0];
     gate.fq = t[4]->fq;
     service_log.v = log;
     service_log.cap = VHD_ARRAY_SIZE(log);
+    for (int i = 0; i < 5; i++)
+        VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t[i]->fq->q, 0), 0);
+    /* Hold the worker in the gate, queue everything, open the gate. */
     VHD_CHECK_EQ(drv_submit(t[4], 1, QSIZE), 1);
     uint64_t t0 = mono_ms();
     while (!__atomic_load_n(&gate.entered, __ATOMIC_ACQUIRE)) {
