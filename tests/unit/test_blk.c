@@ -6,6 +6,7 @@
  * driven by the mock driver over memfd guest memory. Every request type,
  * every error status, malformed chains, config space and creation errors.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -14,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1388,29 +1390,54 @@ VHD_TEST(config_space)
 }
 
 /*
- * The rw_flags of the write the worker of queue 0 submitted to its io_uring
+ * The rw_flags of the write the test bed's worker submitted to its io_uring
  * for byte offset off, or -1 if it submitted none: read from the ring's SQE
  * array, where consumed SQEs stay until the slot is reused (a test bed's ring
  * has far more slots than a test submits). Each offset must be written once
- * per test bed, so the match is that write. Call after the write completed:
- * its used element orders the worker's SQE stores before these reads. (The
- * ring is the worker's; only this test peeks at it, with queue 0 attached.)
+ * per test bed, so the match is that write. The array is mapped again, read
+ * only, from the one io_uring fd the process has (the test bed's single
+ * worker): the worker's ring is its own, and these reads touch the kernel's
+ * pages through our mapping. Call after the write completed: the kernel has
+ * consumed the SQE, and its used element orders the worker's stores before.
  */
-static int submitted_write_flags(struct tb *t, uint64_t off)
+static int submitted_write_flags(uint64_t off)
 {
-    struct vhd_worker *w = t->tq[0].q->worker;
-    VHD_CHECK(w != NULL);
-    const struct io_uring *ring = vhd_worker_uring(w);
-    int flags = -1, matches = 0;
+    char path[64], link[64], line[128];
+    int ufd = -1, found = 0;
+    unsigned mask = 0;
 
-    for (unsigned i = 0; i < ring->sq.ring_entries; i++) {
-        const struct io_uring_sqe *sqe = &ring->sq.sqes[i];
-        if ((sqe->opcode == IORING_OP_WRITEV || sqe->opcode == IORING_OP_WRITE) &&
-            sqe->off == off) {
-            flags = (int)sqe->rw_flags;
+    DIR *d = opendir("/proc/self/fd");
+    VHD_CHECK(d != NULL);
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        ssize_t n = readlinkat(dirfd(d), de->d_name, link, sizeof(link) - 1);
+        if (n > 0 && (link[n] = '\0', strcmp(link, "anon_inode:[io_uring]") == 0)) {
+            ufd = atoi(de->d_name);
+            found++;
+        }
+    }
+    closedir(d);
+    VHD_CHECK_EQ(found, 1);
+    snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", ufd);
+    FILE *f = fopen(path, "r");
+    VHD_CHECK(f != NULL);
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "SqMask: %x", &mask) == 1)
+            break;
+    fclose(f);
+    VHD_CHECK(mask != 0);
+    size_t len = (size_t)(mask + 1) * sizeof(struct io_uring_sqe);
+    const struct io_uring_sqe *sqes = mmap(NULL, len, PROT_READ, MAP_SHARED, ufd, IORING_OFF_SQES);
+    VHD_CHECK(sqes != MAP_FAILED);
+
+    int flags = -1, matches = 0;
+    for (unsigned i = 0; i <= mask; i++) {
+        if ((sqes[i].opcode == IORING_OP_WRITEV || sqes[i].opcode == IORING_OP_WRITE) &&
+            sqes[i].off == off) {
+            flags = (int)sqes[i].rw_flags;
             matches++;
         }
     }
+    munmap((void *)sqes, len);
     VHD_CHECK(matches <= 1);
     return flags;
 }
@@ -1430,23 +1457,23 @@ VHD_TEST(write_cache_modes)
     /* FLUSH + writeback: volatile writes */
     tb_init(&t, &o);
     VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
-    VHD_CHECK_EQ(submitted_write_flags(&t, 0), 0);
+    VHD_CHECK_EQ(submitted_write_flags(0), 0);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 0);
     /* switch to writethrough (queues quiesced, as the transport does) */
     VHD_CHECK_EQ(vhd_rt_detach(t.rt, t.tq[0].q, WAIT_MS), 0);
     VHD_CHECK_EQ(t.dev->ops->set_config(t.dev, &zero, 32, 1), 0);
     VHD_CHECK_EQ(vhd_rt_attach(t.rt, t.tq[0].q, 0), 0);
     VHD_CHECK_EQ(tb_write(&t, 1, w, 512), VIRTIO_BLK_S_OK);
-    VHD_CHECK_EQ(submitted_write_flags(&t, 1 * 512), RWF_DSYNC);
+    VHD_CHECK_EQ(submitted_write_flags(1 * 512), RWF_DSYNC);
     VHD_CHECK_EQ(tb_write(&t, 2, w, 512), VIRTIO_BLK_S_OK);
-    VHD_CHECK_EQ(submitted_write_flags(&t, 2 * 512), RWF_DSYNC);
+    VHD_CHECK_EQ(submitted_write_flags(2 * 512), RWF_DSYNC);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 2);
     /* back to writeback */
     VHD_CHECK_EQ(vhd_rt_detach(t.rt, t.tq[0].q, WAIT_MS), 0);
     VHD_CHECK_EQ(t.dev->ops->set_config(t.dev, &one, 32, 1), 0);
     VHD_CHECK_EQ(vhd_rt_attach(t.rt, t.tq[0].q, 0), 0);
     VHD_CHECK_EQ(tb_write(&t, 3, w, 512), VIRTIO_BLK_S_OK);
-    VHD_CHECK_EQ(submitted_write_flags(&t, 3 * 512), 0);
+    VHD_CHECK_EQ(submitted_write_flags(3 * 512), 0);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 2);
     tb_fini(&t);
 
@@ -1454,7 +1481,7 @@ VHD_TEST(write_cache_modes)
     o.features_off = BIT(VIRTIO_BLK_F_FLUSH) | BIT(VIRTIO_BLK_F_CONFIG_WCE);
     tb_init(&t, &o);
     VHD_CHECK_EQ(tb_write(&t, 0, w, 512), VIRTIO_BLK_S_OK);
-    VHD_CHECK_EQ(submitted_write_flags(&t, 0), RWF_DSYNC);
+    VHD_CHECK_EQ(submitted_write_flags(0), RWF_DSYNC);
     VHD_CHECK_EQ(tb_stats(&t, 0).dsync_writes, 1);
     tb_fini(&t);
 }
