@@ -80,6 +80,7 @@ run_suite() {
         failed=$((failed + 1)); echo "   $prefix: cannot list the $suite tests of $dir"; return
     fi
     while IFS=$'\t' read -r -u 3 name tmo cmd; do
+        [ -n "$name" ] || continue
         n=$((n + 1))
         [ "$tmo" -gt 0 ] || tmo=3600
         eval "run \"\$prefix-\$name\" timeout --kill-after=30 \"\$tmo\" $cmd"
