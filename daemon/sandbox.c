@@ -184,6 +184,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(clock_gettime, "timestamps: polling windows, bounded waits, log lines (vDSO fallback)"),
     ANY(clock_nanosleep, "a worker backs off after an epoll error (usleep)"),
     ANY(nanosleep, "the same, on older libcs"),
+    ANY(sched_yield, "sanitizer runtimes' internal spin locks yield (TSan builds in the tests)"),
     /*
      * A worker created just before the filter may not have run yet: its own
      * start-up (glibc start_thread) then happens under the filter.
