@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "dev/virtio_net.h"
+#include "spec/virtio_net.h"
 #include "runtime/dev.h"
 
 struct vhd_net_backend;

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "dev/net.h"
 #include "net_backend.h"
 

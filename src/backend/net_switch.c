@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "dev/net.h"
 #include "net_backend.h"
 #include "net_switch.h"

@@ -17,7 +17,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "dev/net.h"
 #include "net_backend.h"
 #include "runtime/log.h"

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "blk_backend.h"
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "runtime/log.h"
 
 /*

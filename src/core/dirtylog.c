@@ -12,7 +12,7 @@
 
 #include <linux/magic.h> /* HUGETLBFS_MAGIC */
 
-#include "compiler.h"
+#include "util/compiler.h"
 #include "dirtylog.h"
 #include "memguard.h"
 

@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "compiler.h"
+#include "util/compiler.h"
 
 /* VHOST_USER_GET_MAX_MEM_SLOTS answer, and the table's hard cap. */
 #define VHD_MEM_MAX_REGIONS 509

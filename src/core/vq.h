@@ -17,11 +17,11 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "compiler.h"
+#include "util/compiler.h"
 #include "dirtylog.h"
 #include "inflight.h"
 #include "mem.h"
-#include "virtio.h"
+#include "spec/virtio.h"
 
 /*
  * Why a queue stopped (sticky in vq->error) or why pop failed. Values are

@@ -14,10 +14,10 @@
 
 #include "blk.h"
 #include "backend/blk_backend.h"
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
-#include "virtio_blk.h"
+#include "spec/virtio_blk.h"
 
 #define BIT(n) (1ull << (n))
 

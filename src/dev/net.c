@@ -15,11 +15,11 @@
 
 #include "net.h"
 #include "backend/net_backend.h"
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
-#include "virtio_net.h"
+#include "spec/virtio_net.h"
 
 #define BIT(n) (1ull << (n))
 

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "drv_session.h"
 
 #define BIT(n) (1ull << (n))

@@ -18,14 +18,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
-#include "core/virtio.h"
-#include "dev/virtio_net.h"
+#include "util/compiler.h"
+#include "spec/virtio.h"
+#include "spec/virtio_net.h"
 #include "driver/drv_session.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "driver/vu_frontend.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 #include "vhostd/net_driver.h"
 

@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/compiler.h"
-#include "../core/virtio.h"
+#include "util/compiler.h"
+#include "spec/virtio.h"
 
 /* One guest buffer of a request. */
 struct vhd_drv_buf {

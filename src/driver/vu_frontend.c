@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 #include "vu_frontend.h"
 

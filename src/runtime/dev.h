@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 #include "core/mem.h"
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "core/vq.h"
 #include "runtime/log.h"
 

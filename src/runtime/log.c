@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "log.h"
 
 /* The process-wide level; relaxed atomics: a level change needs no ordering. */

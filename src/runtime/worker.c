@@ -34,7 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "efd.h"
 #include "log.h"
 #include "rt.h"

@@ -11,7 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "ctl.h"
 
 /* Events fetched per epoll_wait(); more simply wait for the next round. */

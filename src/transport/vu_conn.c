@@ -16,7 +16,7 @@
 
 #include "core/dirtylog.h"
 #include "core/memguard.h"
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "runtime/dev.h"
-#include "vu_msg.h"
+#include "spec/vhost_user.h"
 
 /*
  * Threading: control thread only. A queue is touched by the session only

@@ -16,7 +16,7 @@
 
 #include "runtime/dev.h"
 #include "vu_conn.h"
-#include "vu_msg.h"
+#include "spec/vhost_user.h"
 #include "vu_sock.h"
 
 #define BIT(n) (1ull << (n))

@@ -13,7 +13,7 @@
 #include <sys/socket.h> /* struct ucred (_GNU_SOURCE) */
 #include <sys/types.h>
 
-#include "vu_msg.h"
+#include "spec/vhost_user.h"
 
 /*
  * Receive state of one connection. Fields are valid to read once

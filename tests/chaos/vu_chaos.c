@@ -27,10 +27,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
-#include "core/virtio.h"
-#include "dev/virtio_blk.h"
-#include "transport/vu_msg.h"
+#include "util/compiler.h"
+#include "spec/virtio.h"
+#include "spec/virtio_blk.h"
+#include "spec/vhost_user.h"
 #include "vu_chaos_int.h"
 
 /* ======================= guest memory ======================= */

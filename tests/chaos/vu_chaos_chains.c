@@ -17,10 +17,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
+#include "util/compiler.h"
 #include "core/inflight.h"
-#include "dev/virtio_blk.h"
-#include "dev/virtio_net.h"
+#include "spec/virtio_blk.h"
+#include "spec/virtio_net.h"
 #include "vhostd/blk_driver.h"
 #include "vu_chaos_int.h"
 

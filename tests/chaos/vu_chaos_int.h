@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/virtio.h"
-#include "transport/vu_msg.h"
+#include "spec/virtio.h"
+#include "spec/vhost_user.h"
 #include "vu_chaos.h"
 
 #define BIT(n) (1ull << (n))

@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
-#include "dev/virtio_blk.h"
+#include "util/compiler.h"
+#include "spec/virtio_blk.h"
 #include "vu_chaos_int.h"
 
 /* ======================= cases: framing ======================= */

@@ -29,7 +29,7 @@
 
 #include "core/vq.h"
 #include "dev/blk.h"
-#include "dev/virtio_blk.h"
+#include "spec/virtio_blk.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "runtime/log.h"

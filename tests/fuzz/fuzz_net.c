@@ -30,7 +30,7 @@
 #include "core/dirtylog.h"
 #include "core/vq.h"
 #include "dev/net.h"
-#include "dev/virtio_net.h"
+#include "spec/virtio_net.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "runtime/log.h"

@@ -25,11 +25,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "transport/vu_conn.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "harness.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"

@@ -34,9 +34,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "harness.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "vhostd/blk_driver.h"
 
 #define MAX_DAEMONS 2

@@ -31,7 +31,7 @@
 
 #include "driver/vu_frontend.h"
 #include "harness.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 #include "vhostd/blk_driver.h"
 

@@ -31,12 +31,12 @@
 
 #include "core/mem.h"
 #include "core/memguard.h"
-#include "dev/virtio_blk.h"
+#include "spec/virtio_blk.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "driver/vu_frontend.h"
 #include "harness.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "vhostd/blk_driver.h"
 
 #define WAIT_MS     5000

@@ -31,8 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/compiler.h"
-#include "dev/virtio_net.h"
+#include "util/compiler.h"
+#include "spec/virtio_net.h"
 #include "harness.h"
 #include "vhostd/net_driver.h"
 

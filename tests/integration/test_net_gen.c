@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/compiler.h"
-#include "dev/virtio_net.h"
+#include "util/compiler.h"
+#include "spec/virtio_net.h"
 #include "harness.h"
 #include "vhostd/net_driver.h"
 

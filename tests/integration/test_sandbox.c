@@ -37,14 +37,14 @@
 
 #include "../daemon/options.h"
 #include "../daemon/sandbox.h"
-#include "core/virtio.h"
-#include "dev/virtio_blk.h"
+#include "spec/virtio.h"
+#include "spec/virtio_blk.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "harness.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 
 #define BIT(n) (1ull << (n))

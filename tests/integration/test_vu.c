@@ -34,7 +34,7 @@
 #endif
 
 #include "core/mem.h"
-#include "core/virtio.h"
+#include "spec/virtio.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "harness.h"
@@ -42,7 +42,7 @@
 #include "runtime/rt.h"
 #include "transport/ctl.h"
 #include "transport/vu_conn.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_server.h"
 
 #define BIT(n)     (1ull << (n))

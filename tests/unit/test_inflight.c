@@ -24,10 +24,10 @@
 
 #include "core/inflight.h"
 #include "dev/blk.h"
-#include "dev/virtio_blk.h"
+#include "spec/virtio_blk.h"
 #include "runtime/rt.h"
 #include "transport/vu_conn.h"
-#include "transport/vu_msg.h"
+#include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 #include "vq_fixture.h"
 

@@ -19,7 +19,7 @@
 #include "backend/net_switch.h"
 #include "core/vq.h"
 #include "dev/net.h"
-#include "dev/virtio_net.h"
+#include "spec/virtio_net.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
 #include "harness.h"
