@@ -7,10 +7,13 @@
  * "switch" (net_switch.c: an in-process L2 learning switch between
  * devices), "tap" (net_tap.c: a Linux TAP interface) and "gen" (net_gen.c:
  * a generator filling receive queues and a sink for transmitted frames).
+ * This header is all a backend sees of the device: backends include it, never
+ * src/dev/ (scripts/check-layers.sh checks this).
  */
 #ifndef VHD_NET_BACKEND_H
 #define VHD_NET_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -20,6 +23,23 @@
 
 struct vhd_net_backend;
 struct vhd_worker;
+
+/*
+ * Limits of a single frame, kept by the device, and why.
+ *
+ * VHD_NET_MAX_FRAME: largest frame (without the virtio header) taken from a
+ * transmit queue: 64 KiB plus an Ethernet header and a VLAN tag: a
+ * 65535-byte MTU plus headers, or a segmentation-offload frame (its IP
+ * packet is at most 64 KiB too); larger chains are counted as errors.
+ *
+ * VHD_NET_CHAIN_IOV: most segments of one chain (transmit, receive or
+ * control), so a frame's iovcnt never exceeds it. Linux sends at most
+ * MAX_SKB_FRAGS (17, configurable up to 45) + 2 descriptors per packet and
+ * each may cross a memory region boundary; DPDK sends one or two. A chain
+ * with more segments stops the queue (VHD_VQ_E_IOV_FULL, NEEDS_RESET).
+ */
+#define VHD_NET_MAX_FRAME (65536u + 14u + 4u)
+#define VHD_NET_CHAIN_IOV 128u
 
 /*
  * One frame in guest memory, as the device parsed it from a transmit chain.
@@ -142,6 +162,14 @@ extern const struct vhd_net_backend_ops vhd_net_backend_loopback;
 extern const struct vhd_net_backend_ops vhd_net_backend_switch;
 extern const struct vhd_net_backend_ops vhd_net_backend_tap;
 extern const struct vhd_net_backend_ops vhd_net_backend_gen;
+
+/* ---- what the device offers its backends (implemented in src/dev/net.c) ---- */
+
+/* Is dev a net device (created by vhd_net_new)? Any thread. */
+bool vhd_dev_is_net(const struct vhd_dev *dev);
+
+/* The MAC currently in config space (after any VIRTIO_NET_CTRL_MAC_ADDR_SET). */
+void vhd_net_get_mac(const struct vhd_dev *dev, uint8_t mac[6]);
 
 /* The backend instance of a net device (set at creation, read-only). Any thread. */
 const struct vhd_net_backend *vhd_net_backend_of(const struct vhd_dev *dev);

@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "util/compiler.h"
-#include "dev/net.h"
 #include "net_backend.h"
 
 /*

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "util/compiler.h"
-#include "dev/net.h"
 #include "net_backend.h"
 #include "runtime/log.h"
 

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/net_backend.h"
 #include "runtime/dev.h"
 
 /*
@@ -27,25 +28,11 @@
 #define VHD_NET_DEFAULT_MTU 1500u
 
 /*
- * Limits of a single packet, and why.
- *
- * VHD_NET_MAX_FRAME: largest frame (without the virtio header) taken from a
- * transmit queue: 64 KiB plus an Ethernet header and a VLAN tag: a
- * 65535-byte MTU plus headers, or a segmentation-offload frame (its IP
- * packet is at most 64 KiB too); larger chains are counted as errors.
- *
- * VHD_NET_CHAIN_IOV: most segments of one chain (transmit, receive or
- * control). Linux sends at most MAX_SKB_FRAGS (17, configurable up to 45)
- * + 2 descriptors per packet and each may cross a memory region boundary;
- * DPDK sends one or two. A chain with more segments stops the queue
- * (VHD_VQ_E_IOV_FULL, NEEDS_RESET).
- *
- * VHD_NET_RX_MAX_BUFS: most receive buffers one packet may be merged into
- * (MRG_RXBUF). 64 KiB into Linux's smallest mergeable buffers (about 1.5 KiB)
- * takes 44; a packet needing more is dropped.
+ * Most receive buffers one packet may be merged into (MRG_RXBUF). 64 KiB
+ * into Linux's smallest mergeable buffers (about 1.5 KiB) takes 44; a
+ * packet needing more is dropped. (The limits a backend sees too,
+ * VHD_NET_MAX_FRAME and VHD_NET_CHAIN_IOV, are in backend/net_backend.h.)
  */
-#define VHD_NET_MAX_FRAME   (65536u + 14u + 4u)
-#define VHD_NET_CHAIN_IOV   128u
 #define VHD_NET_RX_MAX_BUFS 128u
 
 /* Options of vhd_net_new(). Zero-initialise, then set what you need. */
@@ -81,9 +68,6 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
 void vhd_net_free(struct vhd_dev *dev);
 
 extern const struct vhd_dev_ops vhd_net_ops;
-
-/* Is dev a net device (created by vhd_net_new)? */
-bool vhd_dev_is_net(const struct vhd_dev *dev);
 
 /*
  * vhd_net_assign_workers - replace dev->queue_worker: both rings of pair i
@@ -146,9 +130,6 @@ void vhd_net_log_stats(const struct vhd_dev *dev, const char *why);
  * and on SEND_RARP when the control queue runs. Control thread.
  */
 int vhd_net_announce(struct vhd_dev *dev);
-
-/* The MAC currently in config space (after any VIRTIO_NET_CTRL_MAC_ADDR_SET). */
-void vhd_net_get_mac(const struct vhd_dev *dev, uint8_t mac[6]);
 
 /*
  * Queue pairs in use: max_virtqueue_pairs until the driver's control queue

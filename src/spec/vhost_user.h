@@ -4,9 +4,11 @@
  * Specification"): the 12-byte header, every payload layout we parse or
  * build, request ids, protocol feature bits. All numbers are in the machine's
  * native byte order (spec: "All numbers are in the machine native byte order").
+ * Bottom layer (src/spec/): both ends use it, the device side (src/transport/)
+ * and our front-end (src/driver/vu_frontend.c); no code, no includes of ours.
  */
-#ifndef VHD_VU_MSG_H
-#define VHD_VU_MSG_H
+#ifndef VHD_SPEC_VHOST_USER_H
+#define VHD_SPEC_VHOST_USER_H
 
 #include <stdint.h>
 
@@ -270,7 +272,4 @@ _Static_assert(sizeof(union vu_payload) == 272, "largest payload (config), 8-ali
  */
 #define VU_MAX_PAYLOAD ((uint32_t)sizeof(struct vu_config))
 
-/* Short name of a front-end request for logs ("SET_MEM_TABLE"), "UNKNOWN" otherwise. */
-const char *vu_request_name(uint32_t request);
-
-#endif /* VHD_VU_MSG_H */
+#endif /* VHD_SPEC_VHOST_USER_H */

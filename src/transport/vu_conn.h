@@ -14,6 +14,9 @@
 #include "runtime/dev.h"
 #include "spec/vhost_user.h"
 
+/* Short name of a front-end request for logs ("SET_MEM_TABLE"), "UNKNOWN" otherwise. */
+const char *vu_request_name(uint32_t request);
+
 /*
  * Threading: control thread only. A queue is touched by the session only
  * while it is detached from its worker (vhd_rt_detach .. vhd_rt_attach).
