@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "util/parse.h" /* vhd_parse_size: the values of size keys */
+
 #define VHD_OPT_MAX_DEVICES 64
 #define VHD_OPT_MAX_WORKERS 64
 #define VHD_OPT_MAX_QUEUES  64
@@ -123,12 +125,6 @@ int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_op
 
 /* Parse a MAC address "52:54:00:12:34:56" (a unicast, non-zero one). 0 or -1. */
 int vhd_parse_mac(const char *s, uint8_t mac[6]);
-
-/*
- * Parse "512", "4K", "10M", "8G", "1T" (binary units; case-insensitive, "KiB"/"kb" too)
- * or "0x1000" (hexadecimal). 0 or -1.
- */
-int vhd_parse_size(const char *s, uint64_t *out);
 
 /* Free the owned strings. */
 void vhd_options_free(struct vhd_options *o);

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../daemon/options.h"
+#include "util/parse.h"
 #include "bench_report.h"
 #include "vhostd/blk_driver.h"
 #include "vhostd/net_driver.h"
