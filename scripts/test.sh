@@ -152,8 +152,9 @@ run_suite build guest guest
 note "DPDK interop: dpdk-testpmd (virtio-user) against vhostd's virtio-net loopback, server and client"
 run_suite build interop interop
 
-note "style (clang-format)"
+note "style (clang-format) and layers (docs/ARCHITECTURE.md)"
 run clang-format bash -c 'git ls-files "*.c" "*.h" | xargs -r clang-format --dry-run -Werror'
+run layers python3 scripts/check-layers.py
 
 echo
 if [ "$skipped" -gt 0 ]; then
