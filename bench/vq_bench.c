@@ -25,6 +25,7 @@
 #include "core/vq.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
+#include "util/clock.h"
 
 struct bench {
     struct vhd_guestmem gm;
@@ -35,13 +36,6 @@ struct bench {
     uint64_t st_gpa;  /* per-id status bytes */
     void *inflight;   /* --inflight: the queue's region, or NULL */
 };
-
-static double now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 static int setup(struct bench *b, uint32_t qsize, bool packed, bool indirect, bool inflight)
 {
@@ -117,7 +111,7 @@ static double run(struct bench *b, uint64_t requests, uint32_t batch, bool indir
     struct vhd_vq_chain c[64];
     uint64_t done = 0, notifies = 0;
 
-    double t0 = now_ns();
+    double t0 = (double)vhd_now_ns();
     while (done < requests) {
         for (uint32_t i = 0; i < batch; i++) {
             struct vhd_drv_buf bufs[2] = {{b->hdr_gpa + 16ull * i, 16}, {b->st_gpa + i, 1}};
@@ -146,7 +140,7 @@ static double run(struct bench *b, uint64_t requests, uint32_t batch, bool indir
         }
         done += batch;
     }
-    double t1 = now_ns();
+    double t1 = (double)vhd_now_ns();
     (void)notifies;
     return (t1 - t0) / (double)done;
 }

@@ -13,16 +13,10 @@
 #include <unistd.h>
 
 #include "bench_report.h"
+#include "util/clock.h"
 
 /* Set by SIGINT/SIGTERM (or a failed start); read by every job. */
 static int g_stop;
-
-uint64_t bench_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void bench_stop(int sig)
 {
@@ -137,7 +131,7 @@ int bench_run(struct bench_reporter *r)
     signal(SIGTERM, bench_stop);
     fflush(stdout);
 
-    uint64_t t0 = bench_now_ns();
+    uint64_t t0 = vhd_now_ns();
     for (r->started = 0; r->started < r->n; r->started++) {
         struct bench_live *l = bench_job(r, r->started);
         int rc = pthread_create(&l->thread, NULL, r->job_main, l);
@@ -153,7 +147,7 @@ int bench_run(struct bench_reporter *r)
     bool tty = isatty(STDERR_FILENO);
     uint64_t prev_done = 0, prev_t = t0;
     while (!wait_second(r)) {
-        uint64_t done = 0, t = bench_now_ns();
+        uint64_t done = 0, t = vhd_now_ns();
         for (unsigned i = 0; i < r->started; i++)
             done += __atomic_load_n(&bench_job(r, i)->done, __ATOMIC_RELAXED);
         double per_sec = (double)(done - prev_done) / ((double)(t - prev_t) / 1e9);

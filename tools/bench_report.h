@@ -14,9 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-uint64_t bench_now_ns(void);
-
 /* Asks every job to stop (SIGINT/SIGTERM or a failed start); async-signal-safe. */
 void bench_stop(int sig);
 

@@ -25,6 +25,7 @@
 
 #include "util/parse.h"
 #include "bench_report.h"
+#include "util/clock.h"
 #include "vhostd/blk_driver.h"
 #include "vhostd/net_driver.h"
 
@@ -593,11 +594,11 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
     const struct opts *o = j->o;
     struct vhd_blkdrv_completion comp[256];
     unsigned maxc = o->iodepth < 256 ? o->iodepth : 256;
-    uint64_t issued = 0, vblock = 0, inflight = 0, last_progress = bench_now_ns();
+    uint64_t issued = 0, vblock = 0, inflight = 0, last_progress = vhd_now_ns();
     bool done = false;
 
     while (!done || inflight) {
-        uint64_t t = bench_now_ns();
+        uint64_t t = vhd_now_ns();
         if (!done && (bench_stopping() || j->error || (deadline && t >= deadline) ||
                       (limit && issued >= limit)))
             done = true;
@@ -648,7 +649,7 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
             return;
         }
         if (n == 0) {
-            if (bench_now_ns() - last_progress > (uint64_t)STALL_MS * 1000000ull) {
+            if (vhd_now_ns() - last_progress > (uint64_t)STALL_MS * 1000000ull) {
                 job_error(j, -ETIMEDOUT,
                           "job %u: no completion for %d s with %" PRIu64
                           " requests in flight: the back-end is stuck",
@@ -657,7 +658,7 @@ static void run_phase(struct job *j, enum phase ph, uint64_t deadline, uint64_t 
             }
             continue;
         }
-        t = bench_now_ns();
+        t = vhd_now_ns();
         last_progress = t;
         for (int i = 0; i < n; i++) {
             struct io *io = comp[i].cookie;
@@ -676,7 +677,7 @@ static void *job_main(void *arg)
     struct job *j = arg;
     const struct opts *o = j->o;
 
-    j->live.t_start = bench_now_ns();
+    j->live.t_start = vhd_now_ns();
     j->live.t_end = j->live.t_start;
     uint64_t deadline = o->runtime > 0 ? j->live.t_start + (uint64_t)(o->runtime * 1e9) : 0;
     uint64_t limit = o->number_ios;
@@ -935,10 +936,10 @@ static void *net_job_main(void *arg)
         iov[k] = (struct iovec){frame, o->size};
 
     uint64_t received = 0, sent = 0, window = o->queue_size;
-    uint64_t t0 = bench_now_ns(), deadline = t0 + (uint64_t)(o->runtime * 1e9);
+    uint64_t t0 = vhd_now_ns(), deadline = t0 + (uint64_t)(o->runtime * 1e9);
     j->live.t_start = t0;
     for (uint64_t it = 0;; it++) {
-        if ((it & 63) == 0 && (bench_now_ns() >= deadline || bench_stopping()))
+        if ((it & 63) == 0 && (vhd_now_ns() >= deadline || bench_stopping()))
             break;
         bool progress = false;
         if (o->mode != NET_RX) {
@@ -980,7 +981,7 @@ static void *net_job_main(void *arg)
             break;
         }
     }
-    j->live.t_end = bench_now_ns();
+    j->live.t_end = vhd_now_ns();
     vhd_netdrv_pair_stats(j->p, &j->st);
     free(frame);
     __atomic_store_n(&j->live.finished, 1, __ATOMIC_RELEASE);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "util/compiler.h"
+#include "util/iov.h"
 #include "net_backend.h"
 #include "net_switch.h"
 #include "runtime/log.h"
@@ -180,25 +181,6 @@ static void mac_learn(struct vhd_switch *sw, uint64_t mac, unsigned port, uint32
     }
 }
 
-/* Copy len bytes from byte off of iov[0..cnt) to dst. */
-static void copy_from_iov(const struct iovec *iov, uint32_t cnt, size_t off, uint8_t *dst,
-                          size_t len)
-{
-    for (uint32_t i = 0; i < cnt && len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = iov[i].iov_len - off;
-        if (n > len)
-            n = len;
-        memcpy(dst, (const uint8_t *)iov[i].iov_base + off, n);
-        dst += n;
-        len -= n;
-        off = 0;
-    }
-}
-
 /* ---- the datapath ---- */
 
 /*
@@ -222,7 +204,7 @@ static int sw_push(struct sw_port *src, uint16_t pair, struct sw_port *dst,
     struct sw_slot *s = &r->slots[prod & (SW_RING_SLOTS - 1)];
     s->hdr = f->hdr;
     s->len = f->len;
-    copy_from_iov(f->iov, f->iovcnt, f->off, s->data, f->len);
+    (void)vhd_iov_to_buf(f->iov, f->iovcnt, f->off, s->data, f->len);
     vhd_store_release(&r->prod, prod + 1);
     vhd_smp_mb();
     if (vhd_load_relaxed(&r->cons) == prod)
@@ -245,7 +227,7 @@ static int sw_tx(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *s
         vhd_store_relaxed(&st->in_drops, st->in_drops + 1);
         return -EMSGSIZE;
     }
-    copy_from_iov(f->iov, f->iovcnt, f->off, eth, sizeof(eth));
+    (void)vhd_iov_to_buf(f->iov, f->iovcnt, f->off, eth, sizeof(eth));
     uint32_t now = sw_now();
     /* Learn the source unless it is a group address (never a valid source). */
     if (!(eth[6] & 1))

@@ -21,6 +21,7 @@
 
 #include "blk_backend.h"
 #include "util/compiler.h"
+#include "util/iov.h"
 #include "runtime/log.h"
 
 /*
@@ -255,29 +256,6 @@ static void finish(struct vhd_blk_io *io, int res)
     io->complete(io, res);
 }
 
-/* Copy len bytes between a buffer and byte off of an iovec array (to_iov: buffer -> iovecs). */
-static void iov_copy(const struct iovec *iov, uint32_t cnt, uint64_t off, uint8_t *buf,
-                     uint64_t len, bool to_iov)
-{
-    for (uint32_t i = 0; i < cnt && len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        uint64_t n = iov[i].iov_len - off;
-        if (n > len)
-            n = len;
-        uint8_t *p = (uint8_t *)iov[i].iov_base + off;
-        if (to_iov)
-            memcpy(p, buf, n);
-        else
-            memcpy(buf, p, n);
-        buf += n;
-        len -= n;
-        off = 0;
-    }
-}
-
 /*
  * Next SQE of the worker's ring (vhd_worker_get_sqe submits queued SQEs to
  * make room when the SQ is full, and counts the SQE for the next submit).
@@ -312,7 +290,7 @@ static struct iovec *rw_iov(struct vhd_blk_io *io, uint32_t *cnt)
         io->biov.iov_base = io->bounce;
         io->biov.iov_len = left < URING_BOUNCE_CHUNK ? left : URING_BOUNCE_CHUNK;
         if (io->op == VHD_BLK_IO_WRITE)
-            iov_copy(io->iov, io->iovcnt, io->done, io->bounce, io->biov.iov_len, false);
+            (void)vhd_iov_to_buf(io->iov, io->iovcnt, io->done, io->bounce, io->biov.iov_len);
         *cnt = 1;
         return &io->biov;
     }
@@ -469,7 +447,7 @@ static void rw_done(struct uring_be *ub, struct vhd_blk_io *io, int res)
         return;
     }
     if (io->bounce && io->op == VHD_BLK_IO_READ)
-        iov_copy(io->iov, io->iovcnt, io->done, io->bounce, (uint64_t)res, true);
+        (void)vhd_iov_from_buf(io->iov, io->iovcnt, io->done, io->bounce, (size_t)res);
     io->done += (uint64_t)res;
     if (io->done == io->len) {
         finish(io, 0);

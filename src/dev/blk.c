@@ -14,12 +14,12 @@
 
 #include "blk.h"
 #include "backend/blk_backend.h"
+#include "util/bits.h"
 #include "util/compiler.h"
+#include "util/iov.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "spec/virtio_blk.h"
-
-#define BIT(n) (1ull << (n))
 
 /*
  * Feature bits that belong to the vhost-user transport rather than to the
@@ -107,33 +107,6 @@ const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name)
 }
 
 /* ---- iovec helpers ---- */
-
-/*
- * Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes
- * copied. The source is guest memory (request headers, discard segments):
- * the compiler barrier at the end keeps the compiler from reading it again
- * in place of dst (read once, then check and use only the copy).
- */
-static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void *dst, size_t len)
-{
-    uint8_t *d = dst;
-    size_t done = 0;
-
-    for (uint32_t i = 0; i < cnt && done < len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = iov[i].iov_len - off;
-        if (n > len - done)
-            n = len - done;
-        memcpy(d + done, (const uint8_t *)iov[i].iov_base + off, n);
-        done += n;
-        off = 0;
-    }
-    __asm__ volatile("" ::: "memory");
-    return done;
-}
 
 /* Write src[0..srclen) and then zeroes over every byte of iov[0..cnt). */
 static void iov_fill(const struct iovec *iov, uint32_t cnt, const void *src, size_t srclen)
@@ -497,7 +470,7 @@ static void blk_dwz(struct blk_queue *bq, struct blk_req *r)
     r->seg = 0;
     r->synced = false;
     cnt = readable_data(r, &iov);
-    (void)iov_to_buf(iov, cnt, 0, r->segs, len); /* len bytes are there: rlen says so */
+    (void)vhd_iov_to_buf(iov, cnt, 0, r->segs, len); /* len bytes are there: rlen says so */
 
     uint32_t allowed = wz ? VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP : 0;
     for (uint16_t i = 0; i < r->nseg; i++) {
@@ -578,7 +551,7 @@ static void blk_handle(struct blk_queue *bq, struct blk_req *r)
                    q->index, r->chain.id, r->chain.rlen);
         return;
     }
-    (void)iov_to_buf(r->iov, nr, 0, &hdr, HDR_SIZE);
+    (void)vhd_iov_to_buf(r->iov, nr, 0, &hdr, HDR_SIZE);
     r->type = vhd_le32(hdr.type);
     uint64_t sector = vhd_le64(hdr.sector);
 

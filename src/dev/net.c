@@ -15,13 +15,12 @@
 
 #include "net.h"
 #include "backend/net_backend.h"
+#include "util/bits.h"
 #include "util/compiler.h"
 #include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "spec/virtio_net.h"
-
-#define BIT(n) (1ull << (n))
 
 /*
  * Feature bits that belong to the vhost-user transport rather than to the

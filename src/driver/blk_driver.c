@@ -16,6 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/bits.h"
+#include "util/clock.h"
 #include "util/compiler.h"
 #include "spec/virtio.h"
 #include "spec/virtio_blk.h"
@@ -25,8 +27,6 @@
 #include "driver/vu_frontend.h"
 #include "spec/vhost_user.h"
 #include "vhostd/blk_driver.h"
-
-#define BIT(n) (1ull << (n))
 
 #define DEFAULT_QUEUE_SIZE 256u
 #define DEFAULT_POOL_SIZE  (4ull << 20)
@@ -594,13 +594,6 @@ int vhd_blkdrv_poll(struct vhd_blkdrv_queue *q, struct vhd_blkdrv_completion *c,
     return (int)n;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * Interrupt-driven completion. The classic race: the device may finish a
  * request between our last look and our request for a notification, and
@@ -613,7 +606,7 @@ static int64_t now_ms(void)
 int vhd_blkdrv_wait(struct vhd_blkdrv_queue *q, struct vhd_blkdrv_completion *c, unsigned max,
                     int timeout_ms)
 {
-    int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+    int64_t deadline = timeout_ms >= 0 ? (int64_t)vhd_now_ms() + timeout_ms : 0;
 
     for (;;) {
         int n = vhd_blkdrv_poll(q, c, max);
@@ -629,7 +622,7 @@ int vhd_blkdrv_wait(struct vhd_blkdrv_queue *q, struct vhd_blkdrv_completion *c,
         }
         int left = -1;
         if (timeout_ms >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - (int64_t)vhd_now_ms();
             if (l <= 0) {
                 vhd_drv_vq_disable_cb(&q->dq);
                 return -ETIMEDOUT;
@@ -984,7 +977,7 @@ static void session_end(struct vhd_blkdrv *d)
     bool stopped[MAX_QUEUES] = {false};
 
     if (alive) {
-        int64_t deadline = now_ms() + o->timeout_ms;
+        int64_t deadline = (int64_t)vhd_now_ms() + o->timeout_ms;
         for (;;) {
             bool pending = false;
             for (uint32_t i = 0; i < o->num_queues; i++) {
@@ -999,7 +992,7 @@ static void session_end(struct vhd_blkdrv *d)
                 else if (vhd_drv_vq_inflight(&q->dq))
                     pending = true;
             }
-            if (!pending || now_ms() >= deadline || !vhd_vuf_alive(&d->vuf))
+            if (!pending || (int64_t)vhd_now_ms() >= deadline || !vhd_vuf_alive(&d->vuf))
                 break;
             usleep(DRAIN_PAUSE_US);
         }

@@ -12,9 +12,8 @@
 #include <unistd.h>
 
 #include "spec/virtio.h"
+#include "util/bits.h"
 #include "drv_session.h"
-
-#define BIT(n) (1ull << (n))
 
 int vhd_drv_check_opts(const char *path, const char *count_name, uint32_t count, uint32_t max_count,
                        uint32_t queue_size, bool packed, char **path_copy, char *err, size_t errlen)

@@ -18,6 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/bits.h"
+#include "util/clock.h"
 #include "util/compiler.h"
 #include "spec/virtio.h"
 #include "spec/virtio_net.h"
@@ -28,8 +30,6 @@
 #include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
 #include "vhostd/net_driver.h"
-
-#define BIT(n) (1ull << (n))
 
 #define DEFAULT_QUEUE_SIZE 256u
 #define DEFAULT_BUF_SIZE   2048u /* a standard frame plus header in one buffer, like Linux */
@@ -403,13 +403,6 @@ int vhd_netdrv_rx_copy(struct vhd_netdrv_pair *p, void *buf, size_t len)
 
 /* ======================= waiting ======================= */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /*
  * The classic race: the device may use a buffer between our last look and
  * our request for a notification, and skip the notification because we
@@ -430,12 +423,12 @@ int vhd_netdrv_wait(struct vhd_netdrv_pair *p, int timeout_ms)
     if (!ready) {
         struct pollfd pf[2] = {{.fd = p->rx.call_fd, .events = POLLIN},
                                {.fd = p->tx.call_fd, .events = POLLIN}};
-        int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+        int64_t deadline = timeout_ms >= 0 ? (int64_t)vhd_now_ms() + timeout_ms : 0;
         p->stats.sleeps++;
         for (;;) {
             int left = -1;
             if (timeout_ms >= 0) {
-                int64_t l = deadline - now_ms();
+                int64_t l = deadline - (int64_t)vhd_now_ms();
                 left = l > 0 ? (int)l : 0;
             }
             int n = poll(pf, want_tx ? 2 : 1, left);
@@ -961,7 +954,7 @@ int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *
     (void)wr;
 
     /* Wait for the used element: the call eventfd, re-checked after enabling (the usual race). */
-    int64_t deadline = now_ms() + d->o.timeout_ms;
+    int64_t deadline = (int64_t)vhd_now_ms() + d->o.timeout_ms;
     for (;;) {
         void *ck;
         uint32_t used_len;
@@ -979,7 +972,7 @@ int vhd_netdrv_ctrl(struct vhd_netdrv *d, uint8_t cls, uint8_t cmd, const void *
         }
         if (vhd_drv_vq_enable_cb(&d->ctrl.dq))
             continue;
-        int64_t left = deadline - now_ms();
+        int64_t left = deadline - (int64_t)vhd_now_ms();
         if (left <= 0) {
             d->ctrl_broken = true;
             return -ETIMEDOUT;
@@ -1041,7 +1034,7 @@ static int backend_drain(struct vhd_netdrv *d, struct vu_rx *rx)
 int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
 {
     struct vu_rx rx;
-    int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+    int64_t deadline = timeout_ms >= 0 ? (int64_t)vhd_now_ms() + timeout_ms : 0;
 
     if (d->backend_fd < 0)
         return -ENOTSUP;
@@ -1057,7 +1050,7 @@ int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
         }
         int left = -1;
         if (timeout_ms >= 0) {
-            int64_t l = deadline - now_ms();
+            int64_t l = deadline - (int64_t)vhd_now_ms();
             if (l <= 0) {
                 vu_rx_reset(&rx);
                 return 0;

@@ -19,9 +19,9 @@
 
 #include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
+#include "util/bits.h"
+#include "util/clock.h"
 #include "vu_frontend.h"
-
-#define BIT(n) (1ull << (n))
 
 /* Pause between connect attempts while the back-end's socket is not there yet. */
 #define CONNECT_RETRY_MS 10
@@ -83,11 +83,10 @@ static const char *req_name(uint32_t req)
     }
 }
 
-static long ms_since(const struct timespec *t0)
+/* Milliseconds since t0 (a vhd_now_ms() value). */
+static long ms_since(uint64_t t0)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+    return (long)(vhd_now_ms() - t0);
 }
 
 void vhd_vuf_init(struct vhd_vuf *f, int timeout_ms)
@@ -125,14 +124,14 @@ bool vhd_vuf_alive(const struct vhd_vuf *f)
 int vhd_vuf_connect(struct vhd_vuf *f, const char *path)
 {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct timespec t0;
+    uint64_t t0;
     int last = 0;
 
     if (strlen(path) >= sizeof(sa.sun_path))
         return fail(f, -ENAMETOOLONG, "socket path too long: %s", path);
     strcpy(sa.sun_path, path);
     vhd_vuf_close(f);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = vhd_now_ms();
     for (;;) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
@@ -147,7 +146,7 @@ int vhd_vuf_connect(struct vhd_vuf *f, const char *path)
         /* A daemon that is starting has no socket yet, or has not listen()ed. */
         if (last != ENOENT && last != ECONNREFUSED && last != EAGAIN && last != EINTR)
             return fail(f, -last, "connect %s: %s", path, strerror(last));
-        if (ms_since(&t0) >= f->timeout_ms)
+        if (ms_since(t0) >= f->timeout_ms)
             return fail(f, -ETIMEDOUT, "connect %s: %s (gave up after %d ms)", path, strerror(last),
                         f->timeout_ms);
         struct timespec ts = {0, CONNECT_RETRY_MS * 1000000L};
@@ -182,10 +181,10 @@ static int send_msg(struct vhd_vuf *f, uint32_t req, uint32_t flags, const void 
  */
 static int recv_reply_fds(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx, unsigned max_fds)
 {
-    struct timespec t0;
+    uint64_t t0;
 
     vu_rx_init(rx);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = vhd_now_ms();
     for (;;) {
         int rc = vu_rx_read(rx, f->fd);
         if (rc == 1)
@@ -196,7 +195,7 @@ static int recv_reply_fds(struct vhd_vuf *f, uint32_t req, struct vu_rx *rx, uns
                                       req_name(req)));
             return broken(f, fail(f, rc, "%s: receive: %s", req_name(req), strerror(-rc)));
         }
-        long left = f->timeout_ms - ms_since(&t0);
+        long left = f->timeout_ms - ms_since(t0);
         if (left <= 0)
             return broken(
                 f, fail(f, -ETIMEDOUT, "%s: no reply within %d ms", req_name(req), f->timeout_ms));

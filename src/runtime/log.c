@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/compiler.h"
 #include "log.h"
 
@@ -129,13 +130,6 @@ void vhd_log(enum vhd_log_level level, const char *fmt, ...)
     va_end(ap);
 }
 
-static uint64_t monotonic_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /*
  * The limiter: a window opens at the first line and lasts
  * VHD_LOG_RL_INTERVAL_MS; the first VHD_LOG_RL_BURST lines in it are
@@ -155,7 +149,7 @@ int vhd_log_ratelimited(struct vhd_log_ratelimit *rl, enum vhd_log_level level, 
 
     if (!log_enabled(level))
         return 0;
-    uint64_t now = monotonic_ns();
+    uint64_t now = vhd_now_ns();
     uint64_t start = vhd_load_relaxed(&rl->window_start_ns);
     if (start == 0 || now - start >= (uint64_t)VHD_LOG_RL_INTERVAL_MS * 1000000ull) {
         if (__atomic_compare_exchange_n(&rl->window_start_ns, &start, now, false, __ATOMIC_RELAXED,
