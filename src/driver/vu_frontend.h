@@ -3,7 +3,7 @@
  * vhost-user front-end: the side of the protocol QEMU plays, for the
  * userspace drivers. One struct vhd_vuf is one session on one connected Unix
  * socket: feature and protocol-feature negotiation, the memory table, ring
- * set-up and orderly stop, config space. Wire format from transport/vu_msg.h.
+ * set-up and orderly stop, config space. Wire format from spec/vhost_user.h.
  *
  * Every exchange is synchronous and bounded by the session's timeout; every
  * reply is validated (request id, flags, size). Functions return 0 or -errno
