@@ -5,8 +5,9 @@ check-layers: every project include points down. Resolves each #include of
 the project's C files (src/, include/, daemon/, tools/, bench/, examples/) the
 way the compiler does (the including file's directory, then include/ and src/)
 and fails when a file includes from a layer above its own or from a sibling
-layer, when a public header includes anything internal, or when an include
-does not resolve. The order is written down in docs/ARCHITECTURE.md ("Layers").
+layer, when a public header includes anything internal, when an include
+does not resolve, or names its header with ../ instead of from src/ or
+include/. The order is written down in docs/ARCHITECTURE.md ("Layers").
 
 Usage: scripts/check-layers.py [ROOT]   (default: the repository holding this script)
 Before checking ROOT it checks a small tree of its own with one bad include of
@@ -97,6 +98,10 @@ def check(root):
                     if not m:
                         continue
                     quoted, target = m.group(1) == '"', m.group(2)
+                    if target.startswith("../"):
+                        problems.append(f"{rel}:{lineno}: \"{target}\": name it from src/ or "
+                                        "include/, not with ../")
+                        continue
                     t = resolve(root, os.path.dirname(rel), target, quoted)
                     if t is None:
                         if quoted:
@@ -141,6 +146,7 @@ def self_test():
         "examples/d.c": '#include "util/compiler.h"\n',  # example below the public API
         "src/transport/e.c": '#include "nowhere.h"\n',  # does not resolve
         "src/mystery/f.c": "",  # in no layer
+        "src/driver/g.h": '#include "../core/vq.h"\n',  # a ../ path (the layer would pass)
     }
     good = {
         "src/runtime/dev.h": '#include "core/vq.h"\n#include <stdint.h>\n',

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../core/mem.h"
+#include "core/mem.h"
 
 #define VHD_GUESTMEM_MAX_REGIONS 8
 
