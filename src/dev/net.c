@@ -17,6 +17,7 @@
 #include "backend/net_backend.h"
 #include "util/bits.h"
 #include "util/compiler.h"
+#include "util/iov.h"
 #include "runtime/efd.h"
 #include "runtime/log.h"
 #include "runtime/rt.h"
@@ -206,54 +207,6 @@ void vhd_net_default_mac(const char *key, uint8_t mac[6])
 }
 
 /*
- * Copy up to len bytes from byte off of iov[0..cnt) to dst. Returns the bytes
- * copied. The source is guest memory: the compiler barrier at the end keeps
- * the compiler from reading it again in place of dst (read once, then check
- * and use only the copy).
- */
-static size_t iov_to_buf(const struct iovec *iov, uint32_t cnt, size_t off, void *dst, size_t len)
-{
-    uint8_t *d = dst;
-    size_t done = 0;
-
-    for (uint32_t i = 0; i < cnt && done < len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = iov[i].iov_len - off;
-        if (n > len - done)
-            n = len - done;
-        memcpy(d + done, (const uint8_t *)iov[i].iov_base + off, n);
-        done += n;
-        off = 0;
-    }
-    __asm__ volatile("" ::: "memory");
-    return done;
-}
-
-/* Copy len bytes from src to byte off of iov[0..cnt) (as far as it reaches). */
-static void iov_from_buf(const struct iovec *iov, uint32_t cnt, size_t off, const void *src,
-                         size_t len)
-{
-    const uint8_t *s = src;
-
-    for (uint32_t i = 0; i < cnt && len; i++) {
-        if (off >= iov[i].iov_len) {
-            off -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = iov[i].iov_len - off;
-        if (n > len)
-            n = len;
-        memcpy((uint8_t *)iov[i].iov_base + off, s, n);
-        s += n;
-        len -= n;
-        off = 0;
-    }
-}
-
-/*
  * The virtio-net header in and out of guest buffers. Drivers put it in the
  * first segment (DPDK and Linux prepend it to the frame, 5.1.6.2), so the
  * common case is one fixed-size copy the compiler inlines; a header split
@@ -264,7 +217,7 @@ static inline void hdr_read(const struct iovec *iov, uint32_t cnt, struct virtio
     if (vhd_likely(cnt > 0 && iov[0].iov_len >= HDR_LEN))
         memcpy(h, iov[0].iov_base, HDR_LEN);
     else
-        (void)iov_to_buf(iov, cnt, 0, h, HDR_LEN);
+        (void)vhd_iov_to_buf(iov, cnt, 0, h, HDR_LEN);
     /*
      * The driver can rewrite its header at any time: every check and use
      * reads *h, never the guest's bytes again. The empty asm says *h may
@@ -315,7 +268,7 @@ static inline void hdr_write(const struct iovec *iov, uint32_t cnt,
                                       .csum_start = csum_start,
                                       .csum_offset = csum_offset,
                                       .num_buffers = num_buffers};
-        iov_from_buf(iov, cnt, 0, &h, HDR_LEN);
+        (void)vhd_iov_from_buf(iov, cnt, 0, &h, HDR_LEN);
     }
 }
 
@@ -409,7 +362,7 @@ static void csum_fill(const struct iovec *iov, uint32_t cnt, size_t base, uint32
     if (c == 0)
         c = 0xffff;
     uint8_t be[2] = {(uint8_t)(c >> 8), (uint8_t)c};
-    iov_from_buf(iov, cnt, base + csum_start + csum_offset, be, 2);
+    (void)vhd_iov_from_buf(iov, cnt, base + csum_start + csum_offset, be, 2);
 }
 
 /*
@@ -1019,7 +972,7 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
                    q->dev->name, c->rlen);
         return VIRTIO_NET_ERR;
     }
-    (void)iov_to_buf(iov, c->nr, 0, &h, sizeof(h));
+    (void)vhd_iov_to_buf(iov, c->nr, 0, &h, sizeof(h));
     uint32_t dlen = c->rlen - (uint32_t)sizeof(h);
 
     switch (h.cls) {
@@ -1030,7 +983,7 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
             break;
         /* Cannot come up short (rlen counted the byte); checked so `on` is always defined. */
         uint8_t on = 0;
-        if (iov_to_buf(iov, c->nr, sizeof(h), &on, 1) != 1)
+        if (vhd_iov_to_buf(iov, c->nr, sizeof(h), &on, 1) != 1)
             break;
         vhd_store_relaxed(h.cmd == VIRTIO_NET_CTRL_RX_PROMISC ? &net->promisc : &net->allmulti,
                           (uint8_t)(on != 0));
@@ -1040,7 +993,7 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
             /* 5.1.6.5.2: the new default address, reflected in config space (a unicast one). */
             uint8_t mac[6] = {0};
             if (!(f & BIT(VIRTIO_NET_F_CTRL_MAC_ADDR)) || dlen != 6 ||
-                iov_to_buf(iov, c->nr, sizeof(h), mac, 6) != 6)
+                vhd_iov_to_buf(iov, c->nr, sizeof(h), mac, 6) != 6)
                 break;
             if (mac[0] & 1)
                 break;
@@ -1052,7 +1005,7 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
             uint32_t off = sizeof(h), left = dlen;
             for (int t = 0; t < 2; t++) {
                 uint32_t n = 0;
-                if (left < 4 || iov_to_buf(iov, c->nr, off, &n, 4) != 4)
+                if (left < 4 || vhd_iov_to_buf(iov, c->nr, off, &n, 4) != 4)
                     return VIRTIO_NET_ERR;
                 n = vhd_le32(n);
                 left -= 4;
@@ -1071,7 +1024,7 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
         /* 5.1.6.5.5: 1..max_virtqueue_pairs; out of range is refused. */
         if (h.cmd == VIRTIO_NET_CTRL_MQ_VQ_PAIRS_SET && (f & BIT(VIRTIO_NET_F_MQ)) && dlen == 2) {
             struct virtio_net_ctrl_mq mq = {0};
-            if (iov_to_buf(iov, c->nr, sizeof(h), &mq, sizeof(mq)) != sizeof(mq))
+            if (vhd_iov_to_buf(iov, c->nr, sizeof(h), &mq, sizeof(mq)) != sizeof(mq))
                 break;
             uint16_t n = vhd_le16(mq.virtqueue_pairs);
             if (n < VIRTIO_NET_CTRL_MQ_VQ_PAIRS_MIN || n > net->pairs)
