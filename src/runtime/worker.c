@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util/clock.h"
 #include "util/compiler.h"
 #include "efd.h"
 #include "log.h"
@@ -149,13 +150,6 @@ struct vhd_rt {
     int event_fd; /* written by workers when a queue breaks */
     struct vhd_worker *workers;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- datapath helpers (worker thread) ---- */
 
@@ -502,7 +496,7 @@ static int worker_next_timeout(struct vhd_worker *w, bool work)
         return 0;
     if (w->mode == VHD_POLL_ADAPTIVE) {
         if (work) {
-            w->last_work_ns = now_ns();
+            w->last_work_ns = vhd_now_ns();
             if (!w->polling) {
                 w->polling = true;
                 worker_disable_notify_all(w);
@@ -510,7 +504,7 @@ static int worker_next_timeout(struct vhd_worker *w, bool work)
             return 0;
         }
         if (w->polling) {
-            if (now_ns() - w->last_work_ns < w->poll_ns)
+            if (vhd_now_ns() - w->last_work_ns < w->poll_ns)
                 return 0;
             w->polling = false;
             if (worker_enable_notify_all(w))

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "runtime/log.h"
+#include "util/clock.h"
 #include "vu_client.h"
 #include "vu_session.h"
 
@@ -35,13 +36,6 @@ struct vhd_vu_client {
     int last_logged_err; /* errno of the last failure logged at info level; 0: none yet */
     struct vhd_vu_sock_access acc;
 };
-
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* Arm the one-shot timer to fire in ms milliseconds (0: at once). */
 static int arm_timer(struct vhd_vu_client *cl, unsigned ms)
@@ -78,7 +72,7 @@ static void client_end_session(struct vhd_vu_client *cl)
     if (vhd_vu_session_end(&cl->sess, cl->dev) != 1)
         return;
     /* A session that held for a while was a success: start over from the shortest delay. */
-    if (now_ms() - cl->session_start_ms >= VHD_VU_CLIENT_STABLE_MS)
+    if (vhd_now_ms() - cl->session_start_ms >= VHD_VU_CLIENT_STABLE_MS)
         cl->delay_ms = cl->min_ms;
 }
 
@@ -152,7 +146,7 @@ static void try_connect(struct vhd_vu_client *cl)
     }
     cl->next_delay_ms = 0;
     cl->last_logged_err = 0;
-    cl->session_start_ms = now_ms();
+    cl->session_start_ms = vhd_now_ms();
     vhd_log(VHD_LOG_INFO, "%s: connected to the front-end on %s (attempt %u; pid %d uid %u gid %u)",
             cl->dev->name, cl->path, cl->attempts, (int)cred.pid, (unsigned)cred.uid,
             (unsigned)cred.gid);

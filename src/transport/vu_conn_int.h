@@ -17,9 +17,8 @@
 #include "runtime/dev.h"
 #include "vu_conn.h"
 #include "spec/vhost_user.h"
+#include "util/bits.h"
 #include "vu_sock.h"
-
-#define BIT(n) (1ull << (n))
 
 struct vhd_vu_conn {
     struct vhd_dev *dev;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "runtime/log.h"
+#include "util/clock.h"
 #include "vu_sock.h"
 
 #define HDR_SIZE ((uint32_t)sizeof(struct vu_hdr))
@@ -131,11 +132,10 @@ int vu_rx_read(struct vu_rx *rx, int sock)
     }
 }
 
-static long elapsed_ms(const struct timespec *t0)
+/* Milliseconds since t0 (a vhd_now_ms() value). */
+static long elapsed_ms(uint64_t t0)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+    return (long)(vhd_now_ms() - t0);
 }
 
 int vu_send(int sock, const struct vu_hdr *hdr, const void *payload, const int *fds, unsigned nfds,
@@ -151,11 +151,11 @@ int vu_send(int sock, const struct vu_hdr *hdr, const void *payload, const int *
     };
     size_t total = sizeof(*hdr) + iov[1].iov_len, sent = 0;
     bool fds_sent = (nfds == 0);
-    struct timespec t0;
+    uint64_t t0;
 
     if (nfds > VHOST_USER_MAX_FDS || (hdr->size && !payload))
         return -EINVAL;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    t0 = vhd_now_ms();
     while (sent < total) {
         /* Skip what was already sent. */
         struct iovec v[2];
@@ -188,7 +188,7 @@ int vu_send(int sock, const struct vu_hdr *hdr, const void *payload, const int *
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return -errno;
-            long left = timeout_ms - elapsed_ms(&t0);
+            long left = timeout_ms - elapsed_ms(t0);
             if (left <= 0)
                 return -ETIMEDOUT;
             struct pollfd pfd = {.fd = sock, .events = POLLOUT};
