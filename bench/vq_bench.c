@@ -13,7 +13,11 @@
  * what crash-safe resubmission costs per request.
  *
  * Usage: vq-bench [--requests N] [--layout split|packed|both] [--batch B]...
- *                 [--indirect] [--size QSIZE] [--inflight]
+ *                 [--indirect] [--size QSIZE] [--inflight] [--single]
+ *
+ * The device pops each round's requests as one run (vhd_vq_pop_burst) and
+ * pushes them with vhd_vq_push_burst; --single pops and pushes them one by
+ * one (vhd_vq_pop / vhd_vq_push), the per-chain verbs.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -105,10 +109,11 @@ static void teardown(struct bench *b)
 }
 
 /* Returns ns per request, or a negative value on an engine error. */
-static double run(struct bench *b, uint64_t requests, uint32_t batch, bool indirect)
+static double run(struct bench *b, uint64_t requests, uint32_t batch, bool indirect, bool single)
 {
-    struct iovec iov[8];
+    struct iovec iov[8], biov[64 * 4];
     struct vhd_vq_chain c[64];
+    uint32_t written[64];
     uint64_t done = 0, notifies = 0;
 
     double t0 = (double)vhd_now_ns();
@@ -120,16 +125,29 @@ static double run(struct bench *b, uint64_t requests, uint32_t batch, bool indir
         }
         vhd_drv_vq_publish(&b->dq);
         (void)vhd_drv_vq_kick_needed(&b->dq);
-        for (uint32_t i = 0; i < batch; i++) {
-            int rc = vhd_vq_pop(&b->vq, iov, 8, &c[i]);
-            if (rc != 1)
+        if (single) {
+            for (uint32_t i = 0; i < batch; i++) {
+                int rc = vhd_vq_pop(&b->vq, iov, 8, &c[i]);
+                if (rc != 1)
+                    return -2;
+                /* "complete" the request: write the status byte */
+                *(uint8_t *)iov[c[i].nr].iov_base = 0;
+            }
+            for (uint32_t i = 0; i < batch; i++)
+                if (vhd_vq_push(&b->vq, &c[i], 1) < 0)
+                    return -3;
+        } else {
+            /* One run (the whole batch is published). */
+            int rc = vhd_vq_pop_burst(&b->vq, biov, 4, c, batch);
+            if (rc != (int)batch)
                 return -2;
-            /* "complete" the request: write the status byte */
-            *(uint8_t *)iov[c[i].nr].iov_base = 0;
-        }
-        for (uint32_t i = 0; i < batch; i++)
-            if (vhd_vq_push(&b->vq, &c[i], 1) < 0)
+            for (uint32_t i = 0; i < batch; i++) {
+                *(uint8_t *)biov[4 * i + c[i].nr].iov_base = 0;
+                written[i] = 1;
+            }
+            if (vhd_vq_push_burst(&b->vq, c, written, batch) < 0)
                 return -3;
+        }
         vhd_vq_flush(&b->vq);
         notifies += vhd_vq_need_notify(&b->vq);
         for (uint32_t i = 0; i < batch; i++) {
@@ -151,7 +169,7 @@ int main(int argc, char **argv)
     uint32_t batches[8] = {1, 16, 64};
     int nbatches = 3, user_batches = 0;
     int layouts = 3; /* bit 0 split, bit 1 packed */
-    bool indirect = false, inflight = false;
+    bool indirect = false, inflight = false, single = false;
     uint32_t qsize = 256;
 
     for (int i = 1; i < argc; i++) {
@@ -170,12 +188,14 @@ int main(int argc, char **argv)
             indirect = true;
         } else if (!strcmp(argv[i], "--inflight")) {
             inflight = true;
+        } else if (!strcmp(argv[i], "--single")) {
+            single = true;
         } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
             qsize = (uint32_t)strtoul(argv[++i], NULL, 0);
         } else {
             fprintf(stderr,
                     "usage: %s [--requests N] [--layout split|packed|both] [--batch B]... "
-                    "[--indirect] [--size QSIZE] [--inflight]\n",
+                    "[--indirect] [--size QSIZE] [--inflight] [--single]\n",
                     argv[0]);
             return 2;
         }
@@ -197,7 +217,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "setup failed: %s\n", strerror(-rc));
                 return 1;
             }
-            double ns = run(&b, requests, batch, indirect);
+            double ns = run(&b, requests, batch, indirect, single);
             if (ns < 0) {
                 fprintf(stderr, "engine error %.0f (vq error: %s)\n", ns,
                         vhd_vq_strerror(b.vq.error));

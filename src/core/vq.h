@@ -158,6 +158,7 @@ struct vhd_vq {
     bool inf_stale;             /* packed start: the area did not describe the ring: the
                                    base set_base gave was kept, the area reset */
     uint16_t inf_dropped;       /* ... and this many chains it listed were dropped */
+    uint16_t inf_pop_rec;       /* packed: head record the last tracked pop marked */
     bool inf_resubmit_only;     /* pop only the chains to pop again, nothing new (a ring
                                    being stopped finishes what a restart owes; set by
                                    the owner, cleared by vhd_vq_fini) */
@@ -343,6 +344,65 @@ static inline int vhd_vq_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_
                       : vhd_vq__split_pop(vq, iov, max_iov, c);
 }
 
+/* Most chains one vhd_vq_pop_burst call takes. */
+#define VHD_VQ_BURST_MAX 64u
+
+int vhd_vq__split_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                            struct vhd_vq_chain *c, uint32_t max);
+int vhd_vq__packed_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                             struct vhd_vq_chain *c, uint32_t max);
+int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                             const uint32_t *written, uint32_t n);
+int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                              const uint32_t *written, uint32_t n);
+
+/*
+ * vhd_vq_pop_burst - pop a run of up to max chains (at most
+ * VHD_VQ_BURST_MAX) in one call: the chains, checks and errors of as many
+ * vhd_vq_pop calls, for less work per chain (split: avail->idx is read at
+ * most once, the run's heads in one pass with their descriptors
+ * prefetched; both layouts: per-run state is loaded once, and a buffer in
+ * the region of the previous one is translated with one check).
+ * Chain k gets iov[k * stride ...] (up to stride segments) and c[k].
+ * Returns the number of chains popped (0: nothing available), or
+ * -enum vhd_vq_err when the run's first chain is bad (queue broken, as
+ * vhd_vq_pop). A bad chain after the first ends the run before it: the
+ * chains before it are returned and the queue is not broken yet, so they
+ * are pushed and published normally; the next pop meets the bad chain
+ * again and breaks the queue (unless the driver rewrote it meanwhile).
+ * With inflight tracking each chain is recorded as vhd_vq_pop records it.
+ */
+static inline int vhd_vq_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                                   struct vhd_vq_chain *c, uint32_t max)
+{
+    int rc = vhd_vq__ready(vq);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    if (max > VHD_VQ_BURST_MAX)
+        max = VHD_VQ_BURST_MAX;
+    if (vhd_unlikely(max == 0))
+        return 0;
+    return vq->packed ? vhd_vq__packed_pop_burst(vq, iov, stride, c, max)
+                      : vhd_vq__split_pop_burst(vq, iov, stride, c, max);
+}
+
+/*
+ * vhd_vq_push_burst - vhd_vq_push(c[k], written[k]) for k in 0..n (written
+ * NULL: 0 bytes for each), with one pass over the used ring. Chains are
+ * checked as vhd_vq_push checks them; on an error the chains before the
+ * bad one are pushed, the queue is broken and -enum vhd_vq_err returned.
+ * Returns 0. Nothing is visible to the driver until vhd_vq_flush().
+ */
+static inline int vhd_vq_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                                    const uint32_t *written, uint32_t n)
+{
+    int rc = vhd_vq__ready(vq);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    return vq->packed ? vhd_vq__packed_push_burst(vq, c, written, n)
+                      : vhd_vq__split_push_burst(vq, c, written, n);
+}
+
 /*
  * vhd_vq_push - record chain c as used with `written` bytes written into its
  * device-writable buffers. Chains may be pushed in any order. Nothing is
@@ -479,6 +539,68 @@ static inline int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t le
         }
     }
     return vhd_vq__map_desc_slow(vq, addr, len, writable, iov, max_iov, c, total);
+}
+
+/*
+ * Batch pops (vhd_vq_pop_burst) keep the region of the last hit in locals
+ * for the whole run: a buffer inside it is translated with one range check
+ * and no table access. size 0 means no region (every check fails and the
+ * slow path decides).
+ */
+struct vhd_vq__rcache {
+    uint64_t gpa;
+    uint64_t size;
+    uint8_t *hva;
+};
+
+static inline void vhd_vq__rcache_load(const struct vhd_vq *vq, struct vhd_vq__rcache *rc)
+{
+    const struct vhd_mem *mem = vq->mem;
+    uint32_t h = vq->mem_hint;
+
+    if (vhd_likely(h < mem->nregions)) {
+        const struct vhd_mem_region *r = &mem->regions[vhd_index_nospec(h, mem->nregions)];
+        rc->gpa = r->gpa;
+        rc->size = r->size;
+        rc->hva = r->hva;
+    } else {
+        rc->gpa = 0;
+        rc->size = 0;
+        rc->hva = NULL;
+    }
+}
+
+/*
+ * vhd_vq__map_desc with the run's cached region: the same decision (fast
+ * case or the slow path, which keeps every check and error), one check
+ * fewer (addr - gpa wraps above size when addr < gpa, as a region never
+ * wraps the address space), and no load of the table. After the slow path
+ * the cache follows the hint.
+ */
+static inline int vhd_vq__map_desc_run(struct vhd_vq *vq, struct vhd_vq__rcache *rc, uint64_t addr,
+                                       uint32_t len, bool writable, struct iovec *iov,
+                                       uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total)
+{
+    uint32_t used = (uint32_t)c->nr + c->nw;
+    uint64_t off = addr - rc->gpa;
+
+    if (vhd_likely(len != 0 && (writable || c->nw == 0) && used < max_iov &&
+                   *total + len <= UINT32_MAX && off < rc->size && len <= rc->size - off)) {
+        *total += len;
+        iov[used].iov_base = rc->hva + vhd_index_nospec(off, rc->size);
+        iov[used].iov_len = len;
+        if (writable) {
+            c->nw++;
+            c->wlen += len;
+        } else {
+            c->nr++;
+            c->rlen += len;
+        }
+        return 0;
+    }
+    int r = vhd_vq__map_desc_slow(vq, addr, len, writable, iov, max_iov, c, total);
+    vhd_vq__rcache_load(vq, rc);
+    return r;
 }
 
 /* Mark the queue broken with err (positive) and return -err. */

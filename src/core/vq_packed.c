@@ -180,17 +180,25 @@ static int pop_indirect(struct vhd_vq *vq, uint64_t addr, uint32_t len, struct i
  * 2.8.19, and only when negotiated) or a buffer. first: it is the chain's
  * first descriptor.
  */
-static inline int packed_map_one(struct vhd_vq *vq, uint64_t addr, uint32_t len, uint16_t flags,
-                                 bool first, struct iovec *iov, uint32_t max_iov,
-                                 struct vhd_vq_chain *c, uint64_t *total)
+static inline __attribute__((always_inline)) int
+packed_map_one(struct vhd_vq *vq, uint64_t addr, uint32_t len, uint16_t flags, bool first,
+               struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c, uint64_t *total,
+               struct vhd_vq__rcache *rcache)
 {
     if (flags & VRING_DESC_F_INDIRECT) {
         if (vhd_unlikely(!vq->indirect))
             return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_NOFEAT);
         if (vhd_unlikely(!first || (flags & VRING_DESC_F_NEXT)))
             return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
-        return pop_indirect(vq, addr, len, iov, max_iov, c, total);
+        int rc = pop_indirect(vq, addr, len, iov, max_iov, c, total);
+        if (rcache)
+            vhd_vq__rcache_load(vq, rcache); /* the table walk may have moved the hint */
+        return rc;
     }
+    /* rcache: a batch pop (constant per call site: the other one is compiled out). */
+    if (rcache)
+        return vhd_vq__map_desc_run(vq, rcache, addr, len, (flags & VRING_DESC_F_WRITE) != 0, iov,
+                                    max_iov, c, total);
     return vhd_vq__map_desc(vq, addr, len, (flags & VRING_DESC_F_WRITE) != 0, iov, max_iov, c,
                             total);
 }
@@ -242,7 +250,7 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
             return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
         if (k + 1 == num)
             flags &= (uint16_t)~VRING_DESC_F_NEXT;
-        int rc = packed_map_one(vq, r.addr, r.len, flags, k == 0, iov, max_iov, c, &total);
+        int rc = packed_map_one(vq, r.addr, r.len, flags, k == 0, iov, max_iov, c, &total, NULL);
         if (vhd_unlikely(rc < 0))
             return rc;
         id = r.id;
@@ -334,6 +342,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
         h->counter = vq->inf_counter++;
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         h->inflight = 1;
+        vq->inf_pop_rec = head_rec; /* a run ending at this pop's error unmarks it */
     }
 
     uint64_t total = 0;
@@ -347,7 +356,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
         id = vhd_le16(vhd_load_relaxed(&d->id));
 
         n++;
-        int rc = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total);
+        int rc = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total, NULL);
         if (vhd_unlikely(rc < 0))
             return rc;
         if (tracked) {
@@ -435,6 +444,174 @@ static __attribute__((noinline)) int packed_pop_plain(struct vhd_vq *vq, struct 
     return packed_pop(vq, iov, max_iov, c, false);
 }
 
+/* Packed 2.8.1 availability of flags for wrap counter w, as one mask test. */
+static inline bool desc_is_avail_fast(uint16_t flags, uint16_t want)
+{
+    return (flags & (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED)) == want;
+}
+
+/*
+ * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked: the
+ * ring's state (owned slots, room, position) is loaded once and kept in
+ * locals; at a group of four aligned slots inside the ring and the room,
+ * their flags are loaded together and tested as one (the common case:
+ * all four available), after which those slots need no test of their own;
+ * each chain is then walked with pop's checks and errors, the region of the
+ * last buffer kept in locals. A chain that fails after the first ends the
+ * run before it with the queue not broken (the failing walk changed only
+ * vq->error and its own iov/c); the next pop walks it again.
+ */
+static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                          struct vhd_vq_chain *c, uint32_t max)
+{
+    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint32_t max_iov = stride > PACKED_MAX_IOV ? PACKED_MAX_IOV : stride;
+
+    uint32_t owned = device_owned(vq);
+    if (vhd_unlikely(owned > size))
+        return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX); /* inconsistent SET_VRING_BASE */
+    uint32_t room = size - owned;
+    uint32_t slot = vq->last_avail_idx;
+    bool wrap = vq->avail_wrap;
+    uint16_t want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+    uint32_t known = 0; /* slots from `slot` on whose flags were tested as a group... */
+    uint16_t gf[4];     /* ...their flags as read then (each read once): gf[4 - known] */
+
+    struct vhd_vq__rcache rc;
+    vhd_vq__rcache_load(vq, &rc);
+    int err = 0;
+    uint32_t k;
+    for (k = 0; k < max; k++) {
+        if (room == 0)
+            break;
+        uint16_t flags;
+        if (known == 0 && (slot & 3) == 0 && room >= 4 && slot + 4 <= size) {
+            /* Acquire on each (2.8.21.1.1); on x86 these are plain loads. */
+            gf[0] = slot_flags(&ring[slot]);
+            gf[1] = slot_flags(&ring[slot + 1]);
+            gf[2] = slot_flags(&ring[slot + 2]);
+            gf[3] = slot_flags(&ring[slot + 3]);
+            uint16_t all = gf[0] & gf[1] & gf[2] & gf[3], any = gf[0] | gf[1] | gf[2] | gf[3];
+            uint16_t a = VRING_PACKED_DESC_F_AVAIL, u = VRING_PACKED_DESC_F_USED;
+            if (wrap ? ((all & a) && !(any & u)) : (!(any & a) && (all & u)))
+                known = 4;
+            if (room > PACKED_PREFETCH_AHEAD) {
+                uint32_t ahead = slot + PACKED_PREFETCH_AHEAD;
+                __builtin_prefetch(&ring[ahead < size ? ahead : ahead - size]);
+            }
+        }
+        if (known) {
+            flags = gf[4 - known--];
+        } else {
+            flags = slot_flags(&ring[slot]);
+            if (!desc_is_avail_fast(flags, want))
+                break;
+        }
+
+        struct vhd_vq_chain *ck = &c[k];
+        struct iovec *iv = iov + (size_t)k * stride;
+        ck->nr = ck->nw = 0;
+        ck->rlen = ck->wlen = 0;
+        uint64_t total = 0;
+        uint32_t n = 0, s = slot;
+        bool w = wrap;
+        uint16_t id;
+        for (;;) {
+            const struct vhd_vring_packed_desc *d = &ring[s];
+            /* Each guest field read once, after the acquire on this slot's flags. */
+            uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
+            uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
+            id = vhd_le16(vhd_load_relaxed(&d->id));
+            n++;
+            err = packed_map_one(vq, addr, len, flags, n == 1, iv, max_iov, ck, &total, &rc);
+            if (vhd_unlikely(err < 0))
+                goto out;
+            if (++s == size) {
+                s = 0;
+                w = !w;
+            }
+            if (!(flags & VRING_DESC_F_NEXT))
+                break;
+            if (vhd_unlikely(n == room)) {
+                err = vhd_vq__fail(vq, n == size ? VHD_VQ_E_CHAIN_LOOP : VHD_VQ_E_PACKED_CHAIN);
+                goto out;
+            }
+            if (known) {
+                flags = gf[4 - known--];
+            } else {
+                flags = slot_flags(&ring[s]);
+                if (vhd_unlikely(!desc_is_avail(flags, w))) {
+                    err = vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
+                    goto out;
+                }
+            }
+        }
+        if (vhd_unlikely(id >= size)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+            goto out;
+        }
+        ck->id = (uint16_t)vhd_index_nospec(id, size);
+        ck->ndescs = (uint16_t)n;
+        room -= n;
+        slot = s;
+        if (w != wrap) {
+            wrap = w;
+            want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+        }
+    }
+out:
+    vq->last_avail_idx = (uint16_t)slot;
+    vq->avail_wrap = wrap;
+    vq->inflight = (uint16_t)(vq->inflight + k);
+    if (vhd_unlikely(err < 0)) {
+        if (k == 0)
+            return err;
+        vq->error = VHD_VQ_OK; /* broken by the next pop, after this run is completed */
+    }
+    return (int)k;
+}
+
+/*
+ * A run with inflight tracking: one tracked pop per chain (records as
+ * vhd_vq_pop writes them). A chain failing after the first ends the run
+ * with the queue not broken; the head record its pop had marked in flight
+ * (still on the free list: free_head did not move) is unmarked and its
+ * counter taken back, as unpop does, so the area says what it said before.
+ */
+static __attribute__((noinline)) int packed_pop_run_tracked(struct vhd_vq *vq, struct iovec *iov,
+                                                            uint32_t stride, struct vhd_vq_chain *c,
+                                                            uint32_t max)
+{
+    uint32_t k;
+    for (k = 0; k < max; k++) {
+        uint64_t counter = vq->inf_counter;
+        int rc = packed_pop_tracked(vq, iov + (size_t)k * stride, stride, &c[k]);
+        if (rc == 0)
+            break;
+        if (vhd_unlikely(rc < 0)) {
+            if (k == 0)
+                return rc;
+            if (vq->inf_counter != counter) {
+                vq->inf.packed->desc[vhd_index_nospec(vq->inf_pop_rec, vq->inf_desc_num)].inflight =
+                    0;
+                vq->inf_counter = counter;
+            }
+            vq->error = VHD_VQ_OK;
+            break;
+        }
+    }
+    return (int)k;
+}
+
+int vhd_vq__packed_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                             struct vhd_vq_chain *c, uint32_t max)
+{
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return packed_pop_run_tracked(vq, iov, stride, c, max);
+    return packed_pop_run(vq, iov, stride, c, max);
+}
+
 /*
  * The body is instantiated twice so the untracked path pays one pointer
  * test; both are separate functions so this one is a test and a tail call
@@ -468,7 +645,8 @@ int vhd_vq__packed_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
  * consumed but not yet used (USED_OVERFLOW), so a caller bug can never make
  * us overwrite a descriptor the device has not read.
  */
-int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
+static inline __attribute__((always_inline)) int
+packed_push_one(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
 {
     uint32_t size = vq->size;
 
@@ -517,6 +695,23 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
     }
     vq->used_idx = (uint16_t)next;
     vq->inflight--;
+    return 0;
+}
+
+int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t written)
+{
+    return packed_push_one(vq, c, written);
+}
+
+/* vhd_vq_push_burst: push's checks and stores for each chain, in one loop. */
+int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                              const uint32_t *written, uint32_t n)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = packed_push_one(vq, &c[k], written ? written[k] : 0);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+    }
     return 0;
 }
 

@@ -164,7 +164,8 @@ static int split_enter_indirect(struct vhd_vq *vq, const struct split_desc *d,
  */
 static inline __attribute__((always_inline)) int split_walk(struct vhd_vq *vq, uint16_t head,
                                                             struct iovec *iov, uint32_t max_iov,
-                                                            struct vhd_vq_chain *c)
+                                                            struct vhd_vq_chain *c,
+                                                            struct vhd_vq__rcache *rcache)
 {
     if (max_iov > SPLIT_MAX_IOV)
         max_iov = SPLIT_MAX_IOV;
@@ -202,8 +203,12 @@ static inline __attribute__((always_inline)) int split_walk(struct vhd_vq *vq, u
             continue;
         }
 
-        int rc = vhd_vq__map_desc(vq, d.addr, d.len, d.flags & VRING_DESC_F_WRITE, iov, max_iov, c,
-                                  &total);
+        /* rcache: a batch pop (constant per call site: the other one is compiled out). */
+        int rc = rcache
+                     ? vhd_vq__map_desc_run(vq, rcache, d.addr, d.len, d.flags & VRING_DESC_F_WRITE,
+                                            iov, max_iov, c, &total)
+                     : vhd_vq__map_desc(vq, d.addr, d.len, d.flags & VRING_DESC_F_WRITE, iov,
+                                        max_iov, c, &total);
         if (vhd_unlikely(rc < 0))
             return rc;
 
@@ -228,7 +233,7 @@ static int split_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t max
         return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
     /* Start checked every listed head against the queue size. */
     uint16_t head = (uint16_t)vhd_index_nospec(vq->inf_resubmit[vq->inf_resubmit_pos], vq->size);
-    int rc = split_walk(vq, head, iov, max_iov, c);
+    int rc = split_walk(vq, head, iov, max_iov, c, NULL);
     if (vhd_unlikely(rc < 0))
         return rc;
     vq->inf_resubmit_pos++;
@@ -319,7 +324,7 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
         __builtin_prefetch(&vq->ring.split.desc[vhd_index_nospec(ahead, vq->size)]);
     }
 
-    int rc = split_walk(vq, head, iov, max_iov, c);
+    int rc = split_walk(vq, head, iov, max_iov, c, NULL);
     if (vhd_unlikely(rc < 0))
         return rc;
 
@@ -367,6 +372,108 @@ int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
 }
 
 /*
+ * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked:
+ * avail->idx is read only when everything seen was consumed (as pop does),
+ * the run's heads are read in one pass that prefetches their descriptors,
+ * then each chain is checked and walked exactly as pop walks it, with the
+ * region of the last buffer kept in locals. A chain that fails after the
+ * first ends the run before it with the queue not broken (the failing
+ * walk changed nothing but vq->error and the caller's iov/c of that
+ * chain); the next pop walks it again.
+ */
+static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                         struct vhd_vq_chain *c, uint32_t max)
+{
+    uint16_t last = vq->last_avail_idx;
+
+    if (last == vq->avail_shadow) {
+        int rc = split_read_avail_idx(vq);
+        if (vhd_unlikely(rc < 0))
+            return rc;
+        if (vq->avail_shadow == last)
+            return 0;
+    }
+    uint32_t n = (uint16_t)(vq->avail_shadow - last);
+    if (n > max)
+        n = max;
+
+    /*
+     * The heads (read once, checked below), after the acquire of avail->idx
+     * that covered them (pairing A); the prefetch uses each only as a hint,
+     * clamped into the table.
+     */
+    const struct vhd_vring_desc *desc = vq->ring.split.desc;
+    const uint16_t *ring = vq->ring.split.avail->ring;
+    uint32_t size = vq->size, mask = vq->mask, pos = last & mask;
+    uint16_t heads[VHD_VQ_BURST_MAX];
+    for (uint32_t k = 0; k < n; k++) {
+        heads[k] = vhd_le16(vhd_load_relaxed(&ring[pos]));
+        __builtin_prefetch(&desc[vhd_index_nospec(heads[k], size)]);
+        pos = (pos + 1) & mask;
+    }
+
+    /* A driver never has more than size chains with the device (see split_pop). */
+    uint32_t room = size - vq->inflight;
+    struct vhd_vq__rcache rc;
+    vhd_vq__rcache_load(vq, &rc);
+    int err = 0;
+    uint32_t k;
+    for (k = 0; k < n; k++) {
+        if (vhd_unlikely(k >= room)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
+            break;
+        }
+        if (vhd_unlikely(heads[k] >= size)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+            break;
+        }
+        err = split_walk(vq, (uint16_t)heads[k], iov + (size_t)k * stride, stride, &c[k], &rc);
+        if (vhd_unlikely(err < 0))
+            break;
+    }
+    vq->last_avail_idx = (uint16_t)(last + k);
+    vq->inflight = (uint16_t)(vq->inflight + k);
+    if (vhd_unlikely(err < 0)) {
+        if (k == 0)
+            return err;
+        vq->error = VHD_VQ_OK; /* broken by the next pop, after this run is completed */
+    }
+    return (int)k;
+}
+
+/*
+ * A run with inflight tracking: one tracked pop per chain (records as
+ * vhd_vq_pop writes them); a chain failing after the first ends the run,
+ * the queue not broken: a failing split pop has written no record.
+ */
+static __attribute__((noinline)) int split_pop_run_tracked(struct vhd_vq *vq, struct iovec *iov,
+                                                           uint32_t stride, struct vhd_vq_chain *c,
+                                                           uint32_t max)
+{
+    uint32_t k;
+    for (k = 0; k < max; k++) {
+        int rc = split_pop_tracked(vq, iov + (size_t)k * stride, stride, &c[k]);
+        if (rc == 0)
+            break;
+        if (vhd_unlikely(rc < 0)) {
+            if (k == 0)
+                return rc;
+            vq->error = VHD_VQ_OK;
+            break;
+        }
+    }
+    return (int)k;
+}
+
+int vhd_vq__split_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
+                            struct vhd_vq_chain *c, uint32_t max)
+{
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return split_pop_run_tracked(vq, iov, stride, c, max);
+    return split_pop_run(vq, iov, stride, c, max);
+}
+
+/*
  * Record c as used (2.7.8). The element is written now but the driver sees
  * it only after flush's release store of used->idx (pairing B), so the two
  * stores need no ordering of their own (relaxed: single-copy atomic only).
@@ -395,6 +502,42 @@ int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t
     vq->used_idx++;
     vq->inflight--;
     return 0;
+}
+
+/*
+ * vhd_vq_push_burst: push's checks and stores for each chain, with the
+ * ring, index and mask loaded once and the counters stored once.
+ */
+int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                             const uint32_t *written, uint32_t n)
+{
+    struct vhd_vring_used_elem *ring = vq->ring.split.used->ring;
+    struct vhd_inflight_split *inf = vq->inf.split;
+    uint32_t size = vq->size, mask = vq->mask, left = vq->inflight;
+    uint16_t u = vq->used_idx;
+    int err = 0;
+    uint32_t k;
+
+    for (k = 0; k < n; k++) {
+        if (vhd_unlikely(c[k].id >= size)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+            break;
+        }
+        if (vhd_unlikely(k >= left)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+            break;
+        }
+        struct vhd_vring_used_elem *e = &ring[(uint16_t)(u + k) & mask];
+        vhd_store_relaxed(&e->id, vhd_le32(c[k].id));
+        vhd_store_relaxed(&e->len, vhd_le32(written ? written[k] : 0));
+        if (vhd_unlikely(inf != NULL)) {
+            inf->desc[vhd_index_nospec(c[k].id, size)].next = inf->last_batch_head;
+            inf->last_batch_head = c[k].id;
+        }
+    }
+    vq->used_idx = (uint16_t)(u + k);
+    vq->inflight = (uint16_t)(left - k);
+    return err;
 }
 
 /*

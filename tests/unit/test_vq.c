@@ -2777,3 +2777,219 @@ VHD_TEST(notify_multi_lap_packed)
     }
     VHD_CHECK_EQ(bad, 0);
 }
+
+/* ---- batch verbs: vhd_vq_pop_burst / vhd_vq_push_burst ---- */
+
+#define BURST_STRIDE 8
+
+/*
+ * Rounds of random requests (1-4 buffers, some indirect) through a small
+ * ring, popped in runs of random budget and pushed in one call: runs cross
+ * the ring's end many times; every chain must come back with the shape it
+ * was added with, and the driver must collect every one with its length.
+ */
+BOTH(burst_wrap_mixed)
+{
+    static const uint32_t sizes[] = {16, 13, 4};
+    for (unsigned si = 0; si < VHD_ARRAY_SIZE(sizes); si++) {
+        uint32_t size = sizes[si];
+        if (!packed && size == 13)
+            continue;
+        struct vqfx f;
+        struct vqfx_opts o = {.size = size, .packed = packed, .indirect = true, .max_indirect = 4};
+        vqfx_setup(&f, &o);
+        uint64_t pool = vqfx_alloc(&f, 64 * 1024, NULL);
+        struct iovec iov[VHD_VQ_BURST_MAX * BURST_STRIDE];
+        struct vhd_vq_chain c[VHD_VQ_BURST_MAX];
+        uint32_t written[VHD_VQ_BURST_MAX], want_r[32768], want_w[32768];
+        uint64_t cookie = 0, collected = 0;
+        rng_seed(size + 31 * packed);
+        for (int round = 0; round < 400; round++) {
+            uint32_t n = 1 + rnd_below(f.dq.num_free < 8 ? 1 : 8), added = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                struct vhd_drv_buf b[4];
+                uint32_t nr = rnd_below(3), nw = 1 + rnd_below(2), rl = 0, wl = 0;
+                if (nr + nw > 4)
+                    nw = 4 - nr;
+                for (uint32_t k = 0; k < nr + nw; k++) {
+                    b[k].gpa = pool + rnd_below(60 * 1024);
+                    b[k].len = 1 + rnd_below(512);
+                    if (k < nr)
+                        rl += b[k].len;
+                    else
+                        wl += b[k].len;
+                }
+                bool ind = rnd_below(3) == 0;
+                if (vhd_drv_vq_add(&f.dq, b, nr, nw, ind, (void *)(uintptr_t)(cookie + 1)) < 0)
+                    break;
+                want_r[cookie % 32768] = rl;
+                want_w[cookie % 32768] = wl;
+                cookie++;
+                added++;
+            }
+            vhd_drv_vq_publish(&f.dq);
+            uint32_t got = 0;
+            while (got < added) {
+                uint32_t budget = 1 + rnd_below(added - got + 2);
+                int rc = vhd_vq_pop_burst(&f.vq, iov, BURST_STRIDE, c, budget);
+                VHD_CHECK(rc > 0);
+                VHD_CHECK((uint32_t)rc <= budget);
+                for (int k = 0; k < rc; k++) {
+                    uint32_t segs = (uint32_t)c[k].nr + c[k].nw, sum = 0;
+                    VHD_CHECK(segs <= BURST_STRIDE);
+                    for (uint32_t s = 0; s < segs; s++)
+                        sum += (uint32_t)iov[k * BURST_STRIDE + s].iov_len;
+                    VHD_CHECK_EQ(sum, c[k].rlen + c[k].wlen);
+                    written[k] = c[k].wlen;
+                }
+                VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, written, (uint32_t)rc), 0);
+                got += (uint32_t)rc;
+            }
+            VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, BURST_STRIDE, c, 8), 0);
+            vhd_vq_flush(&f.vq);
+            void *ck;
+            uint32_t len;
+            while (vhd_drv_vq_get_used(&f.dq, &ck, &len) == 1) {
+                uint64_t id = (uint64_t)(uintptr_t)ck - 1;
+                VHD_CHECK_EQ(id, collected);
+                VHD_CHECK_EQ(len, want_w[id % 32768]);
+                (void)want_r;
+                collected++;
+            }
+        }
+        VHD_CHECK_EQ(collected, cookie);
+        VHD_CHECK(cookie > 4 * size);
+        VHD_CHECK_EQ(f.vq.error, 0);
+        vqfx_teardown(&f);
+    }
+}
+
+/* A run stops at the caller's budget; the rest comes in the next runs. */
+BOTH(burst_budget)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 32, .packed = packed};
+    vqfx_setup(&f, &o);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    for (uint32_t i = 0; i < 10; i++) {
+        struct vhd_drv_buf b[2] = {{buf + 64 * i, 16}, {buf + 64 * i + 32, 1}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&f.dq);
+    struct iovec iov[4 * 4];
+    struct vhd_vq_chain c[4];
+    static const int want[] = {4, 4, 2, 0};
+    for (unsigned r = 0; r < VHD_ARRAY_SIZE(want); r++) {
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 4), want[r]);
+        for (int k = 0; k < want[r]; k++) {
+            VHD_CHECK_EQ(c[k].nr, 1);
+            VHD_CHECK_EQ(c[k].nw, 1);
+            VHD_CHECK_EQ(c[k].rlen, 16);
+            VHD_CHECK_EQ(c[k].wlen, 1);
+        }
+    }
+    VHD_CHECK_EQ(f.vq.inflight, 10);
+    vqfx_teardown(&f);
+}
+
+/*
+ * A bad chain after three good ones: the run returns the three with the
+ * queue still working, they are pushed and published normally (with
+ * inflight tracking: recorded, then cleared), and the next pop breaks the
+ * queue with the error a single pop gives.
+ */
+BOTH(burst_bad_chain_mid_run)
+{
+    for (int tracked = 0; tracked < 2; tracked++) {
+        struct vqfx f;
+        struct vqfx_opts o = {.size = 16, .packed = packed, .no_start = true};
+        vqfx_setup(&f, &o);
+        void *inf = NULL;
+        if (tracked) {
+            size_t len = vhd_inflight_queue_size(packed, 16);
+            inf = aligned_alloc(64, (len + 63) & ~(size_t)63);
+            VHD_CHECK(inf != NULL);
+            memset(inf, 0, len);
+            VHD_CHECK_EQ(vhd_vq_set_inflight(&f.vq, inf, 16), 0);
+        }
+        VHD_CHECK_EQ(vhd_vq_start(&f.vq), 0);
+        uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+        for (uint32_t i = 0; i < 3; i++) {
+            struct vhd_drv_buf b[2] = {{buf + 64 * i, 16}, {buf + 64 * i + 32, 1}};
+            VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+        }
+        vhd_drv_vq_publish(&f.dq);
+        int err;
+        if (packed) {
+            /* slot 6 (after three 2-slot chains): a buffer id beyond the ring */
+            vqfx_packed_desc(&f, 6, buf, 16, 0x7fff, vqfx_pavail(true));
+            err = VHD_VQ_E_BUFFER_ID;
+        } else {
+            vqfx_split_post(&f, 0xffff);
+            err = VHD_VQ_E_DESC_INDEX;
+        }
+        struct iovec iov[8 * 4];
+        struct vhd_vq_chain c[8];
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 8), 3);
+        VHD_CHECK_EQ(f.vq.error, 0);
+        if (tracked) {
+            uint32_t marked = 0;
+            for (uint32_t i = 0; i < 16; i++)
+                marked += packed ? ((struct vhd_inflight_packed *)inf)->desc[i].inflight
+                                 : ((struct vhd_inflight_split *)inf)->desc[i].inflight;
+            VHD_CHECK_EQ(marked, 3);
+        }
+        uint32_t written[3] = {1, 1, 1};
+        VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, written, 3), 0);
+        vhd_vq_flush(&f.vq);
+        void *ck;
+        uint32_t len;
+        for (uintptr_t i = 1; i <= 3; i++) {
+            VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+            VHD_CHECK_EQ((uintptr_t)ck, i);
+            VHD_CHECK_EQ(len, 1);
+        }
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 8), -err);
+        VHD_CHECK_EQ(f.vq.error, err);
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 8), -err); /* sticky */
+        vhd_vq_fini(&f.vq);
+        free(inf);
+        vqfx_teardown(&f);
+    }
+}
+
+/* A bad first chain breaks the queue at once, as vhd_vq_pop does. */
+BOTH(burst_bad_first_chain)
+{
+    struct vqfx f;
+    uint64_t buf = mal_setup(&f, packed, false, 8);
+    struct vqfx_pd d[1] = {{buf, 16, 0, IND}};
+    mal_chain(&f, d, 1);
+    struct iovec iov[4 * 4];
+    struct vhd_vq_chain c[4];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 4), -VHD_VQ_E_INDIRECT_NOFEAT);
+    VHD_CHECK_EQ(f.vq.error, VHD_VQ_E_INDIRECT_NOFEAT);
+    vqfx_teardown(&f);
+}
+
+/* Pushing more than was popped: the chains before the bad one are pushed, then the queue breaks. */
+BOTH(burst_push_overflow)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 8, .packed = packed};
+    vqfx_setup(&f, &o);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct vhd_drv_buf b[1] = {{buf + 64 * i, 16}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 0, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&f.dq);
+    struct iovec iov[4 * 2];
+    struct vhd_vq_chain c[3];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 2, c, 4), 2);
+    c[2] = c[1];
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, 3), -VHD_VQ_E_USED_OVERFLOW);
+    VHD_CHECK_EQ(f.vq.inflight, 0);
+    VHD_CHECK_EQ(f.vq.error, VHD_VQ_E_USED_OVERFLOW);
+    vqfx_teardown(&f);
+}
