@@ -371,6 +371,181 @@ int vhd_vq__split_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_iov,
     return split_pop(vq, iov, max_iov, c, false);
 }
 
+/* The run walks read a descriptor as two words: addr, then len | flags << 32 | next << 48. */
+_Static_assert(offsetof(struct vhd_vring_desc, len) == 8 &&
+                   offsetof(struct vhd_vring_desc, flags) == 12 &&
+                   offsetof(struct vhd_vring_desc, next) == 14 &&
+                   sizeof(struct vhd_vring_desc) == 16,
+               "split descriptor layout");
+
+/*
+ * split_walk for a run: the same walk, checks and errors, with the chain's
+ * counters in locals (written to *c once, or around a slow-path call) and
+ * the common buffer (non-empty, in the cached region, in order, with room
+ * and within the length limit) decided by one test; anything else goes to
+ * vhd_vq__map_desc_slow, which decides it exactly as for a single pop.
+ */
+static inline __attribute__((always_inline)) int split_walk_run(struct vhd_vq *vq, uint16_t head,
+                                                                struct iovec *iov, uint32_t max_iov,
+                                                                struct vhd_vq_chain *c,
+                                                                struct vhd_vq__rcache *rc)
+{
+    c->id = head;
+    c->ndescs = 1;
+
+    const struct vhd_vring_desc *table = vq->ring.split.desc;
+    uint32_t table_size = vq->size;
+    uint32_t idx = head, count = 0;
+    bool indirect = false;
+    /* Segments, writable ones, bytes, writable bytes (total <= UINT32_MAX). */
+    uint32_t used = 0, nw = 0, total = 0, wlen = 0;
+
+    for (;;) {
+        if (vhd_unlikely(++count > table_size))
+            return vhd_vq__fail(vq, VHD_VQ_E_CHAIN_LOOP);
+        /*
+         * The descriptor read once, as split_desc_read, as two 8-byte words
+         * (addr; len | flags << 32 | next << 48); the empty asm takes them
+         * as register operands, so the compiler cannot read guest memory
+         * again in place of these copies.
+         */
+        const struct vhd_vring_desc *src = &table[vhd_index_nospec(idx, table_size)];
+        uint64_t addr, hi;
+        memcpy(&addr, (const uint8_t *)src, sizeof(addr));
+        memcpy(&hi, (const uint8_t *)src + 8, sizeof(hi));
+        __asm__ volatile("" : "+r"(addr), "+r"(hi));
+        addr = vhd_le64(addr);
+        hi = vhd_le64(hi);
+        uint32_t len = (uint32_t)hi;
+        uint16_t flags = (uint16_t)(hi >> 32);
+
+        if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
+            if (vhd_unlikely(indirect))
+                return vhd_vq__fail(vq, VHD_VQ_E_NESTED_INDIRECT);
+            struct split_desc d = {.addr = addr, .len = len, .flags = flags};
+            const struct vhd_vring_desc *t;
+            uint32_t tsize;
+            int rc2 = split_enter_indirect(vq, &d, &t, &tsize);
+            if (vhd_unlikely(rc2 < 0))
+                return rc2;
+            table = t;
+            table_size = tsize;
+            vhd_vq__rcache_load(vq, rc); /* the table lookup may have moved the hint */
+            indirect = true;
+            idx = 0;
+            count = 0;
+            continue;
+        }
+
+        bool w = flags & VRING_DESC_F_WRITE;
+        uint64_t off = addr - rc->gpa;
+        /*
+         * As vhd_vq__map_desc_run: (len - 1) < size - off says len != 0 and
+         * the buffer ends inside the region, given off < size.
+         */
+        if (vhd_likely(off < rc->size && (uint64_t)len - 1 < rc->size - off && (w || nw == 0) &&
+                       used < max_iov && len <= UINT32_MAX - total)) {
+            iov[used].iov_base = rc->hva + vhd_index_nospec(off, rc->size);
+            iov[used].iov_len = len;
+            used++;
+            total += len;
+            if (w) {
+                nw++;
+                wlen += len;
+            }
+        } else {
+            c->nr = (uint16_t)(used - nw);
+            c->nw = (uint16_t)nw;
+            c->rlen = total - wlen;
+            c->wlen = wlen;
+            uint64_t t64 = total;
+            int rc2 = vhd_vq__map_desc_slow(vq, addr, len, w, iov, max_iov, c, &t64);
+            if (vhd_unlikely(rc2 < 0))
+                return rc2;
+            used = (uint32_t)c->nr + c->nw;
+            nw = c->nw;
+            total = (uint32_t)t64;
+            wlen = c->wlen;
+            vhd_vq__rcache_load(vq, rc);
+        }
+
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        uint16_t next = (uint16_t)(hi >> 48);
+        if (vhd_unlikely(next >= table_size))
+            return vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+        idx = next;
+    }
+    c->nr = (uint16_t)(used - nw);
+    c->nw = (uint16_t)nw;
+    c->rlen = total - wlen;
+    c->wlen = wlen;
+    return 0;
+}
+
+/*
+ * The common chain of a run, attempted first: direct descriptors only, each
+ * buffer non-empty, in the cached region, in order, with room in iov and
+ * within the length limit, at most size descriptors, every next in the
+ * table. Returns true with iov and *c filled; false at the first thing it
+ * does not take (nothing else is changed: iov and *c are the caller's
+ * scratch until the chain is popped), and split_walk_run then walks the
+ * chain from its head with every check. Each descriptor is read once per
+ * walk and only the walk that is kept is used, so a driver rewriting the
+ * chain meanwhile is checked as it is then read.
+ */
+static inline __attribute__((always_inline)) bool
+split_chain_fast(const struct vhd_vring_desc *desc, uint32_t size, uint16_t head, struct iovec *iov,
+                 uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
+{
+    uint32_t idx = head, count = 0;
+    uint32_t used = 0, nw = 0, total = 0, wlen = 0;
+    /* Flags a descriptor must have: WRITE once a writable one was seen (readable before writable).
+     */
+    uint32_t need = 0;
+
+    for (;;) {
+        if (vhd_unlikely(idx >= size))
+            return false;
+        const struct vhd_vring_desc *src = &desc[vhd_index_nospec(idx, size)];
+        uint64_t addr, hi;
+        memcpy(&addr, (const uint8_t *)src, sizeof(addr));
+        memcpy(&hi, (const uint8_t *)src + 8, sizeof(hi));
+        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once: see split_walk_run */
+        addr = vhd_le64(addr);
+        hi = vhd_le64(hi);
+        uint32_t len = (uint32_t)hi;
+        uint32_t flags = (uint32_t)(hi >> 32);
+        uint64_t off = addr - rc->gpa;
+
+        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | need)) != need || off >= rc->size ||
+                         (uint64_t)len - 1 >= rc->size - off || used >= max_iov ||
+                         len > UINT32_MAX - total))
+            return false;
+        iov[used].iov_base = rc->hva + vhd_index_nospec(off, rc->size);
+        iov[used].iov_len = len;
+        used++;
+        total += len;
+        if (flags & VRING_DESC_F_WRITE) {
+            nw++;
+            wlen += len;
+            need = VRING_DESC_F_WRITE;
+        }
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        idx = (uint32_t)(hi >> 48);
+        if (vhd_unlikely(++count >= size))
+            return false;
+    }
+    c->id = head;
+    c->ndescs = 1;
+    c->nr = (uint16_t)(used - nw);
+    c->nw = (uint16_t)nw;
+    c->rlen = total - wlen;
+    c->wlen = wlen;
+    return true;
+}
+
 /*
  * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked:
  * avail->idx is read only when everything seen was consumed (as pop does),
@@ -414,23 +589,28 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
 
     /* A driver never has more than size chains with the device (see split_pop). */
     uint32_t room = size - vq->inflight;
+    uint32_t max_iov = stride > SPLIT_MAX_IOV ? SPLIT_MAX_IOV : stride;
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
     int err = 0;
     uint32_t k;
-    for (k = 0; k < n; k++) {
-        if (vhd_unlikely(k >= room)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
-            break;
-        }
+    /* Chains the in-flight bound lets through; the one after them fails (as split_pop). */
+    uint32_t m = n <= room ? n : room;
+    struct iovec *iv = iov;
+    for (k = 0; k < m; k++, iv += stride) {
+        /* The fast walk refuses a head out of the table too; the full walk's caller reports it. */
+        if (vhd_likely(split_chain_fast(desc, size, heads[k], iv, max_iov, &c[k], &rc)))
+            continue;
         if (vhd_unlikely(heads[k] >= size)) {
             err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
             break;
         }
-        err = split_walk(vq, (uint16_t)heads[k], iov + (size_t)k * stride, stride, &c[k], &rc);
+        err = split_walk_run(vq, heads[k], iv, max_iov, &c[k], &rc);
         if (vhd_unlikely(err < 0))
             break;
     }
+    if (vhd_unlikely(k == m && m < n))
+        err = vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
     vq->last_avail_idx = (uint16_t)(last + k);
     vq->inflight = (uint16_t)(vq->inflight + k);
     if (vhd_unlikely(err < 0)) {
@@ -512,27 +692,30 @@ int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                              const uint32_t *written, uint32_t n)
 {
     struct vhd_vring_used_elem *ring = vq->ring.split.used->ring;
-    struct vhd_inflight_split *inf = vq->inf.split;
     uint32_t size = vq->size, mask = vq->mask, left = vq->inflight;
-    uint16_t u = vq->used_idx;
+    uint32_t u = vq->used_idx;
     int err = 0;
-    uint32_t k;
 
-    for (k = 0; k < n; k++) {
-        if (vhd_unlikely(c[k].id >= size)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+    /* The checks of push, in its order: the id, then one more than in flight. */
+    uint32_t m = n <= left ? n : left;
+    uint32_t k;
+    for (k = 0; k < m; k++) {
+        if (vhd_unlikely(c[k].id >= size))
             break;
-        }
-        if (vhd_unlikely(k >= left)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
-            break;
-        }
-        struct vhd_vring_used_elem *e = &ring[(uint16_t)(u + k) & mask];
+        struct vhd_vring_used_elem *e = &ring[(u + k) & mask];
         vhd_store_relaxed(&e->id, vhd_le32(c[k].id));
         vhd_store_relaxed(&e->len, vhd_le32(written ? written[k] : 0));
-        if (vhd_unlikely(inf != NULL)) {
-            inf->desc[vhd_index_nospec(c[k].id, size)].next = inf->last_batch_head;
-            inf->last_batch_head = c[k].id;
+    }
+    if (vhd_unlikely(k < n))
+        err = vhd_vq__fail(
+            vq, k < m ? VHD_VQ_E_DESC_INDEX
+                      : (c[k].id >= size ? VHD_VQ_E_DESC_INDEX : VHD_VQ_E_USED_OVERFLOW));
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        /* Inflight: link the heads into the list of the batch flush will publish. */
+        struct vhd_inflight_split *inf = vq->inf.split;
+        for (uint32_t i = 0; i < k; i++) {
+            inf->desc[vhd_index_nospec(c[i].id, size)].next = inf->last_batch_head;
+            inf->last_batch_head = c[i].id;
         }
     }
     vq->used_idx = (uint16_t)(u + k);
