@@ -487,44 +487,46 @@ static inline __attribute__((always_inline)) int split_walk_run(struct vhd_vq *v
  * The common chain of a run, attempted first: direct descriptors only, each
  * buffer non-empty, in the cached region, in order, with room in iov and
  * within the length limit, at most size descriptors, every next in the
- * table. Returns true with iov and *c filled; false at the first thing it
- * does not take (nothing else is changed: iov and *c are the caller's
- * scratch until the chain is popped), and split_walk_run then walks the
+ * table. Returns 1 with iov and *c filled; 2 when the head has INDIRECT
+ * (split_chain_table), 0 at the first other thing it does not take (nothing else is changed: iov
+ * and *c are the caller's scratch until the chain is popped), and split_walk_run then walks the
  * chain from its head with every check. Each descriptor is read once per
  * walk and only the walk that is kept is used, so a driver rewriting the
  * chain meanwhile is checked as it is then read.
  */
-static inline __attribute__((always_inline)) bool
+static inline __attribute__((always_inline)) int
 split_chain_fast(const struct vhd_vring_desc *desc, uint32_t size, uint16_t head, struct iovec *iov,
                  uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
 {
-    uint32_t idx = head, count = 0;
-    uint32_t used = 0, nw = 0, total = 0, wlen = 0;
-    /* Flags a descriptor must have: WRITE once a writable one was seen (readable before writable).
-     */
-    uint32_t need = 0;
+    const uint64_t gpa = rc->gpa, rsize = rc->size;
+    uint8_t *const hva = rc->hva;
+    struct iovec *v = iov, *const vend = iov + max_iov;
+    uint32_t idx = head, left = size; /* descriptors the walk may still visit */
+    uint32_t total = 0, wlen = 0, nw = 0;
+    uint32_t need = 0; /* WRITE once a writable buffer was seen: readable ones come first */
 
     for (;;) {
         if (vhd_unlikely(idx >= size))
-            return false;
-        const struct vhd_vring_desc *src = &desc[vhd_index_nospec(idx, size)];
+            return 0;
+        const uint8_t *src = (const uint8_t *)&desc[vhd_vq__clamp(idx, size)];
         uint64_t addr, hi;
-        memcpy(&addr, (const uint8_t *)src, sizeof(addr));
-        memcpy(&hi, (const uint8_t *)src + 8, sizeof(hi));
+        memcpy(&addr, src, sizeof(addr));
+        memcpy(&hi, src + 8, sizeof(hi));
         __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once: see split_walk_run */
         addr = vhd_le64(addr);
         hi = vhd_le64(hi);
         uint32_t len = (uint32_t)hi;
         uint32_t flags = (uint32_t)(hi >> 32);
-        uint64_t off = addr - rc->gpa;
+        uint64_t off = addr - gpa;
 
-        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | need)) != need || off >= rc->size ||
-                         (uint64_t)len - 1 >= rc->size - off || used >= max_iov ||
-                         len > UINT32_MAX - total))
-            return false;
-        iov[used].iov_base = rc->hva + vhd_index_nospec(off, rc->size);
-        iov[used].iov_len = len;
-        used++;
+        if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT))
+            return left == size ? 2 : 0; /* 2: the head names a table (split_chain_table) */
+        if (vhd_unlikely((flags & need) != need || off >= rsize ||
+                         (uint64_t)len - 1 >= rsize - off || v == vend || len > UINT32_MAX - total))
+            return 0;
+        v->iov_base = hva + vhd_vq__clamp(off, rsize);
+        v->iov_len = len;
+        v++;
         total += len;
         if (flags & VRING_DESC_F_WRITE) {
             nw++;
@@ -534,16 +536,48 @@ split_chain_fast(const struct vhd_vring_desc *desc, uint32_t size, uint16_t head
         if (!(flags & VRING_DESC_F_NEXT))
             break;
         idx = (uint32_t)(hi >> 48);
-        if (vhd_unlikely(++count >= size))
-            return false;
+        if (vhd_unlikely(--left == 0))
+            return 0;
     }
     c->id = head;
     c->ndescs = 1;
-    c->nr = (uint16_t)(used - nw);
+    c->nr = (uint16_t)((uint32_t)(v - iov) - nw);
     c->nw = (uint16_t)nw;
     c->rlen = total - wlen;
     c->wlen = wlen;
-    return true;
+    return 1;
+}
+
+/*
+ * The common indirect chain of a run: the head alone (no NEXT) names a
+ * table that split_enter_indirect would take, inside the cached region
+ * (the region its lookup would find first: the same translation), and the
+ * table's chain is a common one (split_chain_fast over the table, where
+ * INDIRECT is refused). Returns 1 with iov and *c filled, 0 when the full
+ * walk must decide. The head is read again here; only this read is used.
+ */
+static inline __attribute__((always_inline)) int
+split_chain_table(const struct vhd_vring_desc *desc, uint32_t size, uint16_t head,
+                  struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
+                  const struct vhd_vq__rcache *rc)
+{
+    struct split_desc d;
+
+    if (vhd_unlikely(head >= size))
+        return 0;
+    split_desc_read(&desc[vhd_index_nospec(head, size)], &d);
+    uint64_t off = d.addr - rc->gpa;
+    if (vhd_unlikely((d.flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT)) !=
+                         VRING_DESC_F_INDIRECT ||
+                     d.len == 0 || (d.len & 15) || d.len / 16 > VHD_VQ_MAX_INDIRECT ||
+                     off >= rc->size || d.len - 1 >= rc->size - off))
+        return 0;
+    const struct vhd_vring_desc *table =
+        (const struct vhd_vring_desc *)(const void *)(rc->hva + vhd_index_nospec(off, rc->size));
+    if (split_chain_fast(table, d.len / 16, 0, iov, max_iov, c, rc) != 1)
+        return 0;
+    c->id = head;
+    return 1;
 }
 
 /*
@@ -583,13 +617,14 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
     uint16_t heads[VHD_VQ_BURST_MAX];
     for (uint32_t k = 0; k < n; k++) {
         heads[k] = vhd_le16(vhd_load_relaxed(&ring[pos]));
-        __builtin_prefetch(&desc[vhd_index_nospec(heads[k], size)]);
+        __builtin_prefetch(&desc[vhd_vq__clamp(heads[k], size)]);
         pos = (pos + 1) & mask;
     }
 
     /* A driver never has more than size chains with the device (see split_pop). */
     uint32_t room = size - vq->inflight;
     uint32_t max_iov = stride > SPLIT_MAX_IOV ? SPLIT_MAX_IOV : stride;
+    bool ind_ok = vq->indirect;
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
     int err = 0;
@@ -599,7 +634,10 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
     struct iovec *iv = iov;
     for (k = 0; k < m; k++, iv += stride) {
         /* The fast walk refuses a head out of the table too; the full walk's caller reports it. */
-        if (vhd_likely(split_chain_fast(desc, size, heads[k], iv, max_iov, &c[k], &rc)))
+        int f = split_chain_fast(desc, size, heads[k], iv, max_iov, &c[k], &rc);
+        if (vhd_likely(f == 1))
+            continue;
+        if (f == 2 && ind_ok && split_chain_table(desc, size, heads[k], iv, max_iov, &c[k], &rc))
             continue;
         if (vhd_unlikely(heads[k] >= size)) {
             err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
