@@ -26,6 +26,7 @@
  * also guarantees that inflight cannot overflow and that used descriptors
  * are only ever written into slots the device has already consumed.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "vq.h"
@@ -450,16 +451,209 @@ static inline bool desc_is_avail_fast(uint16_t flags, uint16_t want)
     return (flags & (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED)) == want;
 }
 
+/* The run walks read a descriptor as two words: addr, then len | id << 32 | flags << 48. */
+_Static_assert(offsetof(struct vhd_vring_packed_desc, len) == 8 &&
+                   offsetof(struct vhd_vring_packed_desc, id) == 12 &&
+                   offsetof(struct vhd_vring_packed_desc, flags) == 14 &&
+                   sizeof(struct vhd_vring_packed_desc) == 16,
+               "packed descriptor layout");
+
+/*
+ * The buffers of an indirect table (2.8.7) for the fast walk: entries
+ * without INDIRECT, each non-empty, in the cached region, in order, with
+ * room in iov and within the length limit (pop_indirect's rules; NEXT and
+ * the other reserved flags ignored as there). Returns false at the first
+ * entry it does not take.
+ */
+static inline __attribute__((always_inline)) bool
+packed_table_fast(const uint8_t *tbl, uint32_t n, struct iovec **vp, struct iovec *vend,
+                  uint32_t *total, uint32_t *wlen, uint32_t *nw, uint32_t *need,
+                  const struct vhd_vq__rcache *rc)
+{
+    const uint64_t gpa = rc->gpa, rsize = rc->size;
+    struct iovec *v = *vp;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t addr, hi;
+        memcpy(&addr, tbl + 16 * (size_t)i, sizeof(addr));
+        memcpy(&hi, tbl + 16 * (size_t)i + 8, sizeof(hi));
+        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* each entry read once */
+        addr = vhd_le64(addr);
+        hi = vhd_le64(hi);
+        uint32_t len = (uint32_t)hi;
+        uint32_t flags = (uint32_t)(hi >> 48);
+        uint64_t off = addr - gpa;
+        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | *need)) != *need || off >= rsize ||
+                         (uint64_t)len - 1 >= rsize - off || v == vend ||
+                         len > UINT32_MAX - *total))
+            return false;
+        v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+        v->iov_len = len;
+        v++;
+        *total += len;
+        if (flags & VRING_DESC_F_WRITE) {
+            (*nw)++;
+            *wlen += len;
+            *need = VRING_DESC_F_WRITE;
+        }
+    }
+    *vp = v;
+    return true;
+}
+
+/*
+ * The common chain of a run, attempted first: from slot (flags: the head's,
+ * already read with acquire and found available), descriptors without
+ * INDIRECT (or one alone naming a table in the cached region, walked by
+ * packed_table_fast), each buffer non-empty, in the cached region, in
+ * order, with room in iov and within the length limit, every slot of the
+ * chain available and inside room, the buffer id below size. Returns the
+ * chain's slot count with iov and *c filled, or 0 at the first thing it
+ * does not take (nothing else changed: iov and *c are scratch until the
+ * chain is popped), and the run then walks the chain with every check.
+ * Each field is read once per walk and only the walk that is kept is used.
+ */
+static inline __attribute__((always_inline)) uint32_t
+packed_chain_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint32_t slot, bool wrap,
+                  uint32_t room, uint16_t flags, bool indirect_ok, struct iovec *iov,
+                  uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
+{
+    const uint64_t gpa = rc->gpa, rsize = rc->size;
+    struct iovec *v = iov, *const vend = iov + max_iov;
+    uint32_t total = 0, wlen = 0, nw = 0, n = 0;
+    uint32_t need = 0; /* WRITE once a writable buffer was seen: readable ones come first */
+    uint32_t id;
+
+    for (;;) {
+        const uint8_t *src = (const uint8_t *)&ring[slot];
+        uint64_t addr, hi;
+        memcpy(&addr, src, sizeof(addr));
+        memcpy(&hi, src + 8, sizeof(hi)); /* its flags: the ones read with acquire are used */
+        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */
+        addr = vhd_le64(addr);
+        hi = vhd_le64(hi);
+        uint32_t len = (uint32_t)hi;
+        id = (uint32_t)(hi >> 32) & 0xffff;
+        uint64_t off = addr - gpa;
+        n++;
+
+        if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
+            /* A chain of its own naming a table, as packed_map_one and pop_indirect take it. */
+            if (!indirect_ok || n != 1 || (flags & VRING_DESC_F_NEXT) || len == 0 || (len % 16) ||
+                len / 16 > VHD_VQ_MAX_INDIRECT || off >= rsize ||
+                (uint64_t)len - 1 >= rsize - off ||
+                !packed_table_fast(rc->hva + vhd_vq__clamp(off, rsize), len / 16, &v, vend, &total,
+                                   &wlen, &nw, &need, rc))
+                return 0;
+        } else {
+            if (vhd_unlikely((flags & need) != need || off >= rsize ||
+                             (uint64_t)len - 1 >= rsize - off || v == vend ||
+                             len > UINT32_MAX - total))
+                return 0;
+            v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+            v->iov_len = len;
+            v++;
+            total += len;
+            if (flags & VRING_DESC_F_WRITE) {
+                nw++;
+                wlen += len;
+                need = VRING_DESC_F_WRITE;
+            }
+        }
+        if (++slot == size) {
+            slot = 0;
+            wrap = !wrap;
+        }
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        if (vhd_unlikely(n == room))
+            return 0;
+        flags = slot_flags(&ring[slot]);
+        if (vhd_unlikely(!desc_is_avail(flags, wrap)))
+            return 0;
+    }
+    if (vhd_unlikely(id >= size))
+        return 0;
+    c->id = (uint16_t)vhd_vq__clamp(id, size);
+    c->ndescs = (uint16_t)n;
+    c->nr = (uint16_t)((uint32_t)(v - iov) - nw);
+    c->nw = (uint16_t)nw;
+    c->rlen = total - wlen;
+    c->wlen = wlen;
+    return n;
+}
+
+/*
+ * Four single-slot chains at once (the DPDK way): at four aligned slots
+ * inside the ring and the room, their flags are read (acquire each) and
+ * tested together: all available for wrap (want: the AVAIL/USED bits
+ * available descriptors carry), none with NEXT or INDIRECT. Then each
+ * buffer is taken as packed_chain_fast takes a one-slot chain. Returns the
+ * chains popped (0..4): it stops at the first it does not take, which the
+ * run then pops alone with every check.
+ */
+static inline __attribute__((always_inline)) uint32_t
+packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint32_t slot,
+                  uint16_t want, struct iovec *iov, uint32_t stride, uint32_t max_iov,
+                  struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
+{
+    const uint16_t am = VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED;
+    const uint16_t one = VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT;
+    uint16_t f[4];
+
+    f[0] = slot_flags(&ring[slot]);
+    if ((f[0] & (am | one)) != want) /* the common reason not to: a longer chain */
+        return 0;
+    f[1] = slot_flags(&ring[slot + 1]);
+    f[2] = slot_flags(&ring[slot + 2]);
+    f[3] = slot_flags(&ring[slot + 3]);
+    uint16_t all = f[0] & f[1] & f[2] & f[3], any = f[0] | f[1] | f[2] | f[3];
+    if ((any & one) || ((all ^ any) & am) || (all & am) != want)
+        return 0;
+
+    const uint64_t gpa = rc->gpa, rsize = rc->size;
+    uint32_t i;
+    for (i = 0; i < 4; i++, iov += stride) {
+        const uint8_t *src = (const uint8_t *)&ring[slot + i];
+        uint64_t addr, hi;
+        memcpy(&addr, src, sizeof(addr));
+        memcpy(&hi, src + 8, sizeof(hi));
+        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */
+        addr = vhd_le64(addr);
+        hi = vhd_le64(hi);
+        uint32_t len = (uint32_t)hi, id = (uint32_t)(hi >> 32) & 0xffff;
+        uint64_t off = addr - gpa;
+        if (vhd_unlikely(off >= rsize || (uint64_t)len - 1 >= rsize - off || max_iov == 0 ||
+                         id >= size))
+            break;
+        iov->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+        iov->iov_len = len;
+        struct vhd_vq_chain *ck = &c[i];
+        ck->id = (uint16_t)vhd_vq__clamp(id, size);
+        ck->ndescs = 1;
+        if (f[i] & VRING_DESC_F_WRITE) {
+            ck->nr = 0;
+            ck->nw = 1;
+            ck->rlen = 0;
+            ck->wlen = len;
+        } else {
+            ck->nr = 1;
+            ck->nw = 0;
+            ck->rlen = len;
+            ck->wlen = 0;
+        }
+    }
+    return i;
+}
+
 /*
  * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked: the
- * ring's state (owned slots, room, position) is loaded once and kept in
- * locals; at a group of four aligned slots inside the ring and the room,
- * their flags are loaded together and tested as one (the common case:
- * all four available), after which those slots need no test of their own;
- * each chain is then walked with pop's checks and errors, the region of the
- * last buffer kept in locals. A chain that fails after the first ends the
- * run before it with the queue not broken (the failing walk changed only
- * vq->error and its own iov/c); the next pop walks it again.
+ * ring's state (owned slots, room, position, region) is loaded once and kept
+ * in locals; at four aligned slots, four one-slot chains are taken at once
+ * (packed_group_fast); otherwise each chain is tried by packed_chain_fast
+ * and, when it does not take it, walked with pop's checks and errors. A
+ * chain that fails after the first ends the run before it with the queue
+ * not broken (the failing walk changed only vq->error and its own iov/c);
+ * the next pop walks it again.
  */
 static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                           struct vhd_vq_chain *c, uint32_t max)
@@ -475,42 +669,55 @@ static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
     uint32_t slot = vq->last_avail_idx;
     bool wrap = vq->avail_wrap;
     uint16_t want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
-    uint32_t known = 0; /* slots from `slot` on whose flags were tested as a group... */
-    uint16_t gf[4];     /* ...their flags as read then (each read once): gf[4 - known] */
 
+    bool ind_ok = vq->indirect;
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
     int err = 0;
-    uint32_t k;
-    for (k = 0; k < max; k++) {
-        if (room == 0)
-            break;
-        uint16_t flags;
-        if (known == 0 && (slot & 3) == 0 && room >= 4 && slot + 4 <= size) {
-            /* Acquire on each (2.8.21.1.1); on x86 these are plain loads. */
-            gf[0] = slot_flags(&ring[slot]);
-            gf[1] = slot_flags(&ring[slot + 1]);
-            gf[2] = slot_flags(&ring[slot + 2]);
-            gf[3] = slot_flags(&ring[slot + 3]);
-            uint16_t all = gf[0] & gf[1] & gf[2] & gf[3], any = gf[0] | gf[1] | gf[2] | gf[3];
-            uint16_t a = VRING_PACKED_DESC_F_AVAIL, u = VRING_PACKED_DESC_F_USED;
-            if (wrap ? ((all & a) && !(any & u)) : (!(any & a) && (all & u)))
-                known = 4;
+    uint32_t k = 0;
+    while (k < max && room != 0) {
+        struct vhd_vq_chain *ck = &c[k];
+        struct iovec *iv = iov + (size_t)k * stride;
+        if ((slot & 3) == 0) {
             if (room > PACKED_PREFETCH_AHEAD) {
                 uint32_t ahead = slot + PACKED_PREFETCH_AHEAD;
                 __builtin_prefetch(&ring[ahead < size ? ahead : ahead - size]);
             }
+            if (room >= 4 && slot + 4 <= size && max - k >= 4) {
+                uint32_t g =
+                    packed_group_fast(ring, size, slot, want, iv, stride, max_iov, ck, &rc);
+                if (g != 0) {
+                    k += g;
+                    room -= g;
+                    slot += g;
+                    if (slot == size) {
+                        slot = 0;
+                        wrap = !wrap;
+                        want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+                    }
+                    continue;
+                }
+            }
         }
-        if (known) {
-            flags = gf[4 - known--];
-        } else {
-            flags = slot_flags(&ring[slot]);
-            if (!desc_is_avail_fast(flags, want))
-                break;
+        uint16_t flags = slot_flags(&ring[slot]);
+        if (!desc_is_avail_fast(flags, want))
+            break;
+
+        uint32_t nf =
+            packed_chain_fast(ring, size, slot, wrap, room, flags, ind_ok, iv, max_iov, ck, &rc);
+        if (vhd_likely(nf != 0)) {
+            k++;
+            room -= nf;
+            slot += nf;
+            if (slot >= size) {
+                slot -= size;
+                wrap = !wrap;
+                want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+            }
+            continue;
         }
 
-        struct vhd_vq_chain *ck = &c[k];
-        struct iovec *iv = iov + (size_t)k * stride;
+        /* The chain with every check, as packed_pop walks it. */
         ck->nr = ck->nw = 0;
         ck->rlen = ck->wlen = 0;
         uint64_t total = 0;
@@ -537,14 +744,10 @@ static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                 err = vhd_vq__fail(vq, n == size ? VHD_VQ_E_CHAIN_LOOP : VHD_VQ_E_PACKED_CHAIN);
                 goto out;
             }
-            if (known) {
-                flags = gf[4 - known--];
-            } else {
-                flags = slot_flags(&ring[s]);
-                if (vhd_unlikely(!desc_is_avail(flags, w))) {
-                    err = vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
-                    goto out;
-                }
+            flags = slot_flags(&ring[s]);
+            if (vhd_unlikely(!desc_is_avail(flags, w))) {
+                err = vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
+                goto out;
             }
         }
         if (vhd_unlikely(id >= size)) {
@@ -553,6 +756,7 @@ static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
         }
         ck->id = (uint16_t)vhd_index_nospec(id, size);
         ck->ndescs = (uint16_t)n;
+        k++;
         room -= n;
         slot = s;
         if (w != wrap) {
@@ -703,16 +907,69 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
     return packed_push_one(vq, c, written);
 }
 
-/* vhd_vq_push_burst: push's checks and stores for each chain, in one loop. */
+/*
+ * vhd_vq_push_burst: push's checks and stores for each chain, in its order
+ * (BUFFER_ID, then USED_OVERFLOW), with the position, wrap counter, the
+ * slots outstanding (used position up to the avail position: push's
+ * bound, less each chain's slots as it is used) and the batch state kept
+ * in locals and stored once. With inflight tracking, push itself per chain.
+ */
 int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                               const uint32_t *written, uint32_t n)
 {
-    for (uint32_t k = 0; k < n; k++) {
-        int rc = packed_push_one(vq, &c[k], written ? written[k] : 0);
-        if (vhd_unlikely(rc < 0))
-            return rc;
+    if (vhd_unlikely(vq->inf.any != NULL)) {
+        for (uint32_t k = 0; k < n; k++) {
+            int rc = packed_push_one(vq, &c[k], written ? written[k] : 0);
+            if (vhd_unlikely(rc < 0))
+                return rc;
+        }
+        return 0;
     }
-    return 0;
+    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint32_t u = vq->used_idx, left = vq->inflight, npend = vq->batch_npending;
+    bool uw = vq->used_wrap;
+    uint32_t outstanding = pos_dist(size, vq->used_idx, uw, vq->last_avail_idx, vq->avail_wrap);
+    uint16_t base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+    int err = 0;
+
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t nd = c[k].ndescs;
+        if (vhd_unlikely(c[k].id >= size)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+            break;
+        }
+        if (vhd_unlikely(left == 0 || nd == 0 || nd > outstanding)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+            break;
+        }
+        uint32_t wr = written ? written[k] : 0;
+        uint16_t flags = (uint16_t)(base | (wr ? VRING_DESC_F_WRITE : 0));
+        struct vhd_vring_packed_desc *d = &ring[u];
+        vhd_store_relaxed(&d->id, vhd_le16(c[k].id));
+        vhd_store_relaxed(&d->len, vhd_le32(wr));
+        if (npend == 0) {
+            vq->batch_head = (uint16_t)u;
+            vq->batch_head_flags = flags;
+        } else {
+            /* Release: id/len before flags (packed_push_one). */
+            vhd_store_release(&d->flags, vhd_le16(flags));
+        }
+        npend++;
+        left--;
+        outstanding -= nd;
+        u += nd;
+        if (u >= size) {
+            u -= size;
+            uw = !uw;
+            base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+        }
+    }
+    vq->used_idx = (uint16_t)u;
+    vq->used_wrap = uw;
+    vq->inflight = (uint16_t)left;
+    vq->batch_npending = (uint16_t)npend;
+    return err;
 }
 
 /*
