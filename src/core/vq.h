@@ -347,10 +347,38 @@ static inline int vhd_vq_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_
 /* Most chains one vhd_vq_pop_burst call takes. */
 #define VHD_VQ_BURST_MAX 64u
 
+/*
+ * Where a run puts chain k: iov + k * stride and c + k (vhd_vq_pop_burst),
+ * or iovs[k] and cs[k] (vhd_vq_pop_burstv: iovs NULL otherwise); max_iov
+ * segments each.
+ */
+struct vhd_vq__out {
+    struct iovec *iov;
+    struct vhd_vq_chain *c;
+    struct iovec *const *iovs;
+    struct vhd_vq_chain *const *cs;
+    uint32_t stride;
+    uint32_t max_iov;
+};
+
+static inline struct iovec *vhd_vq__out_iov(const struct vhd_vq__out *o, uint32_t k)
+{
+    return o->iovs ? o->iovs[k] : o->iov + (size_t)k * o->stride;
+}
+
+static inline struct vhd_vq_chain *vhd_vq__out_chain(const struct vhd_vq__out *o, uint32_t k)
+{
+    return o->cs ? o->cs[k] : o->c + k;
+}
+
 int vhd_vq__split_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                             struct vhd_vq_chain *c, uint32_t max);
 int vhd_vq__packed_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                              struct vhd_vq_chain *c, uint32_t max);
+int vhd_vq__split_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
+                             struct vhd_vq_chain *const *cs, uint32_t max);
+int vhd_vq__packed_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
+                              struct vhd_vq_chain *const *cs, uint32_t max);
 int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                              const uint32_t *written, uint32_t n);
 int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
@@ -384,6 +412,25 @@ static inline int vhd_vq_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_
         return 0;
     return vq->packed ? vhd_vq__packed_pop_burst(vq, iov, stride, c, max)
                       : vhd_vq__split_pop_burst(vq, iov, stride, c, max);
+}
+
+/*
+ * vhd_vq_pop_burstv - vhd_vq_pop_burst for a device whose requests keep
+ * their own iovec arrays: chain k gets iovs[k] (up to max_iov segments) and
+ * *cs[k]. Same chains, checks, errors and return value.
+ */
+static inline int vhd_vq_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
+                                    struct vhd_vq_chain *const *cs, uint32_t max)
+{
+    int rc = vhd_vq__ready(vq);
+    if (vhd_unlikely(rc < 0))
+        return rc;
+    if (max > VHD_VQ_BURST_MAX)
+        max = VHD_VQ_BURST_MAX;
+    if (vhd_unlikely(max == 0))
+        return 0;
+    return vq->packed ? vhd_vq__packed_pop_burstv(vq, iovs, max_iov, cs, max)
+                      : vhd_vq__split_pop_burstv(vq, iovs, max_iov, cs, max);
 }
 
 /*

@@ -593,8 +593,8 @@ packed_chain_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
  */
 static inline __attribute__((always_inline)) uint32_t
 packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint32_t slot,
-                  uint16_t want, struct iovec *iov, uint32_t stride, uint32_t max_iov,
-                  struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
+                  uint16_t want, const struct vhd_vq__out *o, uint32_t k0, uint32_t max_iov,
+                  const struct vhd_vq__rcache *rc)
 {
     const uint16_t am = VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED;
     const uint16_t one = VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT;
@@ -612,7 +612,7 @@ packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
 
     const uint64_t gpa = rc->gpa, rsize = rc->size;
     uint32_t i;
-    for (i = 0; i < 4; i++, iov += stride) {
+    for (i = 0; i < 4; i++) {
         const uint8_t *src = (const uint8_t *)&ring[slot + i];
         uint64_t addr, hi;
         memcpy(&addr, src, sizeof(addr));
@@ -625,9 +625,10 @@ packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
         if (vhd_unlikely(off >= rsize || (uint64_t)len - 1 >= rsize - off || max_iov == 0 ||
                          id >= size))
             break;
+        struct iovec *iov = vhd_vq__out_iov(o, k0 + i);
         iov->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
         iov->iov_len = len;
-        struct vhd_vq_chain *ck = &c[i];
+        struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k0 + i);
         ck->id = (uint16_t)vhd_vq__clamp(id, size);
         ck->ndescs = 1;
         if (f[i] & VRING_DESC_F_WRITE) {
@@ -655,12 +656,13 @@ packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
  * not broken (the failing walk changed only vq->error and its own iov/c);
  * the next pop walks it again.
  */
-static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
-                          struct vhd_vq_chain *c, uint32_t max)
+static inline __attribute__((always_inline)) int
+packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
 {
+    const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
     struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
     uint32_t size = vq->size;
-    uint32_t max_iov = stride > PACKED_MAX_IOV ? PACKED_MAX_IOV : stride;
+    uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
 
     uint32_t owned = device_owned(vq);
     if (vhd_unlikely(owned > size))
@@ -676,16 +678,15 @@ static int packed_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
     int err = 0;
     uint32_t k = 0;
     while (k < max && room != 0) {
-        struct vhd_vq_chain *ck = &c[k];
-        struct iovec *iv = iov + (size_t)k * stride;
+        struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k);
+        struct iovec *iv = vhd_vq__out_iov(o, k);
         if ((slot & 3) == 0) {
             if (room > PACKED_PREFETCH_AHEAD) {
                 uint32_t ahead = slot + PACKED_PREFETCH_AHEAD;
                 __builtin_prefetch(&ring[ahead < size ? ahead : ahead - size]);
             }
             if (room >= 4 && slot + 4 <= size && max - k >= 4) {
-                uint32_t g =
-                    packed_group_fast(ring, size, slot, want, iv, stride, max_iov, ck, &rc);
+                uint32_t g = packed_group_fast(ring, size, slot, want, o, k, max_iov, &rc);
                 if (g != 0) {
                     k += g;
                     room -= g;
@@ -783,14 +784,13 @@ out:
  * (still on the free list: free_head did not move) is unmarked and its
  * counter taken back, as unpop does, so the area says what it said before.
  */
-static __attribute__((noinline)) int packed_pop_run_tracked(struct vhd_vq *vq, struct iovec *iov,
-                                                            uint32_t stride, struct vhd_vq_chain *c,
-                                                            uint32_t max)
+static __attribute__((noinline)) int
+packed_pop_run_tracked(struct vhd_vq *vq, const struct vhd_vq__out *o, uint32_t max)
 {
     uint32_t k;
     for (k = 0; k < max; k++) {
         uint64_t counter = vq->inf_counter;
-        int rc = packed_pop_tracked(vq, iov + (size_t)k * stride, stride, &c[k]);
+        int rc = packed_pop_tracked(vq, vhd_vq__out_iov(o, k), o->max_iov, vhd_vq__out_chain(o, k));
         if (rc == 0)
             break;
         if (vhd_unlikely(rc < 0)) {
@@ -811,9 +811,19 @@ static __attribute__((noinline)) int packed_pop_run_tracked(struct vhd_vq *vq, s
 int vhd_vq__packed_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                              struct vhd_vq_chain *c, uint32_t max)
 {
+    const struct vhd_vq__out o = {.iov = iov, .c = c, .stride = stride, .max_iov = stride};
     if (vhd_unlikely(vq->inf.any != NULL))
-        return packed_pop_run_tracked(vq, iov, stride, c, max);
-    return packed_pop_run(vq, iov, stride, c, max);
+        return packed_pop_run_tracked(vq, &o, max);
+    return packed_pop_run(vq, o, max);
+}
+
+int vhd_vq__packed_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
+                              struct vhd_vq_chain *const *cs, uint32_t max)
+{
+    const struct vhd_vq__out o = {.iovs = iovs, .cs = cs, .max_iov = max_iov};
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return packed_pop_run_tracked(vq, &o, max);
+    return packed_pop_run(vq, o, max);
 }
 
 /*

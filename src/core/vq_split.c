@@ -590,9 +590,10 @@ split_chain_table(const struct vhd_vring_desc *desc, uint32_t size, uint16_t hea
  * walk changed nothing but vq->error and the caller's iov/c of that
  * chain); the next pop walks it again.
  */
-static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
-                         struct vhd_vq_chain *c, uint32_t max)
+static inline __attribute__((always_inline)) int
+split_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
 {
+    const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
     uint16_t last = vq->last_avail_idx;
 
     if (last == vq->avail_shadow) {
@@ -623,7 +624,7 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
 
     /* A driver never has more than size chains with the device (see split_pop). */
     uint32_t room = size - vq->inflight;
-    uint32_t max_iov = stride > SPLIT_MAX_IOV ? SPLIT_MAX_IOV : stride;
+    uint32_t max_iov = o->max_iov > SPLIT_MAX_IOV ? SPLIT_MAX_IOV : o->max_iov;
     bool ind_ok = vq->indirect;
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
@@ -631,19 +632,20 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
     uint32_t k;
     /* Chains the in-flight bound lets through; the one after them fails (as split_pop). */
     uint32_t m = n <= room ? n : room;
-    struct iovec *iv = iov;
-    for (k = 0; k < m; k++, iv += stride) {
+    for (k = 0; k < m; k++) {
+        struct iovec *iv = vhd_vq__out_iov(o, k);
+        struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k);
         /* The fast walk refuses a head out of the table too; the full walk's caller reports it. */
-        int f = split_chain_fast(desc, size, heads[k], iv, max_iov, &c[k], &rc);
+        int f = split_chain_fast(desc, size, heads[k], iv, max_iov, ck, &rc);
         if (vhd_likely(f == 1))
             continue;
-        if (f == 2 && ind_ok && split_chain_table(desc, size, heads[k], iv, max_iov, &c[k], &rc))
+        if (f == 2 && ind_ok && split_chain_table(desc, size, heads[k], iv, max_iov, ck, &rc))
             continue;
         if (vhd_unlikely(heads[k] >= size)) {
             err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
             break;
         }
-        err = split_walk_run(vq, heads[k], iv, max_iov, &c[k], &rc);
+        err = split_walk_run(vq, heads[k], iv, max_iov, ck, &rc);
         if (vhd_unlikely(err < 0))
             break;
     }
@@ -664,13 +666,12 @@ static int split_pop_run(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
  * vhd_vq_pop writes them); a chain failing after the first ends the run,
  * the queue not broken: a failing split pop has written no record.
  */
-static __attribute__((noinline)) int split_pop_run_tracked(struct vhd_vq *vq, struct iovec *iov,
-                                                           uint32_t stride, struct vhd_vq_chain *c,
-                                                           uint32_t max)
+static __attribute__((noinline)) int
+split_pop_run_tracked(struct vhd_vq *vq, const struct vhd_vq__out *o, uint32_t max)
 {
     uint32_t k;
     for (k = 0; k < max; k++) {
-        int rc = split_pop_tracked(vq, iov + (size_t)k * stride, stride, &c[k]);
+        int rc = split_pop_tracked(vq, vhd_vq__out_iov(o, k), o->max_iov, vhd_vq__out_chain(o, k));
         if (rc == 0)
             break;
         if (vhd_unlikely(rc < 0)) {
@@ -686,9 +687,19 @@ static __attribute__((noinline)) int split_pop_run_tracked(struct vhd_vq *vq, st
 int vhd_vq__split_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                             struct vhd_vq_chain *c, uint32_t max)
 {
+    const struct vhd_vq__out o = {.iov = iov, .c = c, .stride = stride, .max_iov = stride};
     if (vhd_unlikely(vq->inf.any != NULL))
-        return split_pop_run_tracked(vq, iov, stride, c, max);
-    return split_pop_run(vq, iov, stride, c, max);
+        return split_pop_run_tracked(vq, &o, max);
+    return split_pop_run(vq, o, max);
+}
+
+int vhd_vq__split_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
+                             struct vhd_vq_chain *const *cs, uint32_t max)
+{
+    const struct vhd_vq__out o = {.iovs = iovs, .cs = cs, .max_iov = max_iov};
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return split_pop_run_tracked(vq, &o, max);
+    return split_pop_run(vq, o, max);
 }
 
 /*

@@ -5,7 +5,8 @@
  * corrupted, the device popping runs, pushing, flushing; either layout,
  * optional inflight tracking) is played twice on fresh copies of the same
  * rings, once with vhd_vq_pop / vhd_vq_push and once with
- * vhd_vq_pop_burst / vhd_vq_push_burst. The chains (ids, sizes, segments),
+ * vhd_vq_pop_burst or vhd_vq_pop_burstv (an input bit chooses) and
+ * vhd_vq_push_burst. The chains (ids, sizes, segments),
  * the errors, the ring state, the ring area and the inflight area must be
  * identical.
  */
@@ -192,7 +193,21 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
                 uint32_t want = m - got;
                 if (want > QMAX - h.n)
                     want = QMAX - h.n;
-                if (batch) {
+                if (batch && (o & 0x80)) {
+                    /* vhd_vq_pop_burstv: each chain's own arrays, here laid out backwards */
+                    struct iovec *iovs[VHD_VQ_BURST_MAX];
+                    struct vhd_vq_chain *cs[VHD_VQ_BURST_MAX];
+                    uint32_t w = want < VHD_VQ_BURST_MAX ? want : VHD_VQ_BURST_MAX;
+                    for (uint32_t k = 0; k < w; k++) {
+                        iovs[k] = iov + (size_t)(w - 1 - k) * stride;
+                        cs[k] = &h.c[h.n + k];
+                    }
+                    rc = vhd_vq_pop_burstv(vq, iovs, stride, cs, w);
+                    if (rc <= 0)
+                        break;
+                    for (int k = 0; k < rc; k++)
+                        th_chain(t, cs[k], iovs[k]);
+                } else if (batch) {
                     rc = vhd_vq_pop_burst(vq, iov, stride, &h.c[h.n], want);
                     if (rc <= 0)
                         break;

@@ -2993,3 +2993,51 @@ BOTH(burst_push_overflow)
     VHD_CHECK_EQ(f.vq.error, VHD_VQ_E_USED_OVERFLOW);
     vqfx_teardown(&f);
 }
+
+/* vhd_vq_pop_burstv: each chain into its own arrays, in the order given; the same chains as a run.
+ */
+BOTH(burstv_own_arrays)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 32, .packed = packed, .indirect = true, .max_indirect = 4};
+    vqfx_setup(&f, &o);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    for (uint32_t i = 0; i < 6; i++) {
+        struct vhd_drv_buf b[3] = {
+            {buf + 64 * i, 16}, {buf + 64 * i + 16, 8 + i}, {buf + 64 * i + 40, 1}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 2, 1, i & 1, (void *)(uintptr_t)(i + 1)), 0);
+        *(uint8_t *)vqfx_ptr(&f, buf + 64 * i + 40, 1) = (uint8_t)(0xa0 + i);
+    }
+    vhd_drv_vq_publish(&f.dq);
+    struct iovec own[8][3];
+    struct vhd_vq_chain ch[8];
+    struct iovec *iovs[8];
+    struct vhd_vq_chain *cs[8];
+    for (uint32_t k = 0; k < 8; k++) {
+        iovs[k] = own[7 - k];
+        cs[k] = &ch[7 - k];
+    }
+    VHD_CHECK_EQ(vhd_vq_pop_burstv(&f.vq, iovs, 3, cs, 8), 6);
+    for (uint32_t k = 0; k < 6; k++) {
+        VHD_CHECK_EQ(cs[k]->nr, 2);
+        VHD_CHECK_EQ(cs[k]->nw, 1);
+        VHD_CHECK_EQ(cs[k]->rlen, 16 + 8 + k);
+        VHD_CHECK_EQ(cs[k]->wlen, 1);
+        VHD_CHECK_EQ(iovs[k][1].iov_len, 8 + k);
+        /* the device's mapping of the status byte of request k (marked through ours) */
+        VHD_CHECK_EQ(*(uint8_t *)iovs[k][2].iov_base, 0xa0 + k);
+    }
+    uint32_t written[6] = {1, 1, 1, 1, 1, 1};
+    struct vhd_vq_chain in_order[6];
+    for (uint32_t k = 0; k < 6; k++)
+        in_order[k] = *cs[k];
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, in_order, written, 6), 0);
+    vhd_vq_flush(&f.vq);
+    void *ck;
+    uint32_t len;
+    for (uintptr_t i = 1; i <= 6; i++) {
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+        VHD_CHECK_EQ((uintptr_t)ck, i);
+    }
+    vqfx_teardown(&f);
+}
