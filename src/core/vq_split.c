@@ -591,7 +591,7 @@ split_chain_table(const struct vhd_vring_desc *desc, uint32_t size, uint16_t hea
  * chain); the next pop walks it again.
  */
 static inline __attribute__((always_inline)) int
-split_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
+split_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max, bool tracked)
 {
     const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
     uint16_t last = vq->last_avail_idx;
@@ -637,17 +637,29 @@ split_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
         struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k);
         /* The fast walk refuses a head out of the table too; the full walk's caller reports it. */
         int f = split_chain_fast(desc, size, heads[k], iv, max_iov, ck, &rc);
-        if (vhd_likely(f == 1))
-            continue;
-        if (f == 2 && ind_ok && split_chain_table(desc, size, heads[k], iv, max_iov, ck, &rc))
-            continue;
-        if (vhd_unlikely(heads[k] >= size)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
-            break;
+        if (vhd_unlikely(f != 1) &&
+            !(f == 2 && ind_ok && split_chain_table(desc, size, heads[k], iv, max_iov, ck, &rc))) {
+            if (vhd_unlikely(heads[k] >= size)) {
+                err = vhd_vq__fail(vq, VHD_VQ_E_DESC_INDEX);
+                break;
+            }
+            err = split_walk_run(vq, heads[k], iv, max_iov, ck, &rc);
+            if (vhd_unlikely(err < 0))
+                break;
         }
-        err = split_walk_run(vq, heads[k], iv, max_iov, ck, &rc);
-        if (vhd_unlikely(err < 0))
-            break;
+        if (tracked) {
+            /* As split_pop records a new chain: checked, counter, then the mark. */
+            struct vhd_inflight_split_desc *r = &vq->inf.split->desc[vhd_vq__clamp(heads[k], size)];
+            if (vhd_unlikely(r->inflight)) {
+                err = vhd_vq__fail(vq, VHD_VQ_E_ID_IN_FLIGHT);
+                break;
+            }
+            r->counter = vq->inf_counter++;
+            __atomic_signal_fence(__ATOMIC_SEQ_CST);
+            r->inflight = 1;
+            if (vq->inf_resubmit_n != 0 && vq->inf_new != UINT16_MAX)
+                vq->inf_new++; /* a new chain after the list (split_pop_tracked) */
+        }
     }
     if (vhd_unlikely(k == m && m < n))
         err = vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX);
@@ -684,22 +696,32 @@ split_pop_run_tracked(struct vhd_vq *vq, const struct vhd_vq__out *o, uint32_t m
     return (int)k;
 }
 
+/*
+ * With inflight tracking: chains to pop again go one by one (their own
+ * path); new ones as a run, each recorded as split_pop records it.
+ */
+static inline __attribute__((always_inline)) int
+split_pop_burst_any(struct vhd_vq *vq, const struct vhd_vq__out o, uint32_t max)
+{
+    if (vhd_likely(vq->inf.any == NULL))
+        return split_pop_run(vq, o, max, false);
+    if (vq->inf_resubmit_pos < vq->inf_resubmit_n || vq->inf_resubmit_only)
+        return split_pop_run_tracked(vq, &o, max);
+    return split_pop_run(vq, o, max, true);
+}
+
 int vhd_vq__split_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                             struct vhd_vq_chain *c, uint32_t max)
 {
     const struct vhd_vq__out o = {.iov = iov, .c = c, .stride = stride, .max_iov = stride};
-    if (vhd_unlikely(vq->inf.any != NULL))
-        return split_pop_run_tracked(vq, &o, max);
-    return split_pop_run(vq, o, max);
+    return split_pop_burst_any(vq, o, max);
 }
 
 int vhd_vq__split_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
                              struct vhd_vq_chain *const *cs, uint32_t max)
 {
     const struct vhd_vq__out o = {.iovs = iovs, .cs = cs, .max_iov = max_iov};
-    if (vhd_unlikely(vq->inf.any != NULL))
-        return split_pop_run_tracked(vq, &o, max);
-    return split_pop_run(vq, o, max);
+    return split_pop_burst_any(vq, o, max);
 }
 
 /*
