@@ -524,6 +524,17 @@ static void blk_bad_chain(struct blk_queue *bq, struct blk_req *r)
     blk_push(bq, r, 0);
 }
 
+/*
+ * A chain with no status byte: the last byte of the device-writable part.
+ * The engine never yields empty segments, so a writable part, if any, has
+ * one. Such a chain stops the queue (blk_bad_chain).
+ */
+static inline bool blk_chain_bad(const struct blk_req *r)
+{
+    uint32_t nr = r->chain.nr, nw = r->chain.nw;
+    return nw == 0 || r->iov[nr + nw - 1].iov_len == 0;
+}
+
 /* Parse the chain just popped into r and start it (5.2.6). */
 static void blk_handle(struct blk_queue *bq, struct blk_req *r)
 {
@@ -531,11 +542,7 @@ static void blk_handle(struct blk_queue *bq, struct blk_req *r)
     uint32_t nr = r->chain.nr, nw = r->chain.nw;
     struct virtio_blk_outhdr hdr;
 
-    /*
-     * The status byte: the last byte of the device-writable part. The engine
-     * never yields empty segments, so a writable part, if any, has one.
-     */
-    if (vhd_unlikely(nw == 0 || r->iov[nr + nw - 1].iov_len == 0)) {
+    if (vhd_unlikely(blk_chain_bad(r))) {
         blk_bad_chain(bq, r);
         return;
     }
@@ -551,7 +558,17 @@ static void blk_handle(struct blk_queue *bq, struct blk_req *r)
                    q->index, r->chain.id, r->chain.rlen);
         return;
     }
-    (void)vhd_iov_to_buf(r->iov, nr, 0, &hdr, HDR_SIZE);
+    /* Straight from the first segment when it holds the header (the common layout). */
+    if (vhd_likely(r->iov[0].iov_len >= HDR_SIZE))
+        memcpy(&hdr, r->iov[0].iov_base, HDR_SIZE);
+    else
+        (void)vhd_iov_to_buf(r->iov, nr, 0, &hdr, HDR_SIZE);
+    /*
+     * Read once: the checks and uses below read hdr only; the empty asm says
+     * it may have changed, so the compiler cannot read the guest's bytes in
+     * its place (as vhd_iov_to_buf's barrier).
+     */
+    __asm__ volatile("" : "+m"(hdr));
     r->type = vhd_le32(hdr.type);
     uint64_t sector = vhd_le64(hdr.sector);
 
@@ -606,6 +623,18 @@ static inline struct blk_req *blk_req_get(struct blk_queue *bq)
 
 /* ---- vhd_dev_ops ---- */
 
+/* Chains popped in one run (vhd_vq_pop_burstv). */
+#define BLK_RUN 32u
+
+/*
+ * Pop runs of chains into free request slots and start each. Slots taken
+ * for a run and not filled go back to the free list in their order. A
+ * chain with no status byte stops the queue (blk_bad_chain) as when it was
+ * popped alone: the chains of its run after it are given back to the ring
+ * (vhd_vq_unpop, latest first, before anything of the run is pushed), so
+ * the ring, the inflight area and what the driver sees are as if the queue
+ * had stopped at it.
+ */
 static int blk_queue_process(struct vhd_queue *q, unsigned budget)
 {
     struct blk_queue *bq = q->priv;
@@ -616,21 +645,53 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
     if (vhd_unlikely(bq->st.broken))
         return -EPROTO;
     while (n < budget) {
-        struct blk_req *r = blk_req_get(bq);
-        if (vhd_unlikely(!r))
-            break; /* every slot in flight: the ring cannot hold another chain */
-        int rc = vhd_vq_pop(&q->vq, r->iov, VHD_BLK_REQ_IOV, &r->chain);
-        if (rc == 0)
+        struct blk_req *rs[BLK_RUN];
+        struct iovec *iovs[BLK_RUN];
+        struct vhd_vq_chain *cs[BLK_RUN];
+        uint32_t want = budget - n < BLK_RUN ? budget - n : BLK_RUN, got = 0;
+
+        while (got < want) {
+            struct blk_req *r = blk_req_get(bq);
+            if (vhd_unlikely(!r))
+                break; /* every slot in flight: the ring cannot hold another chain */
+            bq->free_list = r->next_free;
+            rs[got] = r;
+            iovs[got] = r->iov;
+            cs[got] = &r->chain;
+            got++;
+        }
+        if (vhd_unlikely(got == 0))
             break;
+        int rc = vhd_vq_pop_burstv(&q->vq, iovs, VHD_BLK_REQ_IOV, cs, got);
+        uint32_t popped = rc > 0 ? (uint32_t)rc : 0, last = popped;
+        for (uint32_t i = 0; i < popped; i++) {
+            if (vhd_unlikely(blk_chain_bad(rs[i]))) {
+                last = i + 1;
+                break;
+            }
+        }
+        for (uint32_t i = popped; i-- > last;) {
+            if (vhd_unlikely(vhd_vq_unpop(&q->vq, cs[i]) < 0)) {
+                rc = -(int)q->vq.error; /* a device bug; the runtime logs the engine error */
+                break;
+            }
+        }
+        for (uint32_t i = got; i-- > last;) {
+            rs[i]->next_free = bq->free_list;
+            bq->free_list = rs[i];
+        }
         if (vhd_unlikely(rc < 0)) {
             /* The engine refused the ring (sticky vq->error); the runtime logs it. */
             bq->st.broken = true;
             return rc;
         }
-        bq->free_list = r->next_free;
-        q->inflight_io++;
-        n++;
-        blk_handle(bq, r);
+        if (rc == 0)
+            break;
+        for (uint32_t i = 0; i < last; i++) {
+            q->inflight_io++;
+            n++;
+            blk_handle(bq, rs[i]);
+        }
         if (vhd_unlikely(bq->st.broken))
             return -EPROTO;
     }
