@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "vq_fixture.h"
 
@@ -3039,5 +3041,67 @@ BOTH(burstv_own_arrays)
         VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
         VHD_CHECK_EQ((uintptr_t)ck, i);
     }
+    vqfx_teardown(&f);
+}
+
+/*
+ * Dirty logging on the batch verbs: a run popped, its writable buffers
+ * written and logged, pushed in one call and published: the data pages and
+ * the ring page the used entries went to are marked, and no other page.
+ */
+BOTH(burst_dirty_log)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 16, .packed = packed};
+    vqfx_setup(&f, &o);
+    int lfd = memfd_create("vhd-test-log", MFD_CLOEXEC);
+    VHD_CHECK(lfd >= 0);
+    VHD_CHECK_EQ(ftruncate(lfd, 4096), 0);
+    struct vhd_dirtylog *log = NULL;
+    const char *why;
+    VHD_CHECK_EQ(vhd_dirtylog_map(lfd, 4096, 0, &log, &why), 0); /* 32768 pages */
+    vhd_vq_set_log(&f.vq, log, true, f.dq.used_gpa);
+
+    void *p;
+    uint64_t data = vhd_guestmem_alloc(&f.gm, 8 * 4096, 4096, &p);
+    VHD_CHECK(data != UINT64_MAX);
+    for (uint32_t i = 0; i < 4; i++) {
+        struct vhd_drv_buf b[2] = {{data + 4096ull * 2 * i, 16},
+                                   {data + 4096ull * (2 * i + 1), 64}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&f.dq);
+    struct iovec iov[4 * 2];
+    struct vhd_vq_chain c[4];
+    uint32_t written[4];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 2, c, 4), 4);
+    for (uint32_t k = 0; k < 4; k++) {
+        memset(iov[2 * k + 1].iov_base, 0x5a, iov[2 * k + 1].iov_len);
+        vhd_vq_log_write(&f.vq, &iov[2 * k + 1], 1, iov[2 * k + 1].iov_len);
+        written[k] = (uint32_t)iov[2 * k + 1].iov_len;
+    }
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, written, 4), 0);
+    vhd_vq_flush(&f.vq);
+
+    uint64_t ring_page = (packed ? f.dq.desc_gpa : f.dq.used_gpa) >> VHD_DIRTYLOG_PAGE_SHIFT;
+    for (uint64_t pg = 0; pg < 32768; pg++) {
+        bool want = pg == ring_page;
+        for (uint32_t i = 0; i < 4; i++)
+            want = want || pg == ((data >> VHD_DIRTYLOG_PAGE_SHIFT) + 2 * i + 1);
+        bool got = (log->bits[pg / 8] >> (pg % 8)) & 1;
+        if (got != want)
+            fprintf(stderr, "  page %llu: marked %d, expected %d\n", (unsigned long long)pg, got,
+                    want);
+        VHD_CHECK_EQ(got, want);
+    }
+    void *ck;
+    uint32_t len;
+    for (uintptr_t i = 1; i <= 4; i++) {
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+        VHD_CHECK_EQ(len, 64);
+    }
+    vhd_vq_set_log(&f.vq, NULL, false, 0);
+    vhd_dirtylog_free(log);
+    close(lfd);
     vqfx_teardown(&f);
 }
