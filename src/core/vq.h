@@ -391,7 +391,9 @@ int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
  * most once, the run's heads in one pass with their descriptors
  * prefetched; both layouts: per-run state is loaded once, and a buffer in
  * the region of the previous one is translated with one check).
- * Chain k gets iov[k * stride ...] (up to stride segments) and c[k].
+ * Chain k gets iov[k * stride ...] (up to stride segments) and c[k]: iov
+ * holds max * stride entries and c max (what lies past the chains returned
+ * is scratch: a chain the run did not keep may have written there).
  * Returns the number of chains popped (0: nothing available), or
  * -enum vhd_vq_err when the run's first chain is bad (queue broken, as
  * vhd_vq_pop). A bad chain after the first ends the run before it: the
@@ -417,7 +419,8 @@ static inline int vhd_vq_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_
 /*
  * vhd_vq_pop_burstv - vhd_vq_pop_burst for a device whose requests keep
  * their own iovec arrays: chain k gets iovs[k] (up to max_iov segments) and
- * *cs[k]. Same chains, checks, errors and return value.
+ * *cs[k]; iovs and cs hold max entries. Same chains, checks, errors and
+ * return value.
  */
 static inline int vhd_vq_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
                                     struct vhd_vq_chain *const *cs, uint32_t max)
