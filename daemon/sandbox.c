@@ -31,11 +31,11 @@
 #include <unistd.h>
 
 #include "options.h"
-#include "runtime/log.h"
 #include "sandbox.h"
-#include "transport/vu_sock.h"
+#include "vhostd/device.h"
+#include "vhostd/log.h"
 
-_Static_assert(VHD_OPT_MAX_ALLOW == VHD_VU_ACCESS_MAX_IDS, "allow-list sizes");
+_Static_assert(VHD_OPT_MAX_ALLOW == VHD_ENDPOINT_MAX_IDS, "allow-list sizes");
 
 /*
  * The allow table. Everything vhostd does after setup, found by reading the
@@ -444,7 +444,7 @@ static int resolve_uid(const char *name, uid_t *uid)
     return 0;
 }
 
-int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_vu_sock_access *out,
+int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpoint_access *out,
                                char *err, size_t errlen)
 {
     char list[1024];
@@ -466,9 +466,9 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_vu_so
         for (char *save = NULL, *tok = strtok_r(list, ":", &save); tok;
              tok = strtok_r(NULL, ":", &save)) {
             unsigned *n = which ? &out->ngids : &out->nuids;
-            if (*n >= VHD_VU_ACCESS_MAX_IDS)
+            if (*n >= VHD_ENDPOINT_MAX_IDS)
                 return set_err(err, errlen, -E2BIG, "allow-%s=: more than %d ids",
-                               which ? "gid" : "uid", VHD_VU_ACCESS_MAX_IDS);
+                               which ? "gid" : "uid", VHD_ENDPOINT_MAX_IDS);
             int rc = which ? resolve_group(tok, &out->gids[*n]) : resolve_uid(tok, &out->uids[*n]);
             if (rc < 0)
                 return set_err(err, errlen, rc, "allow-%s=%s: no such %s", which ? "gid" : "uid",

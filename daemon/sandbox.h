@@ -35,15 +35,16 @@ struct vhd_sandbox_opts {
 };
 
 struct vhd_opt_access;
-struct vhd_vu_sock_access;
+struct vhd_endpoint_access;
 
 /*
  * vhd_sandbox_resolve_access - a device's socket-mode=, socket-group=,
  * allow-uid= and allow-gid= (names or numeric ids; names are looked up in
- * the user and group databases) into the transport's access settings.
+ * the user and group databases) into the device's access settings
+ * (struct vhd_endpoint_access, include/vhostd/device.h).
  * Returns 0, or -errno with a one-line reason in err (an unknown name).
  */
-int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_vu_sock_access *out,
+int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpoint_access *out,
                                char *err, size_t errlen);
 
 /*

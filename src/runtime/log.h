@@ -1,36 +1,17 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Logging: one line per call to stderr, "<UTC timestamp> <level>: <message>",
- * filtered by one process-wide level. Anything a guest or front-end can
- * trigger goes through the rate-limited variant (VHD_LOG_RL) so a hostile
- * guest cannot flood the log or slow the worker that serves it.
+ * filtered by one process-wide level (the public part: include/vhostd/log.h). Anything a guest or
+ * front-end can trigger goes through the rate-limited variant (VHD_LOG_RL) so a hostile guest
+ * cannot flood the log or slow the worker that serves it.
  */
 #ifndef VHD_LOG_H
 #define VHD_LOG_H
 
 #include <stdint.h>
 
-enum vhd_log_level {
-    VHD_LOG_ERROR = 0, /* something failed: a device, a queue, a connection */
-    VHD_LOG_WARN = 1,  /* unexpected but handled (bad guest input, retries) */
-    VHD_LOG_INFO = 2,  /* lifecycle: devices, connections, features (the default level) */
-    VHD_LOG_DEBUG = 3, /* protocol traces; never on a per-request path */
-};
-
-/* Lines above this level are dropped. Any thread; normally set once at start-up. */
-void vhd_log_set_level(enum vhd_log_level level);
-enum vhd_log_level vhd_log_get_level(void);
-
-/* "error", "warn" (or "warning"), "info", "debug" -> level; -EINVAL otherwise. */
-int vhd_log_parse_level(const char *s);
-
-/*
- * vhd_log - write one line (no trailing newline needed; one is added). Any
- * thread: the line is formatted into a local buffer (truncated at 1 KiB)
- * and written with a single write(2), so lines of concurrent threads never
- * interleave. errno is preserved.
- */
-void vhd_log(enum vhd_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The level, vhd_log() and its level controls are public: include/vhostd/log.h. */
+#include "vhostd/log.h"
 
 /*
  * Rate-limit state of one call site: at most VHD_LOG_RL_BURST lines per

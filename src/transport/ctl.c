@@ -198,6 +198,11 @@ int vhd_ctl_run(struct vhd_ctl *ctl)
     return 0;
 }
 
+int vhd_ctl_fd(const struct vhd_ctl *ctl)
+{
+    return ctl->epfd;
+}
+
 void vhd_ctl_stop(struct vhd_ctl *ctl)
 {
     uint64_t one = 1;

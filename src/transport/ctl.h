@@ -58,6 +58,9 @@ int vhd_ctl_run_once(struct vhd_ctl *ctl, int timeout_ms);
  */
 int vhd_ctl_run(struct vhd_ctl *ctl);
 
+/* The loop's epoll fd: readable when vhd_ctl_run_once(ctl, 0) has work. Owned by ctl. */
+int vhd_ctl_fd(const struct vhd_ctl *ctl);
+
 /* Ask vhd_ctl_run to return. Any thread, and async-signal-safe. */
 void vhd_ctl_stop(struct vhd_ctl *ctl);
 

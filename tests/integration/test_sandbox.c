@@ -46,6 +46,7 @@
 #include "runtime/rt.h"
 #include "spec/vhost_user.h"
 #include "transport/vu_sock.h"
+#include "vhostd/device.h"
 
 #define BIT(n) (1ull << (n))
 
@@ -978,7 +979,7 @@ VHD_TEST(access_names_resolve)
 {
     struct vhd_opt_access in = {
         .mode = 0660, .group = "root", .allow_uid = "root:65534", .allow_gid = "0:107"};
-    struct vhd_vu_sock_access out;
+    struct vhd_endpoint_access out;
     char err[256] = "";
 
     VHD_CHECK_EQ(vhd_sandbox_resolve_access(&in, &out, err, sizeof(err)), 0);

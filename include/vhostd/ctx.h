@@ -1,0 +1,147 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libvhostd library context: the worker threads that run every device's
+ * virtqueues (each with its own epoll loop and io_uring, no locks on the
+ * request path), their polling policy, and the control loop that serves the
+ * vhost-user sockets of the devices created in it.
+ *
+ * Typical use (see examples/rng/rng.c for a whole program):
+ *
+ *     struct vhd_ctx_config cfg;
+ *     vhd_ctx_config_init(&cfg);
+ *     cfg.workers = 2;
+ *     struct vhd_ctx *ctx;
+ *     if (vhd_ctx_new(&cfg, &ctx) < 0) ...
+ *     ... vhd_blk_device_new(ctx, ...), vhd_device_start(dev, ...) ...
+ *     vhd_ctx_run(ctx);            // until vhd_ctx_stop(ctx), e.g. from a signal handler
+ *     vhd_ctx_destroy(ctx);        // ends the sessions, frees the devices
+ *
+ * Threading: the thread that calls vhd_ctx_run() / vhd_ctx_dispatch() is the
+ * context's control thread; every call on the context and its devices must
+ * come from it (or from the thread that created them before the loop first
+ * runs), except vhd_ctx_stop(), which any thread and any signal handler may
+ * call. Device callbacks for events run on the control thread; queue
+ * callbacks (vhostd/custom.h) run on the workers.
+ */
+#ifndef VHOSTD_CTX_H
+#define VHOSTD_CTX_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct vhd_ctx;       /* a library context: workers + control loop + devices */
+struct vhd_ctx_watch; /* an embedder's fd watched by the control loop */
+
+/* Most worker threads a context may have. */
+#define VHD_CTX_MAX_WORKERS 64u
+
+/* How idle workers wait for work. */
+enum vhd_ctx_poll {
+    VHD_CTX_POLL_ADAPTIVE = 0, /* keep polling poll_us after the last work, then sleep on kicks */
+    VHD_CTX_POLL_ALWAYS = 1,   /* never sleep: lowest latency, one busy core per worker */
+    VHD_CTX_POLL_NEVER = 2,    /* pure event mode: sleep on kicks at once */
+};
+
+struct vhd_ctx_config {
+    unsigned workers;       /* worker threads, 1..VHD_CTX_MAX_WORKERS */
+    enum vhd_ctx_poll poll; /* polling policy */
+    unsigned poll_us;       /* VHD_CTX_POLL_ADAPTIVE: how long to poll after work, us */
+    unsigned budget;        /* chains per queue per turn (fairness between queues), >= 1 */
+    /*
+     * Install the process-wide SIGBUS guard: a front-end that shrinks its
+     * guest-memory file makes the next access to the lost pages SIGBUS; with
+     * the guard the access is absorbed and the device marked broken instead
+     * of the process dying. It replaces any SIGBUS handler of the process, so
+     * it is off by default; a daemon turns it on.
+     */
+    bool sigbus_guard;
+};
+
+/*
+ * vhd_set_guest_mem_limit - the most guest memory all devices of the process
+ * together may map, bytes (0: the default, 64 TiB); a front-end's memory
+ * table that would go beyond it is refused before anything is mapped. Each
+ * device also has its own limit (vhd_device_config.max_guest_mem). Any
+ * thread; process-wide, for every context.
+ */
+void vhd_set_guest_mem_limit(uint64_t bytes);
+
+/*
+ * vhd_ctx_config_init - the defaults: 1 worker, adaptive polling for 50 us,
+ * budget 64, no SIGBUS guard. Start from this and change what you need
+ * (fields added in later versions get their default here).
+ */
+void vhd_ctx_config_init(struct vhd_ctx_config *cfg);
+
+/*
+ * vhd_ctx_new - create a context: start the workers and the control loop.
+ * cfg NULL means the defaults. Returns 0 and *out, or -EINVAL (a field out
+ * of range), -EBUSY (sigbus_guard while another context holds it), -ENOMEM,
+ * or what creating threads, eventfds and io_urings returned.
+ */
+int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out);
+
+/*
+ * vhd_ctx_destroy - end every device's session (in-flight requests complete
+ * first), destroy every device still in the context (vhd_device_destroy),
+ * stop and join the workers, free the loop. Watched fds are not closed.
+ * NULL is fine. Control thread, not from inside a callback.
+ */
+void vhd_ctx_destroy(struct vhd_ctx *ctx);
+
+/* Number of worker threads. */
+unsigned vhd_ctx_workers(const struct vhd_ctx *ctx);
+
+/*
+ * vhd_ctx_run - run the control loop until vhd_ctx_stop(): accept front-ends,
+ * handle their vhost-user messages, reconnect client-mode devices, report
+ * broken queues, and call the embedder's watches and event callbacks. A stop
+ * requested before the call makes it return at once; the request is then
+ * consumed (a second vhd_ctx_run runs again). 0 or -errno (epoll failed).
+ */
+int vhd_ctx_run(struct vhd_ctx *ctx);
+
+/*
+ * vhd_ctx_dispatch - one turn of the loop for embedders with their own: wait
+ * up to timeout_ms (0: do not wait, -1: forever) for events and handle them.
+ * Returns the number of events handled (0 on timeout or after a stop
+ * request), or -errno. Use vhd_ctx_fd() to learn when to call it.
+ */
+int vhd_ctx_dispatch(struct vhd_ctx *ctx, int timeout_ms);
+
+/*
+ * vhd_ctx_fd - a file descriptor (an epoll set) that polls readable when
+ * vhd_ctx_dispatch(ctx, 0) has something to do. Owned by ctx: do not close it.
+ */
+int vhd_ctx_fd(const struct vhd_ctx *ctx);
+
+/*
+ * vhd_ctx_stop - ask vhd_ctx_run() to return after the current turn. Any
+ * thread, and async-signal-safe (an atomic store and a write to an eventfd).
+ */
+void vhd_ctx_stop(struct vhd_ctx *ctx);
+
+/* Callback of a watched fd: events is the epoll mask that fired (EPOLLIN, EPOLLHUP, ...). */
+typedef void (*vhd_ctx_watch_fn)(void *opaque, uint32_t events);
+
+/*
+ * vhd_ctx_watch_fd - call fn(opaque, events) from the control loop whenever fd
+ * has one of events (EPOLLIN, EPOLLOUT; level-triggered): a daemon's
+ * signalfd, a management socket. The fd stays the caller's; unwatch it
+ * before closing it. 0 and *out (may be NULL if never unwatched), or -errno.
+ */
+int vhd_ctx_watch_fd(struct vhd_ctx *ctx, int fd, uint32_t events, vhd_ctx_watch_fn fn,
+                     void *opaque, struct vhd_ctx_watch **out);
+
+/* Stop watching (safe from any callback, including the watch's own). NULL is fine. */
+void vhd_ctx_unwatch(struct vhd_ctx_watch *w);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VHOSTD_CTX_H */

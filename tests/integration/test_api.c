@@ -1,0 +1,508 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The public device-side API (include/vhostd/): a custom device driven by
+ * the userspace front-end over a real socket, with the context's control
+ * loop on its own thread: chains reach the process callback as readable
+ * then writable iovecs and come back with the length completed; events,
+ * state, counters, config space, completion misuse, a callback error that
+ * breaks the queue, and the argument checks of the context and devices.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "driver/guestmem.h"
+#include "driver/vring.h"
+#include "driver/vu_frontend.h"
+#include "harness.h"
+#include "spec/vhost_user.h"
+#include "spec/virtio.h"
+#include "vhostd/vhostd.h"
+
+#define WAIT_MS 5000
+#define PAGE    4096ull
+#define REGION  (1ull << 20)
+#define QSIZE   16u
+
+/* What the device saw: written by the worker (process) or the control thread (events). */
+struct probe {
+    atomic_int events[5]; /* by enum vhd_event */
+    atomic_int processed; /* process calls */
+    atomic_int complete_rc[3];
+    atomic_uint last_nr, last_nw, last_queue;
+    uint8_t readable[64]; /* copy of the last chain's readable bytes */
+    atomic_uint readable_len;
+};
+
+/* Fills every writable byte with 0xa5 and completes; a chain whose first readable byte is
+ * 0xff is a protocol violation (-EPROTO); 0xee completes with too much, then twice. */
+static int probe_process(struct vhd_device *dev, uint32_t q, struct vhd_chain *chain,
+                         const struct iovec *iov, unsigned nr, unsigned nw, void *opaque)
+{
+    struct probe *p = opaque;
+    uint32_t rl = 0, written = 0;
+
+    (void)dev;
+    atomic_store(&p->last_nr, nr);
+    atomic_store(&p->last_nw, nw);
+    atomic_store(&p->last_queue, q);
+    for (unsigned i = 0; i < nr; i++)
+        for (size_t k = 0; k < iov[i].iov_len && rl < sizeof(p->readable); k++)
+            p->readable[rl++] = ((const uint8_t *)iov[i].iov_base)[k];
+    atomic_store(&p->readable_len, rl);
+    atomic_fetch_add(&p->processed, 1);
+    if (rl && p->readable[0] == 0xff)
+        return -EPROTO; /* not completed: the library completes it with 0 */
+    for (unsigned i = nr; i < nr + nw; i++) {
+        memset(iov[i].iov_base, 0xa5, iov[i].iov_len);
+        written += (uint32_t)iov[i].iov_len;
+    }
+    if (rl && p->readable[0] == 0xee) {
+        atomic_store(&p->complete_rc[0], vhd_chain_complete(chain, vhd_chain_writable(chain) + 1));
+        atomic_store(&p->complete_rc[1], vhd_chain_complete(chain, written));
+        atomic_store(&p->complete_rc[2], vhd_chain_complete(chain, written));
+        return 0;
+    }
+    return vhd_chain_complete(chain, written);
+}
+
+static void probe_event(struct vhd_device *dev, enum vhd_event ev, void *opaque)
+{
+    struct probe *p = opaque;
+    (void)dev;
+    if (ev >= 1 && ev <= 4)
+        atomic_fetch_add(&p->events[ev], 1);
+}
+
+static const struct vhd_custom_ops probe_ops = {.process = probe_process};
+
+/* The context's control loop on its own thread. */
+struct loop {
+    struct vhd_ctx *ctx;
+    pthread_t thr;
+    int rc;
+};
+
+static void *loop_main(void *arg)
+{
+    struct loop *l = arg;
+    l->rc = vhd_ctx_run(l->ctx);
+    return NULL;
+}
+
+static void loop_start(struct loop *l, struct vhd_ctx *ctx)
+{
+    l->ctx = ctx;
+    l->rc = 1;
+    VHD_CHECK_EQ(pthread_create(&l->thr, NULL, loop_main, l), 0);
+}
+
+static void loop_stop(struct loop *l)
+{
+    vhd_ctx_stop(l->ctx);
+    VHD_CHECK_EQ(pthread_join(l->thr, NULL), 0);
+    VHD_CHECK_EQ(l->rc, 0);
+}
+
+static bool wait_atomic(atomic_int *v, int want)
+{
+    for (int i = 0; i < WAIT_MS; i++) {
+        if (atomic_load(v) >= want)
+            return true;
+        usleep(1000);
+    }
+    return false;
+}
+
+/* A front-end session with one started split ring. */
+struct fe {
+    struct vhd_guestmem gm;
+    struct vhd_vuf f;
+    struct vhd_drv_vq vq;
+    struct vhd_vuf_ring ring;
+    int kick, call;
+    uint8_t *buf; /* data area, at gpa buf_gpa */
+    uint64_t buf_gpa;
+};
+
+static void fe_open(struct fe *e, const char *sock, uint64_t want_proto)
+{
+    void *area, *h;
+
+    memset(e, 0, sizeof(*e));
+    VHD_CHECK_EQ(vhd_guestmem_init(&e->gm, 1, REGION, 0x100000, 0x100000), 0);
+    vhd_vuf_init(&e->f, WAIT_MS);
+    VHD_CHECK_EQ(vhd_vuf_connect(&e->f, sock), 0);
+    VHD_CHECK_EQ(vhd_vuf_handshake(&e->f, want_proto), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_features(&e->f, 1ull << VIRTIO_F_VERSION_1), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_mem_table(&e->f, &e->gm), 0);
+    size_t area_len = vhd_drv_vq_area_size(QSIZE, false, 0);
+    uint64_t area_gpa = vhd_guestmem_alloc(&e->gm, area_len, PAGE, &area);
+    struct vhd_drv_vq_params p = {
+        .size = QSIZE, .area = area, .area_gpa = area_gpa, .area_len = area_len};
+    VHD_CHECK_EQ(vhd_drv_vq_init(&e->vq, &p), 0);
+    e->buf_gpa = vhd_guestmem_alloc(&e->gm, 4 * PAGE, PAGE, &h);
+    e->buf = h;
+    e->kick = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    e->call = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    VHD_CHECK(e->kick >= 0 && e->call >= 0);
+    e->ring = (struct vhd_vuf_ring){.index = 0,
+                                    .num = QSIZE,
+                                    .desc = vhd_guestmem_uva(&e->gm, e->vq.desc_gpa),
+                                    .avail = vhd_guestmem_uva(&e->gm, e->vq.avail_gpa),
+                                    .used = vhd_guestmem_uva(&e->gm, e->vq.used_gpa),
+                                    .kick_fd = e->kick,
+                                    .call_fd = e->call};
+    VHD_CHECK_EQ(vhd_vuf_ring_start(&e->f, &e->ring), 0);
+}
+
+static void fe_close(struct fe *e)
+{
+    vhd_vuf_close(&e->f);
+    vhd_drv_vq_fini(&e->vq);
+    close(e->kick);
+    close(e->call);
+    vhd_guestmem_fini(&e->gm);
+}
+
+/*
+ * One request: rlen readable bytes (first byte tag) at buf, then two writable
+ * buffers of wlen bytes each. Waits up to wait_ms for it to come back: its used
+ * length, or -1.
+ */
+static int64_t fe_request_wait(struct fe *e, uint8_t tag, uint32_t rlen, uint32_t wlen, int wait_ms)
+{
+    struct vhd_drv_buf b[3] = {
+        {.gpa = e->buf_gpa, .len = rlen},
+        {.gpa = e->buf_gpa + PAGE, .len = wlen},
+        {.gpa = e->buf_gpa + 2 * PAGE, .len = wlen},
+    };
+    memset(e->buf, 0, 3 * PAGE);
+    e->buf[0] = tag;
+    for (uint32_t i = 1; i < rlen; i++)
+        e->buf[i] = (uint8_t)i;
+    if (vhd_drv_vq_add(&e->vq, b, 1, 2, false, e) < 0)
+        return -1;
+    vhd_drv_vq_publish(&e->vq);
+    uint64_t one = 1;
+    if (write(e->kick, &one, sizeof(one)) != sizeof(one))
+        return -1;
+    for (int i = 0; i < wait_ms; i++) {
+        void *cookie;
+        uint32_t len;
+        if (vhd_drv_vq_get_used(&e->vq, &cookie, &len) == 1)
+            return len;
+        usleep(1000);
+    }
+    return -1;
+}
+
+static int64_t fe_request(struct fe *e, uint8_t tag, uint32_t rlen, uint32_t wlen)
+{
+    return fe_request_wait(e, tag, rlen, wlen, WAIT_MS);
+}
+
+static struct vhd_ctx *new_ctx(unsigned workers)
+{
+    struct vhd_ctx_config cc;
+    struct vhd_ctx *ctx = NULL;
+    vhd_ctx_config_init(&cc);
+    cc.workers = workers;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), 0);
+    return ctx;
+}
+
+static void sock_path(char *buf, size_t len, const char *what)
+{
+    snprintf(buf, len, "/tmp/vhd-test-api-%d-%s.sock", (int)getpid(), what);
+    unlink(buf);
+}
+
+static struct vhd_device *new_probe(struct vhd_ctx *ctx, const char *sock, struct probe *p,
+                                    const void *config, uint32_t config_size)
+{
+    struct vhd_custom_config c = {
+        .dev = {.name = "probe", .endpoint = {.path = sock}, .on_event = probe_event, .opaque = p},
+        .ops = &probe_ops,
+        .num_queues = 2,
+        .config = config,
+        .config_size = config_size,
+    };
+    struct vhd_device *dev = NULL;
+    char err[256] = "";
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    return dev;
+}
+
+VHD_TEST(custom_device_serves_chains_as_iovecs)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128];
+    struct loop l;
+    struct fe e;
+
+    sock_path(sock, sizeof(sock), "serve");
+    struct vhd_ctx *ctx = new_ctx(2);
+    struct vhd_device *dev = new_probe(ctx, sock, p, NULL, 0);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_STOPPED);
+    char err[256] = "";
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), -EALREADY);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_WAITING);
+    VHD_CHECK_EQ(vhd_device_num_queues(dev), 2u);
+    VHD_CHECK(strcmp(vhd_device_socket_path(dev), sock) == 0);
+    struct stat st;
+    VHD_CHECK(stat(sock, &st) == 0 && S_ISSOCK(st.st_mode));
+
+    loop_start(&l, ctx);
+    fe_open(&e, sock, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_CONNECTED], 1));
+
+    VHD_CHECK_EQ(fe_request(&e, 0x11, 24, 100), 200);
+    VHD_CHECK_EQ(atomic_load(&p->last_nr), 1u);
+    VHD_CHECK_EQ(atomic_load(&p->last_nw), 2u);
+    VHD_CHECK_EQ(atomic_load(&p->last_queue), 0u);
+    VHD_CHECK_EQ(atomic_load(&p->readable_len), 24u);
+    VHD_CHECK_EQ(p->readable[0], 0x11);
+    VHD_CHECK_EQ(p->readable[23], 23);
+    /* Both writable buffers filled, nothing past them. */
+    VHD_CHECK(e.buf[PAGE] == 0xa5 && e.buf[PAGE + 99] == 0xa5 && e.buf[PAGE + 100] == 0);
+    VHD_CHECK(e.buf[2 * PAGE] == 0xa5 && e.buf[2 * PAGE + 99] == 0xa5 &&
+              e.buf[2 * PAGE + 100] == 0);
+    VHD_CHECK_EQ(fe_request(&e, 0x12, 1, 7), 14);
+
+    struct vhd_queue_counters qc;
+    VHD_CHECK_EQ(vhd_device_queue_counters(dev, 0, &qc), 0); /* any time for custom devices */
+    VHD_CHECK_EQ(qc.requests, 2u);
+    VHD_CHECK_EQ(qc.bytes, 214u);
+    VHD_CHECK_EQ(qc.errors, 0u);
+    VHD_CHECK_EQ(vhd_device_queue_counters(dev, 2, &qc), -EINVAL);
+
+    fe_close(&e);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_DISCONNECTED], 1));
+    loop_stop(&l);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_WAITING);
+    struct vhd_device_counters dc;
+    VHD_CHECK_EQ(vhd_device_counters(dev, &dc), 0);
+    VHD_CHECK_EQ(dc.sessions, 1u);
+    VHD_CHECK_EQ(dc.broken, 0u);
+    VHD_CHECK_EQ(atomic_load(&p->events[VHD_EVENT_CONNECTED]), 1);
+    VHD_CHECK_EQ(atomic_load(&p->events[VHD_EVENT_BROKEN]), 0);
+
+    VHD_CHECK_EQ(vhd_device_stop(dev), 0);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_STOPPED);
+    VHD_CHECK(stat(sock, &st) < 0 && errno == ENOENT); /* the socket file is gone */
+    VHD_CHECK_EQ(vhd_device_stop(dev), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0); /* and may start again */
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_WAITING);
+    vhd_ctx_destroy(ctx); /* destroys the device, which removes its socket */
+    VHD_CHECK(stat(sock, &st) < 0 && errno == ENOENT);
+    free(p);
+}
+
+VHD_TEST(custom_callback_error_breaks_the_device)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct loop l;
+    struct fe e;
+
+    sock_path(sock, sizeof(sock), "broken");
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_device *dev = new_probe(ctx, sock, p, NULL, 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    fe_open(&e, sock, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    /* The chain the device refuses still comes back, with nothing written. */
+    VHD_CHECK_EQ(fe_request(&e, 0xff, 4, 64), 0);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_BROKEN], 1));
+    struct vhd_queue_counters qc;
+    VHD_CHECK_EQ(vhd_device_queue_counters(dev, 0, &qc), 0);
+    VHD_CHECK_EQ(qc.errors, 2u); /* not completed + the error */
+    /* The queue stopped: a new chain is not taken. */
+    VHD_CHECK_EQ(fe_request_wait(&e, 0x01, 4, 64, 300), -1);
+    VHD_CHECK_EQ(atomic_load(&p->processed), 1);
+    loop_stop(&l);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_BROKEN);
+    struct vhd_device_counters dc;
+    VHD_CHECK_EQ(vhd_device_counters(dev, &dc), 0);
+    VHD_CHECK_EQ(dc.broken, 1u);
+    fe_close(&e);
+    vhd_ctx_destroy(ctx);
+    VHD_CHECK_EQ(atomic_load(&p->events[VHD_EVENT_DISCONNECTED]), 1);
+    free(p);
+}
+
+VHD_TEST(chain_complete_refuses_overlong_and_twice)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct loop l;
+    struct fe e;
+
+    sock_path(sock, sizeof(sock), "complete");
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_device *dev = new_probe(ctx, sock, p, NULL, 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    fe_open(&e, sock, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    VHD_CHECK_EQ(fe_request(&e, 0xee, 4, 10), 20);
+    VHD_CHECK_EQ(atomic_load(&p->complete_rc[0]), -EINVAL);
+    VHD_CHECK_EQ(atomic_load(&p->complete_rc[1]), 0);
+    VHD_CHECK_EQ(atomic_load(&p->complete_rc[2]), -EALREADY);
+    VHD_CHECK_EQ(fe_request(&e, 0x01, 4, 10), 20); /* the queue is fine */
+    loop_stop(&l);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_CONNECTED);
+    fe_close(&e);
+    vhd_ctx_destroy(ctx);
+    free(p);
+}
+
+VHD_TEST(custom_config_space)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    const uint8_t cfg[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    char sock[128], err[256] = "";
+    uint8_t got[8];
+    struct loop l;
+    struct fe e;
+
+    sock_path(sock, sizeof(sock), "config");
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_device *dev = new_probe(ctx, sock, p, cfg, sizeof(cfg));
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    fe_open(&e, sock,
+            (1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK) | (1ull << VHOST_USER_PROTOCOL_F_CONFIG));
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, got, sizeof(got)), 0);
+    VHD_CHECK(memcmp(got, cfg, sizeof(cfg)) == 0);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 6, got, 2), 0);
+    VHD_CHECK(got[0] == 7 && got[1] == 8);
+    loop_stop(&l);
+    const uint8_t upd[2] = {0xaa, 0xbb};
+    VHD_CHECK_EQ(vhd_custom_update_config(dev, upd, 7, 2), -EINVAL); /* past the end */
+    VHD_CHECK_EQ(vhd_custom_update_config(dev, upd, 2, 2), 0);
+    loop_start(&l, ctx);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, got, sizeof(got)), 0);
+    VHD_CHECK(got[1] == 2 && got[2] == 0xaa && got[3] == 0xbb && got[4] == 5);
+    loop_stop(&l);
+    fe_close(&e);
+    vhd_ctx_destroy(ctx);
+    free(p);
+}
+
+VHD_TEST(arguments_are_checked)
+{
+    struct vhd_ctx_config cc;
+    struct vhd_ctx *ctx = NULL;
+    struct vhd_device *dev = NULL;
+    struct probe p;
+    char err[256] = "", sock[128];
+
+    vhd_ctx_config_init(&cc);
+    VHD_CHECK_EQ(cc.workers, 1u);
+    cc.workers = 0;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), -EINVAL);
+    cc.workers = VHD_CTX_MAX_WORKERS + 1;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), -EINVAL);
+    VHD_CHECK_EQ(vhd_ctx_new(NULL, &ctx), 0); /* the defaults */
+    VHD_CHECK_EQ(vhd_ctx_workers(ctx), 1u);
+
+    sock_path(sock, sizeof(sock), "args");
+    int bad_worker = 1;
+    struct vhd_custom_config c = {
+        .dev = {.endpoint = {.path = sock}, .workers = &bad_worker, .nworkers = 1, .opaque = &p},
+        .ops = &probe_ops,
+        .num_queues = 1,
+    };
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), -EINVAL);
+    VHD_CHECK(strstr(err, "worker 1 does not exist") != NULL);
+    c.dev.nworkers = 0;
+    c.num_queues = 0;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), -EINVAL);
+    c.num_queues = 1;
+    c.ops = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), -EINVAL);
+    c.ops = &probe_ops;
+    c.dev.endpoint.path = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), -EINVAL);
+    c.dev.endpoint.path = sock;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK(strcmp(vhd_device_name(dev), "custom") == 0);
+    VHD_CHECK_EQ(vhd_device_queue_worker(dev, 0), 0);
+    VHD_CHECK_EQ(vhd_device_queue_worker(dev, 1), -EINVAL);
+    VHD_CHECK_EQ(vhd_custom_update_config(dev, NULL, 0, 0), 0);
+
+    /* blk and net through the same life cycle */
+    struct vhd_blk_config bc = {.dev = {.name = "nulldisk", .endpoint = {.path = sock}},
+                                .backend = "null"};
+    VHD_CHECK(vhd_blk_device_new(ctx, &bc, &dev, err, sizeof(err)) < 0); /* null needs a size */
+    bc.size = 1 << 20;
+    VHD_CHECK_EQ(vhd_blk_device_new(ctx, &bc, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_custom_update_config(dev, NULL, 0, 0), -ENOTSUP);
+    struct vhd_queue_counters qc;
+    VHD_CHECK_EQ(vhd_device_queue_counters(dev, 0, &qc), -ENODATA); /* never ran */
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    vhd_device_destroy(dev);
+    struct vhd_net_config nc = {.dev = {.endpoint = {.path = sock}}, .pairs = 2};
+    VHD_CHECK_EQ(vhd_net_device_new(ctx, &nc, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_num_queues(dev), 5u);
+    VHD_CHECK_EQ(vhd_device_queue_worker(dev, 0), vhd_device_queue_worker(dev, 1));
+    VHD_CHECK_EQ(vhd_device_queue_counters(dev, 1, &qc), 0);
+    VHD_CHECK_EQ(qc.requests, 0u);
+    vhd_ctx_destroy(ctx);
+}
+
+VHD_TEST(version)
+{
+    VHD_CHECK(strcmp(vhd_version(), VHD_VERSION_STRING) == 0);
+    VHD_CHECK_EQ(vhd_version_number(), (unsigned)VHD_VERSION);
+    VHD_CHECK(VHD_VERSION >= VHD_VERSION_NUM(0, 1, 0));
+}
+
+static void on_efd(void *opaque, uint32_t events)
+{
+    int *fd = opaque;
+    uint64_t v;
+    (void)events;
+    if (read(fd[0], &v, sizeof(v)) == sizeof(v))
+        fd[1] += (int)v;
+}
+
+VHD_TEST(dispatch_and_watch)
+{
+    struct vhd_ctx *ctx = NULL;
+    struct vhd_ctx_watch *w = NULL;
+    int fd[2] = {eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK), 0};
+    uint64_t three = 3;
+
+    VHD_CHECK(fd[0] >= 0);
+    VHD_CHECK_EQ(vhd_ctx_new(NULL, &ctx), 0);
+    VHD_CHECK(vhd_ctx_fd(ctx) >= 0);
+    VHD_CHECK_EQ(vhd_ctx_dispatch(ctx, 0), 0); /* nothing to do */
+    VHD_CHECK_EQ(vhd_ctx_watch_fd(ctx, -1, EPOLLIN, on_efd, fd, &w), -EINVAL);
+    VHD_CHECK_EQ(vhd_ctx_watch_fd(ctx, fd[0], EPOLLIN, NULL, fd, &w), -EINVAL);
+    VHD_CHECK_EQ(vhd_ctx_watch_fd(ctx, fd[0], EPOLLIN, on_efd, fd, &w), 0);
+    VHD_CHECK_EQ(write(fd[0], &three, sizeof(three)), (ssize_t)sizeof(three));
+    struct pollfd pfd = {.fd = vhd_ctx_fd(ctx), .events = POLLIN};
+    VHD_CHECK_EQ(poll(&pfd, 1, WAIT_MS), 1); /* the context's fd says there is work */
+    VHD_CHECK_EQ(vhd_ctx_dispatch(ctx, WAIT_MS), 1);
+    VHD_CHECK_EQ(fd[1], 3);
+    vhd_ctx_unwatch(w);
+    VHD_CHECK_EQ(write(fd[0], &three, sizeof(three)), (ssize_t)sizeof(three));
+    VHD_CHECK_EQ(vhd_ctx_dispatch(ctx, 50), 0); /* unwatched */
+    vhd_ctx_stop(ctx);
+    VHD_CHECK_EQ(vhd_ctx_run(ctx), 0); /* a pending stop returns at once, and is consumed */
+    VHD_CHECK_EQ(vhd_ctx_dispatch(ctx, 0), 0);
+    close(fd[0]);
+    vhd_ctx_destroy(ctx);
+}
