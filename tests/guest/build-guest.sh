@@ -8,7 +8,8 @@
 #                             note, which QEMU boots directly. Under TCG this skips the guest's
 #                             own xz decompression and saves 3-8 s per boot.
 #   OUTDIR/modules/*.ko       virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev
-#                             virtio_pci virtio_blk failover net_failover virtio_net (uncompressed)
+#                             virtio_pci virtio_blk failover net_failover virtio_net virtio-rng
+#                             (uncompressed)
 #   OUTDIR/guest-blkcheck     tests/guest/guest-blkcheck.c, gcc -static (also runs on the host)
 #   OUTDIR/initramfs.cpio.gz  busybox-static + the modules + guest-blkcheck + init.sh as /init
 # Idempotent: every output is rebuilt only when it is missing or older than its inputs. The
@@ -19,7 +20,7 @@
 set -euo pipefail
 
 MODULES="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk
-failover net_failover virtio_net"
+failover net_failover virtio_net virtio-rng"
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 die() {

@@ -94,6 +94,44 @@ blk)
         fi
     fi
     ;;
+rng)
+    # virtio-rng over vhost-user (examples/rng, rng-guest.sh): the hw_random core must pick
+    # virtio_rng, and /dev/hwrng must deliver bytes that look random.
+    insmod /lib/modules/virtio-rng.ko || fail "insmod virtio-rng failed"
+    i=0
+    while ! grep -q virtio_rng /sys/class/misc/hw_random/rng_current 2>/dev/null &&
+        [ $i -lt 50 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    cur=$(cat /sys/class/misc/hw_random/rng_current 2>/dev/null)
+    echo "INFO rng_available: $(cat /sys/class/misc/hw_random/rng_available 2>/dev/null)"
+    case "$cur" in
+    virtio_rng*) echo "CHECK rng-current: PASS $cur" ;;
+    *) fail "rng_current is '$cur', not virtio_rng" ;;
+    esac
+    if [ -z "$result" ]; then
+        if ! head -c 65536 /dev/hwrng >/tmp/r1 || ! head -c 65536 /dev/hwrng >/tmp/r2; then
+            fail "reading /dev/hwrng failed"
+        fi
+    fi
+    if [ -z "$result" ]; then
+        n1=$(wc -c </tmp/r1)
+        nz=$(tr -d '\000' </tmp/r1 | wc -c)  # bytes that are not zero: about 255/256 of them
+        gz=$(gzip -c </tmp/r1 | wc -c)      # random data does not compress; a pattern does
+        if [ "$n1" -ne 65536 ]; then
+            fail "read $n1 bytes from /dev/hwrng, not 65536"
+        elif [ "$nz" -lt 64000 ]; then
+            fail "/dev/hwrng: only $nz of 65536 bytes are non-zero"
+        elif [ "$gz" -lt 65536 ]; then
+            fail "/dev/hwrng: 64 KiB compress to $gz bytes: not random"
+        elif cmp -s /tmp/r1 /tmp/r2; then
+            fail "/dev/hwrng: two reads returned the same 64 KiB"
+        else
+            echo "CHECK hwrng-read: PASS 2 x 65536 bytes, $nz non-zero, gzip $gz bytes, reads differ"
+        fi
+    fi
+    ;;
 boot)
     # Boot-only smoke test: report the disks the kernel found.
     for d in /sys/block/vd*; do

@@ -32,6 +32,9 @@ Network (optional; the guest sees it as eth0):
   --net-dev-opts STR    virtio-net-pci properties (default vectors=0: QEMU 7.2 under TCG
                         segfaults in msix_set_vector_notifiers when vhost-user-net starts
                         with MSI-X; INTx works)
+Entropy (optional; examples/rng, see rng-guest.sh):
+  --rng-sock PATH       vhost-user-rng socket: vhost-user-rng-pci (the guest's /dev/hwrng)
+  --rng-dev-opts STR    extra vhost-user-rng-pci properties
 Expectations checked in the guest (omit to skip the check):
   --sectors N           capacity in 512-byte sectors       --ro-sectors N
   --serial S            serial (GET_ID) string, no spaces  --ro-serial S
@@ -46,7 +49,8 @@ Workload:
   --no-host-pattern     the images were not stamped with host-verify.sh --prepare
   --threads N  --work-mb N   (guest-blkcheck defaults: 4 threads, 32 MiB)
   --guest-args "..."    more guest-blkcheck arguments (space separated, no quoting)
-  --test blk|boot|cmd   what /init runs (default blk; cmd runs --guest-args as a shell line)
+  --test blk|boot|cmd|rng   what /init runs (default blk; cmd runs --guest-args as a shell
+                        line; rng reads /dev/hwrng from --rng-sock)
 VM and harness:
   --smp N (2)  --mem SIZE (512M)  --timeout SECS (env GUEST_TIMEOUT, default 180)
   --log PATH            console log (env GUEST_LOG; default a new file in \$TMPDIR)
@@ -70,6 +74,8 @@ PACKED=off
 DEV_OPTS=""
 RECONNECT=0
 NET_SOCK=""
+RNG_SOCK=""
+RNG_DEV_OPTS=""
 MAC=52:54:00:12:34:56
 NET_DEV_OPTS=vectors=0
 SECTORS=""
@@ -113,6 +119,8 @@ while [ $# -gt 0 ]; do
     --dev-opts) need "$@"; DEV_OPTS=$2; shift ;;
     --reconnect) need "$@"; RECONNECT=$2; shift ;;
     --net-sock) need "$@"; NET_SOCK=$2; shift ;;
+    --rng-sock) need "$@"; RNG_SOCK=$2; shift ;;
+    --rng-dev-opts) need "$@"; RNG_DEV_OPTS=$2; shift ;;
     --mac) need "$@"; MAC=$2; shift ;;
     --net-dev-opts) need "$@"; NET_DEV_OPTS=$2; shift ;;
     --sectors) need "$@"; SECTORS=$2; shift ;;
@@ -188,7 +196,7 @@ KERNEL=$GUEST_DIR/vmlinuz
 # Wait for the backend sockets (with --server QEMU creates them: nothing to wait for).
 CHR_OPTS=""
 [ "$SERVER" = 1 ] && CHR_OPTS=",server=on,wait=off"
-for s in ${SOCK:+"$SOCK"} ${RO_SOCK:+"$RO_SOCK"} ${NET_SOCK:+"$NET_SOCK"}; do
+for s in ${SOCK:+"$SOCK"} ${RO_SOCK:+"$RO_SOCK"} ${NET_SOCK:+"$NET_SOCK"} ${RNG_SOCK:+"$RNG_SOCK"}; do
     [ "$SERVER" = 0 ] || break
     waited=0
     while [ ! -S "$s" ]; do
@@ -243,6 +251,10 @@ if [ -n "$NET_SOCK" ]; then
     qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK$CHR_OPTS"
         -netdev "type=vhost-user,id=net0,chardev=vun0,queues=1"
         -device "virtio-net-pci,netdev=net0,mac=$MAC,addr=0x6${NET_DEV_OPTS:+,$NET_DEV_OPTS}")
+fi
+if [ -n "$RNG_SOCK" ]; then
+    qemu_cmd+=(-chardev "socket,id=vur0,path=$RNG_SOCK$CHR_OPTS"
+        -device "vhost-user-rng-pci,chardev=vur0,addr=0x7${RNG_DEV_OPTS:+,$RNG_DEV_OPTS}")
 fi
 
 if [ "$INTERACTIVE" = 1 ]; then
