@@ -18,9 +18,10 @@
  *
  * Threading: every call here is a control-thread call (vhostd/ctx.h), except
  * where a function says otherwise. Event callbacks run on the control thread
- * from inside vhd_ctx_run / vhd_ctx_dispatch; they may call any function
- * here on any device except vhd_device_destroy() and vhd_device_stop() of
- * the device whose event it is.
+ * from inside vhd_ctx_run / vhd_ctx_dispatch (and vhd_device_stop /
+ * destroy, which report the end of a session); they may query any device,
+ * create and start devices, update a custom device's config space and call
+ * vhd_ctx_stop(), but must not stop or destroy a device.
  */
 #ifndef VHOSTD_DEVICE_H
 #define VHOSTD_DEVICE_H

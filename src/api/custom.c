@@ -368,7 +368,8 @@ int vhd_custom_update_config(struct vhd_device *d, const void *buf, uint32_t off
     struct custom_dev *cd = to_custom(d->dev);
     if (off > cd->config_size || len > cd->config_size - off || (len && !buf))
         return -EINVAL;
-    memcpy(cd->config + off, buf, len);
+    if (len)
+        memcpy(cd->config + off, buf, len);
     struct vhd_vu_conn *c = api_device_conn(d);
     if (c) {
         int rc = vhd_vu_conn_config_changed(c);

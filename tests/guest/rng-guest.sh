@@ -4,9 +4,9 @@
 # rng-guest.sh: libvhostd used the way a stranger would. `meson install --destdir` puts the
 # library, headers and libvhostd.pc in a scratch tree; examples/rng/rng.c is compiled there
 # with nothing but `cc -Wall -Wextra -Werror examples/rng/*.c $(pkg-config --cflags --libs
-# libvhostd)` (pkg-config pointed into the tree), once against the shared library and once
-# statically; each binary serves a Linux 6.1 guest (QEMU TCG, vhost-user-rng-pci) that must
-# pick virtio_rng in /sys/class/misc/hw_random/rng_current and read 2 x 64 KiB from /dev/hwrng
+# libvhostd)` (pkg-config pointed into the tree), once against the shared library (the guest
+# uses split rings) and once statically (packed rings, checked in the features the device
+# logs); each binary serves a Linux 6.1 guest (QEMU TCG, vhost-user-rng-pci) that must pick virtio_rng in /sys/class/misc/hw_random/rng_current and read 2 x 64 KiB from /dev/hwrng
 # that look random (init.sh, test rng); the device must then report on SIGTERM that it served
 # at least those 128 KiB. Cases: shared, static (CASES narrows them; what it leaves out is
 # counted as skipped). Ends with "N passed, N failed[, N skipped]"; exit 0 only when none failed.
@@ -64,9 +64,16 @@ PKG_CONFIG_PATH=$(dirname "$pcfile")
 export PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR=$dest
 echo "$SCRIPT_NAME: installed into $dest; pkg-config: $(pkg-config --cflags --libs libvhostd)"
 
+# packed_negotiated LOG: the device's "NAME: features 0x..." line has bit 34 (RING_PACKED).
+packed_negotiated() {
+    local f
+    f=$(sed -n 's/.*: features \(0x[0-9a-f]*\).*/\1/p' "$1" | tail -n 1)
+    [ -n "$f" ] && [ $(((f >> 34) & 1)) = 1 ]
+}
+
 # ---- one case: build the example one way, serve a guest ----------------------------------
 run_case() {
-    local name=$1 dir=$WORK/$1 reason="" detail="" bin sock out
+    local name=$1 dir=$WORK/$1 reason="" detail="" bin sock out ring=off
     case_begin "$name" deadline || return 0
     bin=$dir/vhost-user-rng
     sock=$dir/rng.sock
@@ -74,6 +81,7 @@ run_case() {
     # Only the example's own sources and what pkg-config says: no -I into the source tree.
     # shellcheck disable=SC2046 # pkg-config's output is meant to be split
     if [ "$name" = static ]; then
+        ring=on
         cc -Wall -Wextra -Werror -static -o "$bin" "$root"/examples/rng/*.c \
             $(pkg-config --static --cflags --libs libvhostd) >"$dir/cc.log" 2>&1 ||
             reason="cc -static failed: $(head -n 3 "$dir/cc.log")"
@@ -90,7 +98,8 @@ run_case() {
         LD_LIBRARY_PATH=$libdir "$bin" --socket "$sock" >"$out" 2>&1 &
         rng_pid=$!
         if ! "$root/tests/guest/run-guest.sh" --no-build --guest-dir "$root/build/guest" \
-            --test rng --rng-sock "$sock" --timeout "$gtimeout" --log "$dir/guest.log" \
+            --test rng --rng-sock "$sock" --rng-dev-opts "packed=$ring" --timeout "$gtimeout" \
+            --log "$dir/guest.log" \
             >"$dir/run-guest.out" 2>&1; then
             reason="guest: $(grep -E 'GUEST-RESULT|run-guest: (FAIL|error)' "$dir/run-guest.out" |
                 tail -n 1)"
@@ -112,8 +121,10 @@ run_case() {
             reason="the example counted $req requests, $bytes bytes (the guest read 131072)"
         elif ! echo "$served" | grep -q ' 0 errors in 1 session'; then
             reason="unexpected counters: $served"
+        elif [ "$ring" = on ] && ! packed_negotiated "$out"; then
+            reason="the session did not negotiate VIRTIO_F_RING_PACKED: $(grep ': features 0x' "$out")"
         else
-            detail="$req requests, $bytes bytes served"
+            detail="packed=$ring: $req requests, $bytes bytes served"
         fi
         [ -n "$reason" ] && sed 's/^/    rng| /' "$out" | tail -n 10
     fi
