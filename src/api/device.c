@@ -461,6 +461,7 @@ int vhd_device_queue_counters(const struct vhd_device *d, uint32_t q,
 void vhd_device_log_counters(const struct vhd_device *d, const char *why)
 {
     struct vhd_queue_counters tot = {0};
+    uint32_t running = 0;
 
     if (d->type == API_DEV_NET) {
         vhd_net_log_stats(d->dev, why);
@@ -468,7 +469,10 @@ void vhd_device_log_counters(const struct vhd_device *d, const char *why)
     }
     for (uint32_t q = 0; q < d->dev->num_queues; q++) {
         struct vhd_queue_counters c;
-        if (vhd_device_queue_counters(d, q, &c) < 0 || !c.requests)
+        int rc = vhd_device_queue_counters(d, q, &c);
+        if (rc == -EBUSY)
+            running++;
+        if (rc < 0 || !c.requests)
             continue;
         vhd_log(VHD_LOG_INFO, "%s: stats (%s): queue %u: requests=%llu bytes=%llu errors=%llu",
                 d->dev->name, why, q, (unsigned long long)c.requests, (unsigned long long)c.bytes,
@@ -477,7 +481,11 @@ void vhd_device_log_counters(const struct vhd_device *d, const char *why)
         tot.bytes += c.bytes;
         tot.errors += c.errors;
     }
-    vhd_log(VHD_LOG_INFO, "%s: stats (%s): total: requests=%llu bytes=%llu errors=%llu",
+    char note[96] = "";
+    if (running)
+        snprintf(note, sizeof(note), " (%u running queue(s) not counted: their worker owns them)",
+                 running);
+    vhd_log(VHD_LOG_INFO, "%s: stats (%s): total: requests=%llu bytes=%llu errors=%llu%s",
             d->dev->name, why, (unsigned long long)tot.requests, (unsigned long long)tot.bytes,
-            (unsigned long long)tot.errors);
+            (unsigned long long)tot.errors, note);
 }

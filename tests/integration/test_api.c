@@ -39,7 +39,7 @@ struct probe {
     atomic_int processed; /* process calls */
     atomic_int complete_rc[3];
     atomic_uint last_nr, last_nw, last_queue;
-    uint8_t readable[64]; /* copy of the last chain's readable bytes */
+    atomic_uchar readable[64]; /* copy of the last chain's readable bytes */
     atomic_uint readable_len;
 };
 
@@ -57,16 +57,17 @@ static int probe_process(struct vhd_device *dev, uint32_t q, struct vhd_chain *c
     atomic_store(&p->last_queue, q);
     for (unsigned i = 0; i < nr; i++)
         for (size_t k = 0; k < iov[i].iov_len && rl < sizeof(p->readable); k++)
-            p->readable[rl++] = ((const uint8_t *)iov[i].iov_base)[k];
+            atomic_store(&p->readable[rl++], ((const uint8_t *)iov[i].iov_base)[k]);
     atomic_store(&p->readable_len, rl);
     atomic_fetch_add(&p->processed, 1);
-    if (rl && p->readable[0] == 0xff)
+    uint8_t tag = rl ? ((const uint8_t *)iov[0].iov_base)[0] : 0;
+    if (tag == 0xff)
         return -EPROTO; /* not completed: the library completes it with 0 */
     for (unsigned i = nr; i < nr + nw; i++) {
         memset(iov[i].iov_base, 0xa5, iov[i].iov_len);
         written += (uint32_t)iov[i].iov_len;
     }
-    if (rl && p->readable[0] == 0xee) {
+    if (tag == 0xee) {
         atomic_store(&p->complete_rc[0], vhd_chain_complete(chain, vhd_chain_writable(chain) + 1));
         atomic_store(&p->complete_rc[1], vhd_chain_complete(chain, written));
         atomic_store(&p->complete_rc[2], vhd_chain_complete(chain, written));
@@ -272,8 +273,8 @@ VHD_TEST(custom_device_serves_chains_as_iovecs)
     VHD_CHECK_EQ(atomic_load(&p->last_nw), 2u);
     VHD_CHECK_EQ(atomic_load(&p->last_queue), 0u);
     VHD_CHECK_EQ(atomic_load(&p->readable_len), 24u);
-    VHD_CHECK_EQ(p->readable[0], 0x11);
-    VHD_CHECK_EQ(p->readable[23], 23);
+    VHD_CHECK_EQ(atomic_load(&p->readable[0]), 0x11);
+    VHD_CHECK_EQ(atomic_load(&p->readable[23]), 23);
     /* Both writable buffers filled, nothing past them. */
     VHD_CHECK(e.buf[PAGE] == 0xa5 && e.buf[PAGE + 99] == 0xa5 && e.buf[PAGE + 100] == 0);
     VHD_CHECK(e.buf[2 * PAGE] == 0xa5 && e.buf[2 * PAGE + 99] == 0xa5 &&
