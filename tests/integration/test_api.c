@@ -507,3 +507,61 @@ VHD_TEST(dispatch_and_watch)
     close(fd[0]);
     vhd_ctx_destroy(ctx);
 }
+
+VHD_TEST(client_endpoint_connects_to_the_front_end)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct loop l;
+    struct vhd_vuf f;
+
+    sock_path(sock, sizeof(sock), "client");
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_custom_config c = {
+        .dev = {.endpoint =
+                    {.path = sock, .client = true, .reconnect_min_ms = 10, .reconnect_max_ms = 20},
+                .on_event = probe_event,
+                .opaque = p},
+        .ops = &probe_ops,
+        .num_queues = 1,
+    };
+    struct vhd_device *dev = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK(vhd_device_is_client(dev));
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx); /* it retries until the front-end listens */
+    usleep(100 * 1000);
+    vhd_vuf_init(&f, WAIT_MS);
+    VHD_CHECK_EQ(vhd_vuf_accept(&f, sock), 0);
+    VHD_CHECK_EQ(vhd_vuf_handshake(&f, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK), 0);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_CONNECTED], 1));
+    vhd_vuf_close(&f);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_DISCONNECTED], 1));
+    loop_stop(&l);
+    struct vhd_device_counters dc;
+    VHD_CHECK_EQ(vhd_device_counters(dev, &dc), 0);
+    VHD_CHECK_EQ(dc.sessions, 1u);
+    VHD_CHECK(dc.connect_attempts >= 2); /* the first ones found nobody listening */
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_WAITING); /* reconnecting */
+    vhd_ctx_destroy(ctx);
+    free(p);
+}
+
+VHD_TEST(one_context_holds_the_sigbus_guard)
+{
+    struct vhd_ctx_config cc;
+    struct vhd_ctx *a = NULL, *b = NULL;
+
+    vhd_ctx_config_init(&cc);
+    VHD_CHECK(!cc.sigbus_guard); /* off unless asked for */
+    cc.sigbus_guard = true;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &a), 0);
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &b), -EBUSY);
+    cc.sigbus_guard = false;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &b), 0); /* a context without it is fine */
+    vhd_ctx_destroy(b);
+    vhd_ctx_destroy(a);
+    cc.sigbus_guard = true;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &a), 0); /* released by destroy */
+    vhd_ctx_destroy(a);
+}
