@@ -109,6 +109,13 @@ struct vhd_device_config {
      */
     const int *workers;
     unsigned nworkers;
+    /*
+     * How long the end of a session (a disconnect, a reset, vhd_device_stop)
+     * waits for each queue's in-flight requests to complete; 0: 10000 ms. A
+     * queue that does not give them back in time leaves the device
+     * VHD_DEVICE_DISABLED.
+     */
+    unsigned stop_timeout_ms;
     bool allow_packed;     /* offer the packed ring layout (VIRTIO_F_RING_PACKED) */
     bool no_split;         /* refuse split rings (a front-end must take packed ones) */
     vhd_event_fn on_event; /* optional */
@@ -155,7 +162,10 @@ int vhd_device_stop(struct vhd_device *dev);
 
 /*
  * vhd_device_destroy - stop the device and free it: a block backend is
- * flushed (fdatasync) and closed, a TAP or switch port released. NULL is fine.
+ * flushed (fdatasync) and closed, a TAP or switch port released. A
+ * VHD_DEVICE_DISABLED device is not freed (a worker may still hold one of
+ * its requests): its memory and backend stay allocated for the process's
+ * life, with an error logged. NULL is fine.
  */
 void vhd_device_destroy(struct vhd_device *dev);
 

@@ -54,6 +54,7 @@ struct vhd_device {
 
     vhd_event_fn on_event;
     void *opaque;
+    int stop_timeout_ms; /* 0: the transport's default */
 
     /* event bookkeeping (api_device_scan) */
     unsigned seen_sessions;   /* endpoint's session count at the last scan */

@@ -6,6 +6,7 @@
  * counters, and the events reported to the embedder after each loop turn.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,7 @@ int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type
     d->reconnect_min_ms = ep->reconnect_min_ms;
     d->reconnect_max_ms = ep->reconnect_max_ms;
     d->access = ep->access;
+    d->stop_timeout_ms = cfg->stop_timeout_ms > INT_MAX ? INT_MAX : (int)cfg->stop_timeout_ms;
     d->on_event = cfg->on_event;
     d->opaque = cfg->opaque;
     dev->rt = ctx->rt;
@@ -285,9 +287,13 @@ int vhd_device_stop(struct vhd_device *d)
     d->had_conn = false;
     d->was_broken = false;
     /*
-     * The server/client free ends the session; a queue that could not be
-     * taken back leaves the device's broken/disabled marks behind it.
+     * Freeing the endpoint ended the session; a queue still attached is one
+     * its worker did not give back (vhd_vu_conn_free's -EBUSY): the device
+     * must never serve again nor be freed while the workers run.
      */
+    for (uint32_t q = 0; q < d->dev->num_queues; q++)
+        if (d->dev->queues[q].attached)
+            d->disabled = true;
     if (d->disabled)
         rc = -EBUSY;
     if (had && d->on_event)
@@ -305,6 +311,14 @@ void vhd_device_destroy(struct vhd_device *d)
             *p = d->next;
             break;
         }
+    if (d->disabled) {
+        /* A worker may still touch it (vhd_device_stop): left allocated on purpose. */
+        vhd_log(VHD_LOG_ERROR, "%s: destroyed while disabled: its memory is not freed",
+                d->dev->name);
+        api_device_fini(d);
+        free(d);
+        return;
+    }
     switch (d->type) {
     case API_DEV_BLK:
         vhd_blk_free(d->dev);
@@ -345,6 +359,9 @@ void api_ctx_scan(struct vhd_ctx *ctx)
                 emit(d, VHD_EVENT_DISCONNECTED);
             d->seen_sessions = sessions;
             d->was_broken = false;
+            struct vhd_vu_conn *c = api_device_conn(d);
+            if (c && d->stop_timeout_ms)
+                vhd_vu_conn_set_detach_timeout(c, d->stop_timeout_ms);
             emit(d, VHD_EVENT_CONNECTED);
             d->had_conn = true;
         }

@@ -41,6 +41,7 @@ struct probe {
     atomic_uint last_nr, last_nw, last_queue;
     atomic_uchar readable[64]; /* copy of the last chain's readable bytes */
     atomic_uint readable_len;
+    atomic_int hold; /* a chain tagged 0xbb waits in process() while this is set */
 };
 
 /* Fills every writable byte with 0xa5 and completes; a chain whose first readable byte is
@@ -61,6 +62,8 @@ static int probe_process(struct vhd_device *dev, uint32_t q, struct vhd_chain *c
     atomic_store(&p->readable_len, rl);
     atomic_fetch_add(&p->processed, 1);
     uint8_t tag = rl ? ((const uint8_t *)iov[0].iov_base)[0] : 0;
+    while (tag == 0xbb && atomic_load(&p->hold))
+        usleep(1000);
     if (tag == 0xff)
         return -EPROTO; /* not completed: the library completes it with 0 */
     for (unsigned i = nr; i < nr + nw; i++) {
@@ -564,4 +567,44 @@ VHD_TEST(one_context_holds_the_sigbus_guard)
     cc.sigbus_guard = true;
     VHD_CHECK_EQ(vhd_ctx_new(&cc, &a), 0); /* released by destroy */
     vhd_ctx_destroy(a);
+}
+
+VHD_TEST(a_queue_that_never_stops_disables_the_device)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct loop l;
+    struct fe e;
+
+    sock_path(sock, sizeof(sock), "disabled");
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_custom_config c = {
+        .dev = {.endpoint = {.path = sock},
+                .stop_timeout_ms = 200,
+                .on_event = probe_event,
+                .opaque = p},
+        .ops = &probe_ops,
+        .num_queues = 1,
+    };
+    struct vhd_device *dev = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    fe_open(&e, sock, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_CONNECTED], 1));
+    atomic_store(&p->hold, 1);
+    VHD_CHECK_EQ(fe_request_wait(&e, 0xbb, 4, 16, 0), -1); /* kicked, not answered */
+    VHD_CHECK(wait_atomic(&p->processed, 1));
+    fe_close(&e); /* the session ends; its queue cannot be taken back within 200 ms */
+    VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_DISCONNECTED], 1));
+    loop_stop(&l);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_DISABLED);
+    VHD_CHECK_EQ(vhd_device_stop(dev), -EBUSY);
+    VHD_CHECK_EQ(vhd_device_state(dev), VHD_DEVICE_DISABLED);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), -EBUSY);
+    /* The worker finishes the chain late; destroy leaves the device's memory alone. */
+    atomic_store(&p->hold, 0);
+    vhd_device_destroy(dev);
+    vhd_ctx_destroy(ctx);
+    free(p);
 }
