@@ -608,3 +608,49 @@ VHD_TEST(a_queue_that_never_stops_disables_the_device)
     vhd_ctx_destroy(ctx);
     free(p);
 }
+
+/* A memory table of REGION bytes offered to a fresh device with the given limits: 0 or the error.
+ */
+static int mem_table_with_limits(uint64_t dev_max, uint64_t process_max)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct vhd_guestmem gm;
+    struct vhd_vuf f;
+    struct loop l;
+
+    sock_path(sock, sizeof(sock), "memcap");
+    vhd_set_guest_mem_limit(process_max);
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_custom_config c = {
+        .dev = {.endpoint = {.path = sock}, .max_guest_mem = dev_max, .opaque = p},
+        .ops = &probe_ops,
+        .num_queues = 1,
+    };
+    struct vhd_device *dev = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    VHD_CHECK_EQ(vhd_guestmem_init(&gm, 1, REGION, 0x100000, 0x100000), 0);
+    vhd_vuf_init(&f, WAIT_MS);
+    VHD_CHECK_EQ(vhd_vuf_connect(&f, sock), 0);
+    VHD_CHECK_EQ(vhd_vuf_handshake(&f, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_features(&f, 1ull << VIRTIO_F_VERSION_1), 0);
+    int rc = vhd_vuf_set_mem_table(&f, &gm);
+    vhd_vuf_close(&f);
+    vhd_guestmem_fini(&gm);
+    loop_stop(&l);
+    vhd_ctx_destroy(ctx);
+    vhd_set_guest_mem_limit(0);
+    free(p);
+    return rc;
+}
+
+VHD_TEST(guest_memory_limits)
+{
+    VHD_CHECK_EQ(mem_table_with_limits(0, 0), 0);        /* the defaults: 16T, 64T */
+    VHD_CHECK_EQ(mem_table_with_limits(REGION, 0), 0);   /* exactly the device's limit */
+    VHD_CHECK(mem_table_with_limits(REGION / 2, 0) < 0); /* above the device's */
+    VHD_CHECK(mem_table_with_limits(0, REGION / 2) < 0); /* above the process's */
+    VHD_CHECK_EQ(mem_table_with_limits(REGION, REGION), 0);
+}
