@@ -301,6 +301,31 @@ int vhd_device_stop(struct vhd_device *d)
     return rc;
 }
 
+/*
+ * Internal devices vhd_device_destroy left allocated (disabled: a worker may
+ * still hold one of their requests), kept on a process-wide list so that
+ * they stay reachable: not a leak to a leak checker, and findable from a
+ * debugger. Pushed lock-free: contexts may live on different threads.
+ */
+struct abandoned_dev {
+    struct vhd_dev *dev;
+    struct abandoned_dev *next;
+};
+static struct abandoned_dev *abandoned;
+
+static void abandon(struct vhd_dev *dev)
+{
+    struct abandoned_dev *a = malloc(sizeof(*a));
+
+    if (!a)
+        return; /* only bookkeeping: the device stays allocated either way */
+    a->dev = dev;
+    a->next = __atomic_load_n(&abandoned, __ATOMIC_RELAXED);
+    while (!__atomic_compare_exchange_n(&abandoned, &a->next, a, true, __ATOMIC_RELEASE,
+                                        __ATOMIC_RELAXED))
+        ;
+}
+
 void vhd_device_destroy(struct vhd_device *d)
 {
     if (!d)
@@ -315,6 +340,7 @@ void vhd_device_destroy(struct vhd_device *d)
         /* A worker may still touch it (vhd_device_stop): left allocated on purpose. */
         vhd_log(VHD_LOG_ERROR, "%s: destroyed while disabled: its memory is not freed",
                 d->dev->name);
+        abandon(d->dev);
         api_device_fini(d);
         free(d);
         return;
