@@ -5,7 +5,9 @@
 # public headers (docs/ABI.md):
 #   - every function a header in INCLUDE_DIR/vhostd declares is exported, in a version node;
 #   - nothing else is exported (no internal vhd_ function, no helper without the prefix);
-#   - each header compiles on its own, as C99 and as C++ (-Wall -Wextra -Werror -pedantic).
+#   - each header compiles on its own, as C99 and as C++ (-Wall -Wextra -Werror -pedantic);
+#   - the daemon (INCLUDE_DIR/../daemon) is a client of the public API: it includes its own
+#     headers, public ones (vhostd/) and util/ helpers (the option parser's), nothing else.
 # One line per problem, then "abi: OK" or "abi: N problem(s)"; exit 0 only when OK.
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 LIBVHOSTD_SO INCLUDE_DIR" >&2; exit 2; }
@@ -53,6 +55,18 @@ for h in "$inc"/vhostd/*.h; do
             bad "$name does not compile as C++: $(head -n 1 "$work/cxx.log")"
     fi
 done
+
+daemon=$(dirname "$inc")/daemon
+if [ -d "$daemon" ]; then
+    while IFS=: read -r file line inc_name; do
+        case "$inc_name" in
+        vhostd/* | util/*) ;;
+        *) [ -f "$daemon/$inc_name" ] ||
+            bad "$(basename "$file"):$line: the daemon includes \"$inc_name\", not a public header" ;;
+        esac
+    done < <(grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$daemon"/*.c "$daemon"/*.h |
+        sed 's/^\([^:]*\):\([0-9]*\):.*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1:\2:\3/')
+fi
 
 echo "abi: $(wc -l <"$work/exported") exported functions, $(wc -l <"$work/declared") declared"
 if [ "$problems" -eq 0 ]; then
