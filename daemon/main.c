@@ -5,7 +5,7 @@
  * headers only: include/vhostd/), enters the sandbox and runs the library's
  * control loop. On SIGINT/SIGTERM the library drains in-flight I/O,
  * flushes, removes the sockets, and vhostd exits 0. SIGUSR1 logs the
- * devices' counters.
+ * devices' counters; SIGUSR2 resumes paused blk devices (werror=stop).
  */
 #include <errno.h>
 #include <signal.h>
@@ -41,6 +41,9 @@ static void on_signal(void *opaque, uint32_t events)
         } else if (si.ssi_signo == SIGUSR1) {
             for (int i = 0; i < d->ndev; i++)
                 vhd_device_log_counters(d->dev[i], "SIGUSR1");
+        } else if (si.ssi_signo == SIGUSR2) { /* blk: retry what werror/rerror=stop holds */
+            for (int i = 0; i < d->ndev; i++)
+                (void)vhd_blk_device_resume(d->dev[i]); /* -EINVAL for net devices */
         }
     }
 }
@@ -109,6 +112,9 @@ static int create_devices(struct daemon *d)
             .serial = b->serial,
             .block_size = b->block_size,
             .num_queues = b->queues,
+            .locking = b->locking,
+            .werror = b->werror,
+            .rerror = b->rerror,
         };
         rc = vhd_sandbox_resolve_access(&b->access, &c.dev.endpoint.access, err, sizeof(err));
         if (rc == 0)
@@ -222,6 +228,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 

@@ -50,6 +50,13 @@ const char vhd_usage[] =
     "  serial=STR           serial number reported by GET_ID (at most 20 characters)\n"
     "  block-size=N         logical block size, 512..4096, power of two (default 512)\n"
     "  direct=on|off        O_DIRECT on the image (default off: buffered)\n"
+    "  locking=auto|on|off  lock the image as QEMU does, so QEMU, qemu-storage-daemon or\n"
+    "                       another vhostd cannot write it while we serve it (default auto:\n"
+    "                       on, unless the file system has no OFD locks); off: no locks\n"
+    "  werror=report|stop|enospc  a failed write, flush, discard: report (IOERR to the\n"
+    "                       guest), stop (hold it and pause the queue until SIGUSR2), or\n"
+    "                       enospc (stop on ENOSPC, report others; default)\n"
+    "  rerror=report|stop   a failed read: report (default) or stop\n"
     "  rings=split|packed|both   ring layouts offered (default both)\n"
     "  workers=LIST         workers for this device's queues, e.g. 0,1 or 0-3 (default: all,\n"
     "                       round robin)\n"
@@ -244,6 +251,9 @@ _Static_assert(offsetof(struct vhd_opt_net, allow_packed) ==
                "net rings fields");
 
 static const char *const blk_backends[] = {"uring", "null", NULL};
+static const char *const blk_locking[] = {"auto", "on", "off", NULL};
+static const char *const blk_werror[] = {"report", "stop", "enospc", NULL};
+static const char *const blk_rerror[] = {"report", "stop", NULL};
 static const char *const net_backends[] = {"loopback", "switch", "tap", "gen", NULL};
 
 static const struct dev_key dev_keys[] = {
@@ -333,6 +343,36 @@ static const struct dev_key dev_keys[] = {
      {0, 0}},
     {"ro", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(ro), {0, 0}},
     {"direct", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(direct), {0, 0}},
+    {"locking",
+     NULL,
+     DEV_BLK,
+     KEY_CHOICE,
+     0,
+     0,
+     blk_locking,
+     "expected auto, on or off",
+     BLK_AT(locking),
+     {0, 0}},
+    {"werror",
+     NULL,
+     DEV_BLK,
+     KEY_CHOICE,
+     0,
+     0,
+     blk_werror,
+     "expected report, stop or enospc",
+     BLK_AT(werror),
+     {0, 0}},
+    {"rerror",
+     NULL,
+     DEV_BLK,
+     KEY_CHOICE,
+     0,
+     0,
+     blk_rerror,
+     "expected report or stop",
+     BLK_AT(rerror),
+     {0, 0}},
     {"mac", NULL, DEV_NET, KEY_MAC, 0, 0, NULL, "expected a unicast address like 52:54:00:12:34:56",
      NET_AT(mac), NET_AT(mac_set)},
     {"mtu", NULL, DEV_NET, KEY_UINT, 68, 65535, NULL, "", NET_AT(mtu), {0, 0}},

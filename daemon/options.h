@@ -37,8 +37,11 @@ struct vhd_opt_blk {
     uint32_t block_size; /* 512..4096, power of two, default 512 */
     const char *serial;  /* GET_ID answer, at most 20 bytes */
     bool ro;
-    bool direct;      /* O_DIRECT */
-    bool allow_split; /* rings=split|packed|both (default both) */
+    bool direct;         /* O_DIRECT */
+    const char *locking; /* locking=auto|on|off (NULL: auto) */
+    const char *werror;  /* werror=report|stop|enospc (NULL: enospc) */
+    const char *rerror;  /* rerror=report|stop (NULL: report) */
+    bool allow_split;    /* rings=split|packed|both (default both) */
     bool allow_packed;
     int nworkers;                     /* 0: round robin over every worker */
     int workers[VHD_OPT_MAX_WORKERS]; /* queue i runs on workers[i % nworkers] */

@@ -51,6 +51,25 @@ struct vhd_blk_config {
     const char *serial;  /* GET_ID answer, at most 20 bytes; NULL: empty */
     uint32_t block_size; /* logical block size, a power of two in 512..4096; 0: 512 */
     uint32_t num_queues; /* 1..VHD_BLK_DEVICE_MAX_QUEUES; 0: 1 */
+    /*
+     * uring: lock the image as QEMU does (byte-range OFD locks at QEMU's
+     * offsets, held on the device's fd for its life), so QEMU, qemu-img,
+     * qemu-storage-daemon or another vhostd cannot write it meanwhile, and
+     * refuse (-EBUSY, naming the lock) an image one of them writes. "auto"
+     * (NULL): lock, or warn and go on where the file system has no OFD
+     * locks; "on": refuse such a file system; "off": no locks.
+     */
+    const char *locking;
+    /*
+     * What a failed backend operation does, as QEMU's werror= / rerror=:
+     * "report" (IOERR to the guest), "stop" (the request is held and its
+     * queue paused, nothing reported, until vhd_blk_device_resume retries
+     * it), "enospc" (stop on ENOSPC, report other errors). werror covers
+     * writes, flushes, discards and write zeroes (NULL: "enospc", QEMU's
+     * default); rerror reads ("report" or "stop"; NULL: "report").
+     */
+    const char *werror;
+    const char *rerror;
 };
 
 /*
@@ -62,6 +81,21 @@ struct vhd_blk_config {
  */
 int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
                        struct vhd_device **out, char *err, size_t errlen);
+
+/*
+ * vhd_blk_device_resume - retry what a paused blk device holds (werror /
+ * rerror "stop"): each paused queue resubmits its held requests in the
+ * order the guest queued them, then takes new ones; one that fails again
+ * pauses again. Returns how many queues were paused (0: nothing to do), or
+ * -EINVAL when dev is not a blk device. vhostd calls it on SIGUSR2.
+ */
+int vhd_blk_device_resume(struct vhd_device *dev);
+
+/*
+ * vhd_blk_device_paused_queues - how many queues of a blk device are paused
+ * now (holding requests under a stop policy); 0 for other devices.
+ */
+unsigned vhd_blk_device_paused_queues(const struct vhd_device *dev);
 
 #ifdef __cplusplus
 }

@@ -146,6 +146,9 @@ int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
         .num_queues = cfg->num_queues,
         .allow_packed = cfg->dev.allow_packed,
         .no_split = cfg->dev.no_split,
+        .locking = cfg->locking,
+        .werror = cfg->werror,
+        .rerror = cfg->rerror,
     };
     int rc = vhd_blk_new(&bo, &dev, err, errlen);
     if (rc < 0)
@@ -161,6 +164,20 @@ free_dev:
 free_d:
     free(d);
     return rc;
+}
+
+int vhd_blk_device_resume(struct vhd_device *dev)
+{
+    if (!dev || dev->type != API_DEV_BLK)
+        return -EINVAL;
+    return vhd_blk_resume(dev->dev);
+}
+
+unsigned vhd_blk_device_paused_queues(const struct vhd_device *dev)
+{
+    if (!dev || dev->type != API_DEV_BLK)
+        return 0;
+    return vhd_blk_paused_queues(dev->dev);
 }
 
 /* ---- net ---- */

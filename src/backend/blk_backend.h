@@ -20,9 +20,16 @@ struct vhd_blk_backend;
 struct vhd_worker;
 
 enum vhd_blk_io_op {
-    VHD_BLK_IO_READ,         /* iov <- [offset, offset + len) */
-    VHD_BLK_IO_WRITE,        /* iov -> [offset, offset + len) */
-    VHD_BLK_IO_FLUSH,        /* every write completed before submission becomes durable */
+    VHD_BLK_IO_READ,  /* iov <- [offset, offset + len) */
+    VHD_BLK_IO_WRITE, /* iov -> [offset, offset + len) */
+    /*
+     * Every write completed before submission is on stable storage when it
+     * completes with 0 (uring: fdatasync through io_uring, buffered or
+     * O_DIRECT; null: no storage, nothing to do). A backend never reports a
+     * flush done when it may not be (uring: after one failed, every later
+     * one fails).
+     */
+    VHD_BLK_IO_FLUSH,
     VHD_BLK_IO_DISCARD,      /* the range may be deallocated; contents afterwards unspecified */
     VHD_BLK_IO_WRITE_ZEROES, /* the range reads back as zeroes afterwards */
 };
@@ -41,11 +48,16 @@ enum vhd_blk_io_op {
  */
 struct vhd_blk_io {
     /* ---- set by the caller ---- */
-    uint8_t op;        /* enum vhd_blk_io_op */
-    uint32_t flags;    /* VHD_BLK_IO_F_* */
-    uint64_t offset;   /* bytes, a multiple of 512 (of the block size, from blk.c) */
-    uint64_t len;      /* bytes; read/write: the sum of the iovec lengths */
-    struct iovec *iov; /* read/write data; the backend may rewrite the array (short I/O) */
+    uint8_t op;      /* enum vhd_blk_io_op */
+    uint32_t flags;  /* VHD_BLK_IO_F_* */
+    uint64_t offset; /* bytes, a multiple of 512 (of the block size, from blk.c) */
+    uint64_t len;    /* bytes; read/write: the sum of the iovec lengths */
+    /*
+     * read/write data. A backend may change the array while the operation
+     * is in flight (short I/O) but leaves it as it was before complete()
+     * runs, so the caller may submit the same io again (werror=stop retries).
+     */
+    struct iovec *iov;
     uint32_t iovcnt;
     /* res: 0 on success or -errno. Called exactly once. */
     void (*complete)(struct vhd_blk_io *io, int res);
@@ -56,9 +68,19 @@ struct vhd_blk_io {
     struct vhd_worker *worker;  /* the submitting worker */
     uint64_t done;              /* bytes transferred so far (short I/O resubmission) */
     void *bounce;               /* O_DIRECT bounce buffer for misaligned guest buffers */
-    struct iovec biov;          /* single-segment iovec (bounce / zero-writing fallback) */
+    struct iovec biov;          /* single-segment iovec (bounce / zero-writing fallback), or
+                                   the caller's iov[cur] saved while it is changed (short I/O) */
+    uint32_t cur;               /* short I/O: first caller iovec of the current submission */
+    bool cur_saved;             /* short I/O: iov[cur] is cut, its original is in biov */
     uint16_t retries;           /* -EAGAIN/-EINTR resubmissions */
     uint8_t stage;              /* write zeroes: which method is being tried */
+};
+
+/* Image locking (vhd_blk_backend_opts.locking). */
+enum vhd_blk_locking {
+    VHD_BLK_LOCK_AUTO, /* lock; a file system without OFD locks: warn, go on (default) */
+    VHD_BLK_LOCK_ON,   /* lock; a file system without OFD locks: refuse to open */
+    VHD_BLK_LOCK_OFF,  /* no locks */
 };
 
 /* What open() is given. */
@@ -69,6 +91,12 @@ struct vhd_blk_backend_opts {
     uint32_t block_size; /* the device's logical block size (512..4096) */
     bool ro;             /* open read-only; writes fail with -EROFS */
     bool direct;         /* uring: O_DIRECT */
+    /*
+     * uring: take QEMU's image locks (byte-range OFD locks, see uring.c) on
+     * the fd for the device's lifetime, and refuse an image another process
+     * (QEMU, qemu-storage-daemon, another vhostd) uses in a conflicting way.
+     */
+    enum vhd_blk_locking locking;
 };
 
 struct vhd_blk_backend_ops {

@@ -4,7 +4,8 @@
  * default or O_DIRECT, driven through the io_uring of the worker that
  * submits each operation (one ring per worker, never shared). Short
  * transfers are resubmitted; discard and write-zeroes use fallocate with
- * fallbacks learned at run time.
+ * fallbacks learned at run time. Images are locked the way QEMU locks them
+ * (image_lock), so QEMU, qemu-storage-daemon and another vhostd see us.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,6 +70,15 @@ struct uring_be {
     uint8_t no_punch;      /* fallocate PUNCH_HOLE unsupported */
     uint8_t no_zero_range; /* fallocate ZERO_RANGE unsupported */
     uint8_t no_blkdiscard; /* BLKDISCARD unsupported (block devices) */
+    /*
+     * Buffered image: the first failed flush (-errno), 0 while none failed.
+     * Linux reports a writeback error to one fsync and may then mark the
+     * pages clean: a later fsync succeeds without the data being on disk.
+     * So once a flush failed every later one fails with the same error (as
+     * QEMU does): a FLUSH never says "durable" when it may not be. Stored
+     * once with a relaxed atomic; O_DIRECT images never set it.
+     */
+    int flush_err;
 };
 
 static struct uring_be *to_ub(struct vhd_blk_backend *be)
@@ -122,6 +132,157 @@ static int dio_alignment(int fd, bool blkdev, uint32_t lbs, uint32_t *mem, uint3
 #else
     (void)fd;
 #endif
+    return 0;
+}
+
+/*
+ * Image locking, compatible with QEMU's file driver (block/file-posix.c),
+ * which qemu-io, qemu-img, qemu-storage-daemon and QEMU itself use. Every
+ * user of an image holds shared (F_RDLCK) OFD locks on single bytes: byte
+ * LOCK_PERM_BASE + n for each permission n it has, and byte
+ * LOCK_SHARED_BASE + n for each permission n it does not let others have.
+ * Permissions (QEMU 6.2 and later; 0x10 was "change children" before and
+ * is no longer locked): 0 consistent read, 1 write, 2 write unchanged,
+ * 3 resize. A user that starts takes its bytes and then checks the others'
+ * (taking first: two users starting together both see each other):
+ *   - for each permission n it wants, nobody else may hold byte
+ *     LOCK_SHARED_BASE + n: else "Failed to get "<n>" lock";
+ *   - for each permission n it does not share, nobody else may hold byte
+ *     LOCK_PERM_BASE + n: else "Failed to get shared "<n>" lock".
+ * vhostd wants consistent read, plus write when writable, and, like a QEMU
+ * disk without share-rw, shares everything but write. So while it serves
+ * an image, a writable qemu-io or qemu-storage-daemon export fails with
+ * "Failed to get "write" lock", and vhostd refuses an image someone writes
+ * to (or, when writable, one someone reads without sharing write). Readers
+ * that share reads (a read-only vhostd, qemu-io -r) coexist. OFD locks
+ * belong to the open file description: our own never conflict with each
+ * other, and they go away when the fd closes (uring_close, or process exit).
+ */
+#define LOCK_PERM_BASE   100
+#define LOCK_SHARED_BASE 200
+enum { PERM_CONSISTENT_READ, PERM_WRITE, PERM_WRITE_UNCHANGED, PERM_RESIZE, PERM_COUNT };
+static const char *const perm_names[PERM_COUNT] = {"consistent read", "write", "write unchanged",
+                                                   "resize"};
+
+/* Take a shared lock on byte off of fd (our open file description). 0 or -errno. */
+static int lock_byte(int fd, off_t off, short type)
+{
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = off, .l_len = 1};
+    return fcntl(fd, F_OFD_SETLK, &fl) < 0 ? -errno : 0;
+}
+
+/* Does another open file description hold a lock on byte off? 1, 0, or -errno. */
+static int byte_taken(int fd, off_t off)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = off, .l_len = 1};
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return -errno;
+    return fl.l_type != F_UNLCK;
+}
+
+/*
+ * Wait for a conflicting user to go away at most LOCK_WAIT_MS, looking every
+ * LOCK_POLL_MS: long enough for a dead process's io_uring to let go of its
+ * fd (tens of ms under load), short enough that a real conflict is refused
+ * at once for a person.
+ */
+#define LOCK_WAIT_MS 2000u
+#define LOCK_POLL_MS 10u
+
+/*
+ * Is there a user whose locks conflict with ours (perm, unshared)? 0 none;
+ * -EBUSY with err naming the lock, in QEMU's words; -errno when the locks
+ * cannot be tested.
+ */
+static int lock_conflict(int fd, unsigned perm, unsigned unshared, const char *image, char *err,
+                         size_t errlen)
+{
+    for (int n = 0; n < PERM_COUNT; n++) {
+        int t = 0;
+        if (perm & (1u << n)) {
+            t = byte_taken(fd, LOCK_SHARED_BASE + n);
+            if (t > 0)
+                return fail(err, errlen, -EBUSY,
+                            "image %s: Failed to get \"%s\" lock: another process (QEMU, "
+                            "qemu-storage-daemon, vhostd) uses it and does not share \"%s\" "
+                            "(locking=off overrides)",
+                            image, perm_names[n], perm_names[n]);
+        }
+        if (t == 0 && (unshared & (1u << n))) {
+            t = byte_taken(fd, LOCK_PERM_BASE + n);
+            if (t > 0)
+                return fail(err, errlen, -EBUSY,
+                            "image %s: Failed to get shared \"%s\" lock: another process (QEMU, "
+                            "qemu-storage-daemon, vhostd) has it open for \"%s\" "
+                            "(locking=off overrides)",
+                            image, perm_names[n], perm_names[n]);
+        }
+        if (t < 0)
+            return t;
+    }
+    return 0;
+}
+
+/*
+ * Lock fd (image path for messages) for a user that is writable unless ro.
+ * 0; -EBUSY when another process holds a conflicting lock (err names it, in
+ * QEMU's words); with VHD_BLK_LOCK_ON, -errno when the file system refuses
+ * OFD locks (with AUTO that is a warning and no lock). Control thread.
+ */
+static int image_lock(int fd, bool ro, enum vhd_blk_locking mode, const char *image, char *err,
+                      size_t errlen)
+{
+    const unsigned perm = 1u << PERM_CONSISTENT_READ | (ro ? 0u : 1u << PERM_WRITE);
+    const unsigned unshared = 1u << PERM_WRITE;
+    int rc = 0;
+
+    if (mode == VHD_BLK_LOCK_OFF)
+        return 0;
+    for (int n = 0; n < PERM_COUNT && rc == 0; n++) {
+        if (perm & (1u << n))
+            rc = lock_byte(fd, LOCK_PERM_BASE + n, F_RDLCK);
+        if (rc == 0 && (unshared & (1u << n)))
+            rc = lock_byte(fd, LOCK_SHARED_BASE + n, F_RDLCK);
+        if (rc == -EAGAIN || rc == -EACCES) /* someone holds an exclusive lock there */
+            return fail(err, errlen, -EBUSY,
+                        "image %s: Failed to lock byte %d: another process holds it exclusively "
+                        "(locking=off overrides)",
+                        image, (perm & (1u << n) ? LOCK_PERM_BASE : LOCK_SHARED_BASE) + n);
+    }
+    /*
+     * A process that just died (a crash, kill -9, a restart) keeps its locks
+     * until the kernel has dropped the last reference to its fd, which its
+     * io_uring requests still in flight hold: their writes can land until
+     * then, so its locks rightly outlive it a little. Wait for that, bounded.
+     */
+    unsigned waited = 0;
+    while (rc == 0) {
+        rc = lock_conflict(fd, perm, unshared, image, err, errlen);
+        if (rc != -EBUSY || waited >= LOCK_WAIT_MS)
+            break;
+        rc = 0;
+        usleep(LOCK_POLL_MS * 1000);
+        waited += LOCK_POLL_MS;
+    }
+    if (rc == -EBUSY)
+        return rc;
+    if (rc == 0) {
+        if (waited)
+            vhd_log(VHD_LOG_INFO, "image %s: waited %u ms for a previous user's locks to go", image,
+                    waited);
+        return 0;
+    }
+    /* The file system refuses OFD locks (some network file systems): no lock can be held. */
+    struct flock all = {.l_type = F_UNLCK,
+                        .l_whence = SEEK_SET,
+                        .l_start = LOCK_PERM_BASE,
+                        .l_len = LOCK_SHARED_BASE + PERM_COUNT - LOCK_PERM_BASE};
+    (void)fcntl(fd, F_OFD_SETLK, &all);
+    if (mode == VHD_BLK_LOCK_ON)
+        return fail(err, errlen, rc, "image %s: cannot lock it (locking=on): %s", image,
+                    strerror(-rc));
+    vhd_log(VHD_LOG_WARN, "image %s: file locks unsupported there (%s): served without locks",
+            image, strerror(-rc));
     return 0;
 }
 
@@ -188,6 +349,9 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
                   o->image);
         goto err_close;
     }
+    rc = image_lock(fd, o->ro, o->locking, o->image, err, errlen);
+    if (rc < 0)
+        goto err_close;
     if (o->size && size != o->size) {
         rc = fail(err, errlen, -EINVAL,
                   "image %s has %llu bytes, not the %llu requested (size= only sizes a new image)",
@@ -246,9 +410,44 @@ static void uring_close(struct vhd_blk_backend *be)
     free(ub);
 }
 
-/* Complete io: free the bounce buffer, call back. */
+/* Put back the caller's iovec changed for a short-I/O resubmission (iov_seek). */
+static void iov_restore(struct vhd_blk_io *io)
+{
+    if (io->cur_saved) {
+        io->iov[io->cur] = io->biov;
+        io->cur_saved = false;
+    }
+}
+
+/*
+ * Point the next submission at byte io->done of the caller's iovecs: from
+ * iov[cur], whose front is cut off in place when the transfer stopped
+ * inside it (its original is saved in biov and put back by iov_restore, so
+ * the caller gets its array back unchanged, blk_backend.h).
+ */
+static void iov_seek(struct vhd_blk_io *io)
+{
+    uint64_t off = io->done;
+    uint32_t k = 0;
+
+    iov_restore(io);
+    while (k < io->iovcnt && off >= io->iov[k].iov_len) {
+        off -= io->iov[k].iov_len;
+        k++;
+    }
+    io->cur = k;
+    if (off && k < io->iovcnt) {
+        io->biov = io->iov[k];
+        io->cur_saved = true;
+        io->iov[k].iov_base = (uint8_t *)io->iov[k].iov_base + off;
+        io->iov[k].iov_len -= off;
+    }
+}
+
+/* Complete io: give the caller its iovecs back, free the bounce buffer, call back. */
 static void finish(struct vhd_blk_io *io, int res)
 {
+    iov_restore(io);
     if (io->bounce) {
         free(io->bounce);
         io->bounce = NULL;
@@ -294,8 +493,8 @@ static struct iovec *rw_iov(struct vhd_blk_io *io, uint32_t *cnt)
         *cnt = 1;
         return &io->biov;
     }
-    *cnt = io->iovcnt;
-    return io->iov;
+    *cnt = io->iovcnt - io->cur;
+    return io->iov + io->cur;
 }
 
 /* Issue (or reissue, after a short transfer) the read/write for the bytes not yet done. */
@@ -327,22 +526,6 @@ static void issue_fallocate(struct uring_be *ub, struct vhd_blk_io *io, int mode
     }
     io_uring_prep_fallocate(sqe, ub->fd, mode, (off_t)io->offset, (off_t)io->len);
     queue_sqe(io, sqe);
-}
-
-/* Drop n transferred bytes from the front of an iovec array. */
-static void iov_advance(struct iovec **iov, uint32_t *cnt, uint64_t n)
-{
-    while (n && *cnt) {
-        if (n >= (*iov)->iov_len) {
-            n -= (*iov)->iov_len;
-            (*iov)++;
-            (*cnt)--;
-        } else {
-            (*iov)->iov_base = (uint8_t *)(*iov)->iov_base + n;
-            (*iov)->iov_len -= n;
-            n = 0;
-        }
-    }
 }
 
 /* Point biov at the next chunk of zeroes to write. */
@@ -455,13 +638,13 @@ static void rw_done(struct uring_be *ub, struct vhd_blk_io *io, int res)
     }
     /*
      * More to do: the next bounce or zero chunk, or the rest of a short
-     * transfer (the caller's iovecs advance past what was done; the bounce
-     * and zero chunks are recomputed from io->done).
+     * transfer (the caller's iovecs from io->done on; the bounce and zero
+     * chunks are recomputed from io->done).
      */
     if (io->op == VHD_BLK_IO_WRITE_ZEROES)
         zero_chunk(io);
     else if (!io->bounce)
-        iov_advance(&io->iov, &io->iovcnt, (uint64_t)res);
+        iov_seek(io);
     issue_rw(ub, io);
 }
 
@@ -476,6 +659,13 @@ static void uring_cqe(struct vhd_io_cb *cb, int res)
         rw_done(ub, io, res);
         return;
     case VHD_BLK_IO_FLUSH:
+        if (res < 0 && !ub->direct && __atomic_load_n(&ub->flush_err, __ATOMIC_RELAXED) == 0) {
+            __atomic_store_n(&ub->flush_err, res, __ATOMIC_RELAXED);
+            vhd_log(VHD_LOG_ERROR,
+                    "%s: flush failed (%s): the page cache may have dropped the data, every "
+                    "later flush fails too",
+                    ub->be.desc, strerror(-res));
+        }
         finish(io, res < 0 ? res : 0);
         return;
     case VHD_BLK_IO_DISCARD:
@@ -526,6 +716,8 @@ static void uring_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struc
     io->bounce = NULL;
     io->retries = 0;
     io->stage = WZ_PUNCH;
+    io->cur = 0;
+    io->cur_saved = false;
     io->cb.done = uring_cqe;
     if (vhd_unlikely(!w)) {
         finish(io, -EINVAL); /* not on a worker: cannot happen; survive it */
@@ -552,7 +744,13 @@ static void uring_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struc
         }
         issue_rw(ub, io);
         return;
-    case VHD_BLK_IO_FLUSH:
+    case VHD_BLK_IO_FLUSH: {
+        /* fdatasync: the data of every completed write and the metadata to find it. */
+        int ferr = __atomic_load_n(&ub->flush_err, __ATOMIC_RELAXED);
+        if (vhd_unlikely(ferr)) {
+            finish(io, ferr);
+            return;
+        }
         sqe = get_sqe(io);
         if (vhd_unlikely(!sqe)) {
             finish(io, -EBUSY);
@@ -561,6 +759,7 @@ static void uring_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struc
         io_uring_prep_fsync(sqe, ub->fd, IORING_FSYNC_DATASYNC);
         queue_sqe(io, sqe);
         return;
+    }
     case VHD_BLK_IO_DISCARD:
         if (io->len == 0) {
             finish(io, 0);

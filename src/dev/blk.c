@@ -4,13 +4,17 @@
  * and the request path — pop a chain, validate it against the spec, hand the
  * work to the block backend, write the status byte and push the used element
  * when the backend completes. Every request slot of a queue lives in a pool
- * owned by that queue's worker, so the path takes no lock.
+ * owned by that queue's worker, so the path takes no lock. A failed backend
+ * operation is reported (IOERR) or, under a stop policy (werror= / rerror=),
+ * held with the queue paused until a resume retries it.
  */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "blk.h"
 #include "backend/blk_backend.h"
@@ -30,6 +34,24 @@
 
 #define HDR_SIZE ((uint32_t)sizeof(struct virtio_blk_outhdr))
 #define SEG_SIZE ((uint32_t)sizeof(struct virtio_blk_discard_write_zeroes))
+
+/* What a failed backend operation does (werror= / rerror=, blk.h). */
+enum blk_err_policy {
+    BLK_ERR_REPORT, /* complete with IOERR */
+    BLK_ERR_STOP,   /* hold it, pause the queue until resumed */
+    BLK_ERR_ENOSPC, /* stop on ENOSPC, report anything else */
+};
+
+/*
+ * Pause/resume state of one queue shared between its worker and the control
+ * thread. It lives with the device (not with the per-ring blk_queue), so the
+ * control thread may touch it whatever the ring does. Own cache line.
+ */
+struct blk_qctl {
+    int resume_fd;       /* eventfd, the queue's wake fd: written by vhd_blk_resume */
+    uint32_t resume_req; /* bumped (release store) by the control thread for each resume */
+    bool paused;         /* stored (release) by the worker when it pauses / resumes */
+} vhd_cacheline_aligned;
 
 /* The device: generic part first (container_of from struct vhd_dev). */
 struct vhd_blk {
@@ -52,6 +74,8 @@ struct vhd_blk {
     bool no_split;
     uint8_t serial_len;
     char serial[VIRTIO_BLK_ID_BYTES];
+    uint8_t werror, rerror; /* enum blk_err_policy; fixed at creation */
+    struct blk_qctl *qctl;  /* dev.num_queues entries */
 };
 
 struct blk_queue;
@@ -68,6 +92,7 @@ struct blk_req {
     uint16_t nseg;     /* DISCARD / WRITE_ZEROES: validated segments */
     uint16_t seg;      /* next segment to run */
     bool synced;       /* WRITE_ZEROES in writethrough mode: closing flush issued */
+    uint64_t seq;      /* pop order in its queue: held requests are retried in this order */
     /* Segments copied out of guest memory, then validated; fields in host order. */
     struct virtio_blk_discard_write_zeroes segs[VHD_BLK_MAX_DWZ_SEG];
     struct iovec iov[VHD_BLK_REQ_IOV];
@@ -81,6 +106,18 @@ struct blk_queue {
     struct blk_req *reqs; /* nreqs slots: one per ring entry, so a pop never lacks one */
     uint32_t nreqs;
     uint32_t nfresh; /* slots [0, nfresh) were handed out once (the rest never touched) */
+    uint64_t next_seq;
+    /*
+     * Paused (a stop policy held a failed request): nothing is popped, the
+     * ring is passive (its chains do not keep the worker awake), and failed
+     * requests wait on `held` (linked through next_free, ascending seq)
+     * until qc->resume_req moves past resume_seen.
+     */
+    bool paused;
+    uint32_t resume_seen;
+    uint32_t nheld;
+    struct blk_req *held;
+    struct blk_qctl *qc;
     struct vhd_blk_queue_stats st;
 } vhd_cacheline_aligned;
 
@@ -260,6 +297,95 @@ static const char *blk_type_name(uint32_t type)
 
 static void blk_dwz_next(struct blk_queue *bq, struct blk_req *r);
 
+static const char *const blk_policy_names[] = {"report", "stop", "enospc"};
+
+/* Does failure res stop r's queue? werror: writes, flushes, discards; rerror: reads. */
+static bool blk_error_stops(const struct vhd_blk *blk, const struct blk_req *r, int res)
+{
+    uint8_t p = r->type == VIRTIO_BLK_T_IN ? blk->rerror : blk->werror;
+    return p == BLK_ERR_STOP || (p == BLK_ERR_ENOSPC && res == -ENOSPC);
+}
+
+/* Put r on the held list in pop order (the list is short: at most the ring's requests). */
+static void blk_held_insert(struct blk_queue *bq, struct blk_req *r)
+{
+    struct blk_req **pp = &bq->held;
+
+    while (*pp && (*pp)->seq < r->seq)
+        pp = &(*pp)->next_free;
+    r->next_free = *pp;
+    *pp = r;
+    bq->nheld++;
+}
+
+/*
+ * Hold r, whose backend operation failed with res under a stop policy: it
+ * keeps its slot and its io as submitted (the backend gives the iovecs back
+ * unchanged), nothing is written to the guest. The first hold pauses the
+ * queue: no more pops, and the ring turns passive so a ring full of chains
+ * does not keep the worker spinning; one line says so (once per pause, not
+ * per request). Worker.
+ */
+static void blk_hold(struct blk_queue *bq, struct blk_req *r, int res)
+{
+    const struct vhd_blk *blk = bq->blk;
+    struct vhd_queue *q = bq->q;
+
+    blk_held_insert(bq, r);
+    bq->st.held++;
+    if (bq->paused)
+        return;
+    bq->paused = true;
+    bq->resume_seen = vhd_load_acquire(&bq->qc->resume_req);
+    q->passive = true;
+    vhd_store_release(&bq->qc->paused, true);
+    vhd_log(VHD_LOG_ERROR,
+            "%s: queue %u paused: %s at sector %llu failed: %s (%s=%s); it and the queue's later "
+            "requests are held until a resume (SIGUSR2 to vhostd)",
+            q->dev->name, q->index, blk_type_name(r->type),
+            (unsigned long long)(r->io.offset >> VIRTIO_BLK_SECTOR_SHIFT), strerror(-res),
+            r->type == VIRTIO_BLK_T_IN ? "rerror" : "werror",
+            blk_policy_names[r->type == VIRTIO_BLK_T_IN ? blk->rerror : blk->werror]);
+}
+
+/* Leave the paused state (the held list is the caller's business). Worker. */
+static void blk_unpause(struct blk_queue *bq)
+{
+    bq->paused = false;
+    bq->q->passive = false;
+    vhd_store_release(&bq->qc->paused, false);
+}
+
+/*
+ * A resume arrived: submit the held requests again, in pop order, then take
+ * new ones. Should one fail again under the policy the queue pauses again
+ * and the ones not yet resubmitted stay held behind it. Worker.
+ */
+static void blk_retry_held(struct blk_queue *bq)
+{
+    struct blk_req *list = bq->held;
+    uint32_t n = bq->nheld;
+
+    bq->held = NULL;
+    bq->nheld = 0;
+    blk_unpause(bq);
+    vhd_log(VHD_LOG_INFO, "%s: queue %u resumed: retrying %u held request%s", bq->q->dev->name,
+            bq->q->index, n, n == 1 ? "" : "s");
+    while (list && !bq->paused) {
+        struct blk_req *r = list;
+        list = r->next_free;
+        r->next_free = NULL;
+        bq->st.retried++;
+        /* As first submitted (blk_submit); may complete, or be held again, before it returns. */
+        vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
+    }
+    while (list) { /* paused again: the rest stay held, in order */
+        struct blk_req *r = list;
+        list = r->next_free;
+        blk_held_insert(bq, r);
+    }
+}
+
 /* Backend completion (on the worker, possibly inline from submit). */
 static void blk_io_done(struct vhd_blk_io *io, int res)
 {
@@ -268,6 +394,11 @@ static void blk_io_done(struct vhd_blk_io *io, int res)
 
     if (vhd_unlikely(res < 0)) {
         bq->st.backend_errors++;
+        if (blk_error_stops(bq->blk, r, res)) {
+            blk_hold(bq, r, res);
+            return;
+        }
+        /* One line per failed request would flood the log when a disk fails: rate-limited. */
         VHD_LOG_RL(VHD_LOG_ERROR, "%s: queue %u: %s at sector %llu failed: %s", bq->q->dev->name,
                    bq->q->index, blk_type_name(r->type),
                    (unsigned long long)(io->offset >> VIRTIO_BLK_SECTOR_SHIFT), strerror(-res));
@@ -550,6 +681,7 @@ static void blk_handle(struct blk_queue *bq, struct blk_req *r)
     r->status = (uint8_t *)last->iov_base + last->iov_len - 1;
     last->iov_len--; /* the data part (IN, GET_ID) ends before the status byte */
     r->type = UINT32_MAX;
+    r->seq = bq->next_seq++;
 
     /* The 16-byte header, from the readable part, however it is split: copied once. */
     if (vhd_unlikely(r->chain.rlen < HDR_SIZE)) {
@@ -644,6 +776,14 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         return -ENODEV;
     if (vhd_unlikely(bq->st.broken))
         return -EPROTO;
+    if (vhd_unlikely(bq->paused)) {
+        /* Acquire: pairs with vhd_blk_resume's release store. */
+        if (vhd_load_acquire(&bq->qc->resume_req) == bq->resume_seen)
+            return 0; /* chains wait in the ring */
+        blk_retry_held(bq);
+        if (bq->paused)
+            return 0;
+    }
     while (n < budget) {
         struct blk_req *rs[BLK_RUN];
         struct iovec *iovs[BLK_RUN];
@@ -789,6 +929,37 @@ static int blk_set_config(struct vhd_dev *dev, const void *buf, uint32_t off, ui
     return 0;
 }
 
+/*
+ * The worker lets go of q (dev.h queue_stop) while requests are held: the
+ * detach cannot wait for a resume, and held requests point into guest
+ * memory that may go away with it (a new memory table, a stopped ring), so
+ * they complete with IOERR, as under werror=report. Worker.
+ */
+static void blk_queue_stop(struct vhd_queue *q)
+{
+    struct blk_queue *bq = q->priv;
+
+    if (!bq || !bq->paused)
+        return;
+    if (bq->nheld)
+        vhd_log(VHD_LOG_WARN,
+                "%s: queue %u stopped while paused: its %u held request%s complete with IOERR",
+                q->dev->name, q->index, bq->nheld, bq->nheld == 1 ? "" : "s");
+    while (bq->held) {
+        struct blk_req *r = bq->held;
+        bq->held = r->next_free;
+        blk_complete(bq, r, VIRTIO_BLK_S_IOERR, 1);
+    }
+    bq->nheld = 0;
+    blk_unpause(bq);
+}
+
+/* The queue's resume doorbell (dev.h queue_wake_fd): vhd_blk_resume writes it. */
+static int blk_queue_wake_fd(struct vhd_queue *q)
+{
+    return to_blk(q->dev)->qctl[q->index].resume_fd;
+}
+
 static void blk_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
 {
     struct blk_queue *bq = q->priv;
@@ -828,7 +999,10 @@ static int blk_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     }
     bq->q = q;
     bq->blk = to_blk(dev);
-    bq->nreqs = n; /* slots are set up on first use (blk_req_get) */
+    bq->qc = &bq->blk->qctl[q->index];
+    vhd_store_release(&bq->qc->paused, false);
+    q->passive = false; /* set only while paused */
+    bq->nreqs = n;      /* slots are set up on first use (blk_req_get) */
     q->priv = bq;
     return 0;
 }
@@ -855,6 +1029,8 @@ const struct vhd_dev_ops vhd_blk_ops = {
     /* Chains recorded in flight before a crash come back from vhd_vq_pop like new ones. */
     .inflight_shmfd = true,
     .dirty_log = true,
+    .queue_wake_fd = blk_queue_wake_fd,
+    .queue_stop = blk_queue_stop,
 };
 
 /* ---- creation ---- */
@@ -871,6 +1047,30 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
         va_end(ap);
     }
     return rc;
+}
+
+/* "report" | "stop" | "enospc" (allow_enospc) -> enum blk_err_policy; NULL: def. -1 when unknown.
+ */
+static int blk_parse_policy(const char *s, int def, bool allow_enospc)
+{
+    if (!s)
+        return def;
+    for (int i = 0; i < (int)VHD_ARRAY_SIZE(blk_policy_names); i++)
+        if (!strcmp(s, blk_policy_names[i]) && (allow_enospc || i != BLK_ERR_ENOSPC))
+            return i;
+    return -1;
+}
+
+/* "auto" | "on" | "off" (NULL: auto) -> enum vhd_blk_locking; -1 when unknown. */
+static int blk_parse_locking(const char *s)
+{
+    if (!s || !strcmp(s, "auto"))
+        return VHD_BLK_LOCK_AUTO;
+    if (!strcmp(s, "on"))
+        return VHD_BLK_LOCK_ON;
+    if (!strcmp(s, "off"))
+        return VHD_BLK_LOCK_OFF;
+    return -1;
 }
 
 int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, size_t errlen)
@@ -903,6 +1103,16 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
                     o->backend);
     if (o->no_split && !o->allow_packed)
         return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
+    /* QEMU's defaults: a full disk pauses writes, a read error is reported. */
+    int werror = blk_parse_policy(o->werror, BLK_ERR_ENOSPC, true);
+    int rerror = blk_parse_policy(o->rerror, BLK_ERR_REPORT, false);
+    int locking = blk_parse_locking(o->locking);
+    if (werror < 0)
+        return fail(err, errlen, -EINVAL, "werror=%s: expected report, stop or enospc", o->werror);
+    if (rerror < 0)
+        return fail(err, errlen, -EINVAL, "rerror=%s: expected report or stop", o->rerror);
+    if (locking < 0)
+        return fail(err, errlen, -EINVAL, "locking=%s: expected auto, on or off", o->locking);
 
     blk = calloc(1, sizeof(*blk));
     if (!blk)
@@ -913,6 +1123,25 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
         goto err_free;
     }
     memset(blk->dev.queues, 0, (size_t)nq * sizeof(struct vhd_queue));
+    blk->dev.num_queues = nq; /* vhd_blk_free's bound for qctl (set again below) */
+    blk->qctl = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct blk_qctl));
+    if (!blk->qctl) {
+        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        goto err_queues;
+    }
+    memset(blk->qctl, 0, (size_t)nq * sizeof(struct blk_qctl));
+    for (uint32_t i = 0; i < nq; i++)
+        blk->qctl[i].resume_fd = -1;
+    /* Created here, with the image, before any sandbox: a ring start needs no new fd. */
+    for (uint32_t i = 0; i < nq; i++) {
+        blk->qctl[i].resume_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (blk->qctl[i].resume_fd < 0) {
+            rc = fail(err, errlen, -errno, "eventfd: %s", strerror(errno));
+            goto err_qctl;
+        }
+    }
+    blk->werror = (uint8_t)werror;
+    blk->rerror = (uint8_t)rerror;
 
     struct vhd_blk_backend_opts bo = {
         .image = o->image,
@@ -920,10 +1149,11 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
         .block_size = bs,
         .ro = o->ro,
         .direct = o->direct,
+        .locking = (enum vhd_blk_locking)locking,
     };
     rc = bops->open(&bo, &blk->be, err, errlen);
     if (rc < 0)
-        goto err_queues;
+        goto err_qctl;
     uint64_t blocks = blk->be->size / bs;
     if (blocks == 0) {
         rc = fail(err, errlen, -EINVAL, "size %llu bytes is smaller than the block size %u",
@@ -981,6 +1211,11 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
 
 err_backend:
     blk->be->ops->close(blk->be);
+err_qctl:
+    for (uint32_t i = 0; i < nq; i++)
+        if (blk->qctl[i].resume_fd >= 0)
+            close(blk->qctl[i].resume_fd);
+    free(blk->qctl);
 err_queues:
     free(blk->dev.queues);
 err_free:
@@ -997,6 +1232,10 @@ void vhd_blk_free(struct vhd_dev *dev)
         blk_queue_fini(dev, &dev->queues[i]);
     if (blk->be)
         blk->be->ops->close(blk->be);
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        if (blk->qctl[i].resume_fd >= 0)
+            close(blk->qctl[i].resume_fd);
+    free(blk->qctl);
     free(dev->queue_worker);
     free(dev->queues);
     free(blk);
@@ -1014,4 +1253,40 @@ int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *o
         return -ENODEV;
     *out = bq->st;
     return 0;
+}
+
+int vhd_blk_resume(struct vhd_dev *dev)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    int paused = 0;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        struct blk_qctl *qc = &blk->qctl[i];
+        if (vhd_load_acquire(&qc->paused))
+            paused++;
+        /*
+         * Only this thread writes resume_req: a plain increment published
+         * with release (pairs with the worker's acquire in queue_process),
+         * then the doorbell, which makes the worker run the queue. A queue
+         * not attached sees the new value when it next runs.
+         */
+        vhd_store_release(&qc->resume_req, qc->resume_req + 1);
+        if (eventfd_write(qc->resume_fd, 1) < 0)
+            vhd_log(VHD_LOG_WARN, "%s: queue %u: resume doorbell: %s", dev->name, i,
+                    strerror(errno));
+    }
+    if (paused)
+        vhd_log(VHD_LOG_INFO, "%s: resume: %d paused queue%s retry their held requests", dev->name,
+                paused, paused == 1 ? "" : "s");
+    return paused;
+}
+
+unsigned vhd_blk_paused_queues(const struct vhd_dev *dev)
+{
+    const struct vhd_blk *blk = to_cblk(dev);
+    unsigned n = 0;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        n += vhd_load_acquire(&blk->qctl[i].paused) ? 1u : 0u;
+    return n;
 }

@@ -73,6 +73,19 @@ struct vhd_blk_opts {
     uint32_t num_queues; /* 1..VHD_BLK_MAX_QUEUES; 0: 1 */
     bool allow_packed;   /* offer VIRTIO_F_RING_PACKED */
     bool no_split;       /* refuse split rings (set_features requires RING_PACKED) */
+    /*
+     * What a failed backend operation does, as QEMU's werror= / rerror=:
+     * "report" (the request completes with IOERR), "stop" (the request and
+     * every later one of its queue are held, nothing is reported to the
+     * guest, the queue is paused until vhd_blk_resume retries them in
+     * order), "enospc" (stop on ENOSPC, report anything else). werror
+     * covers writes, flushes, discards and write zeroes (NULL: "enospc",
+     * QEMU's default); rerror covers reads ("report" or "stop"; NULL:
+     * "report").
+     */
+    const char *werror;
+    const char *rerror;
+    const char *locking; /* uring: "auto" (NULL), "on" or "off": enum vhd_blk_locking */
 };
 
 /*
@@ -111,7 +124,9 @@ struct vhd_blk_queue_stats {
     uint64_t dsync_writes;              /* writes submitted with RWF_DSYNC (writethrough mode) */
     uint64_t bytes_read, bytes_written; /* successful IN / OUT data */
     uint64_t backend_errors;            /* backend operations that failed */
-    bool broken; /* the queue stopped (bad chain or engine error): NEEDS_RESET */
+    uint64_t held;    /* failed operations held by a stop policy (werror/rerror) */
+    uint64_t retried; /* held operations submitted again by a resume */
+    bool broken;      /* the queue stopped (bad chain or engine error): NEEDS_RESET */
 };
 
 /*
@@ -120,5 +135,22 @@ struct vhd_blk_queue_stats {
  * (queue_init not done).
  */
 int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *out);
+
+/*
+ * vhd_blk_resume - retry what the device's paused queues hold (werror /
+ * rerror stop policies): each queue that paused resubmits its held requests
+ * in the order they were popped and takes new ones again; one that fails
+ * again pauses again. Returns how many queues were paused when it was
+ * called (0: nothing to resume, a no-op). Control thread (the daemon calls
+ * it on SIGUSR2; a management API's "resume"); the workers are reached
+ * through a per-queue counter and the queue's wake fd, never a lock.
+ */
+int vhd_blk_resume(struct vhd_dev *dev);
+
+/*
+ * vhd_blk_paused_queues - how many queues of dev are paused now (holding
+ * requests under a stop policy). Any time, control thread.
+ */
+unsigned vhd_blk_paused_queues(const struct vhd_dev *dev);
 
 #endif /* VHD_DEV_BLK_H */

@@ -135,6 +135,15 @@ struct vhd_dev_ops {
      * thread before attach, after queue_init. -1: nothing to watch.
      */
     int (*queue_wake_fd)(struct vhd_queue *q);
+
+    /*
+     * queue_stop - optional: q's worker stops running it (a detach or a
+     * drain begins, or q broke); queue_process is not called again until q
+     * is attached anew. A device that holds popped requests back (blk under
+     * werror=stop) must complete them now: the detach waits for
+     * q->inflight_io to reach 0. On the owning worker.
+     */
+    void (*queue_stop)(struct vhd_queue *q);
 };
 
 /* One virtqueue of a device. Cache-line aligned; never written by two threads at once. */

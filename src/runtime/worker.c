@@ -313,6 +313,8 @@ static void worker_entry_stop(struct vhd_worker *w, struct rt_entry *e)
 {
     if (e->broken || e->detaching)
         return;
+    if (e->q->dev->ops->queue_stop)
+        e->q->dev->ops->queue_stop(e->q); /* requests the device held back complete now */
     worker_kick_del(w, e);
     if (e->kickless)
         w->nkickless--;

@@ -145,7 +145,10 @@ run_case() {
     "$VHOSTD" --log-level info --blk "socket=$dir/src.sock,image=$dir/disk.img" >"$src_log" 2>&1 &
     local src_pid=$!
     pids+=("$src_pid")
-    "$VHOSTD" --log-level info --blk "socket=$dir/dst.sock,image=$dir/disk.img" >"$dst_log" 2>&1 &
+    # Both serve the same image at once (shared storage): the source holds the image locks
+    # (USER-GUIDE "Image locking"), so the destination runs with locking=off.
+    "$VHOSTD" --log-level info --blk "socket=$dir/dst.sock,image=$dir/disk.img,locking=off" \
+        >"$dst_log" 2>&1 &
     local dst_pid=$!
     pids+=("$dst_pid")
     local i=0

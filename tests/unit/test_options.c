@@ -135,6 +135,11 @@ VHD_TEST(device_key_messages)
          "--blk: block-size=256: expected a power of two in 512..4096"},
         {"--blk=socket=s,image=x,ro=maybe", "--blk: ro=maybe: expected on or off"},
         {"--blk=socket=s,image=x,direct=2", "--blk: direct=2: expected on or off"},
+        {"--blk=socket=s,image=x,locking=yes", "--blk: locking=yes: expected auto, on or off"},
+        {"--blk=socket=s,image=x,werror=ignore",
+         "--blk: werror=ignore: expected report, stop or enospc"},
+        {"--blk=socket=s,image=x,rerror=enospc", "--blk: rerror=enospc: expected report or stop"},
+        {"--net=socket=s,werror=stop", "--net: unknown key 'werror' (only --blk takes it)"},
         {"--blk=socket=s,image=x,serial=123456789012345678901",
          "--blk: serial=123456789012345678901: at most 20 characters"},
         {"--blk=socket=s,image=x,colour=blue", "--blk: unknown key 'colour'"},
@@ -228,7 +233,7 @@ VHD_TEST(device_key_spellings)
     char err[256] = "";
     int rc = parse(&o, err,
                    "--blk=socket=s,backend=null,size=8G,direct=yes,block_size=4096,rings=split,"
-                   "client=on,reconnect_max=77",
+                   "client=on,reconnect_max=77,locking=off,werror=stop,rerror=stop",
                    "--net=socket=/x/n.sock,backend=gen,reconnect_max=10,client=1", NULL, NULL);
     if (rc)
         fprintf(stderr, "  %s\n", err);
@@ -238,6 +243,9 @@ VHD_TEST(device_key_spellings)
     VHD_CHECK(o.blk[0].allow_split && !o.blk[0].allow_packed);
     VHD_CHECK(o.blk[0].client);
     VHD_CHECK_EQ(o.blk[0].reconnect_max_ms, 77);
+    VHD_CHECK(!strcmp(o.blk[0].locking, "off"));
+    VHD_CHECK(!strcmp(o.blk[0].werror, "stop"));
+    VHD_CHECK(!strcmp(o.blk[0].rerror, "stop"));
     VHD_CHECK(!strcmp(o.net[0].backend, "gen"));
     VHD_CHECK(!strcmp(o.net[0].name, "n.sock"));
     VHD_CHECK(o.net[0].client);

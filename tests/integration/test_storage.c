@@ -1,0 +1,602 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The storage layer's promises against the real daemon: images are locked as
+ * QEMU locks them (a second vhostd, qemu-io and qemu-storage-daemon are
+ * refused while vhostd writes an image, and the other way round; readers
+ * coexist; locking=off), and a write that meets a full file system is held
+ * (werror=enospc, the default), not failed, until the file system grows and
+ * SIGUSR2 resumes the device: every block then verifies.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "vhostd/blk_driver.h"
+
+#define MAX_DAEMONS 3
+#include "daemon_fixture.h"
+
+#define IMG_SIZE (32u << 20) /* the thin image: four times the small file system */
+#define FS_SMALL "size=8M"
+#define FS_LARGE "size=64M"
+#define BS       (16u << 10) /* several pages: a write can stop half-way on a full tmpfs */
+#define NBLK     (IMG_SIZE / BS)
+#define DEPTH    16u
+#define HOLD_MS  1500 /* no completion for this long, with requests out: they are held */
+#define WAIT_MS  20000
+
+/* ======================= helpers ======================= */
+
+/*
+ * Run argv with stdout and stderr into out (NUL-terminated), bounded by
+ * timeout_ms (then killed). Returns the exit status, or -1 (killed, or not run).
+ */
+static int run_cmd(char *const argv[], char *out, size_t outlen, int timeout_ms)
+{
+    int pfd[2];
+    VHD_CHECK(pipe2(pfd, O_CLOEXEC) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(pfd[1], 1);
+        dup2(pfd[1], 2);
+        execvp(argv[0], argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t n = 0;
+    uint64_t t0 = ms_now();
+    for (;;) {
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        int left = timeout_ms - (int)(ms_now() - t0);
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            break;
+        ssize_t r = read(pfd[0], out + n, outlen - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+        if (n == outlen - 1)
+            break;
+    }
+    out[n] = 0;
+    close(pfd[0]);
+    int status;
+    if (ms_now() - t0 >= (uint64_t)timeout_ms) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        return -1;
+    }
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* prog's path from $PATH (daemon_spawn execs a path), or NULL. */
+static const char *which(const char *prog)
+{
+    static char out[2][PATH_MAX];
+    static int k;
+    char cmd[256];
+    char *o = out[k++ & 1];
+    snprintf(cmd, sizeof(cmd), "command -v %s", prog);
+    char *argv[] = {"sh", "-c", cmd, NULL};
+    if (run_cmd(argv, o, PATH_MAX, 5000) != 0 || o[0] != '/')
+        return NULL;
+    o[strcspn(o, "\n")] = 0;
+    return o;
+}
+
+/* A sparse image of size bytes at dm->img (in dm's dir). */
+static void make_image(struct daemon *dm, uint64_t size)
+{
+    snprintf(dm->img, sizeof(dm->img), "%s/disk.img", dm->dir);
+    int fd = open(dm->img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(ftruncate(fd, (off_t)size), 0);
+    close(fd);
+}
+
+/* Start vhostd on dm->sock serving img with extra keys (",k=v..." or ""). */
+static void vhostd_start(struct daemon *dm, const char *img, const char *extra)
+{
+    char spec[PATH_MAX * 3];
+    snprintf(spec, sizeof(spec), "socket=%s,image=%s%s", dm->sock, img, extra);
+    char *argv[] = {(char *)vhostd_path(), "--log-level", "info", "--blk", spec, NULL};
+    daemon_spawn(dm, argv);
+}
+
+/* vhostd on img that must refuse to start; returns its output. */
+static const char *vhostd_refused(const char *dir, const char *img, const char *extra)
+{
+    static char out[4096];
+    char spec[PATH_MAX * 3];
+    snprintf(spec, sizeof(spec), "socket=%s/other.sock,image=%s%s", dir, img, extra);
+    char *argv[] = {(char *)vhostd_path(), "--blk", spec, NULL};
+    int rc = run_cmd(argv, out, sizeof(out), 10000);
+    if (rc == 0 || rc == -1)
+        fprintf(stderr, "  vhostd %s: status %d: %s\n", spec, rc, out);
+    VHD_CHECK(rc > 0);
+    return out;
+}
+
+static int qemu_io(const char *img, bool ro, const char *cmd, char *out, size_t outlen)
+{
+    char *rw[] = {"qemu-io", "-f", "raw", "-c", (char *)cmd, (char *)img, NULL};
+    char *rd[] = {"qemu-io", "-r", "-f", "raw", "-c", (char *)cmd, (char *)img, NULL};
+    return run_cmd(ro ? rd : rw, out, outlen, 20000);
+}
+
+/* qemu-storage-daemon exporting img writable over vhost-user on dm->sock (fixture daemon). */
+static char *const *qsd_argv(const char *img, const char *sock)
+{
+    static char bd[PATH_MAX + 64], ex[PATH_MAX + 128];
+    static char *argv[8];
+    snprintf(bd, sizeof(bd), "driver=file,node-name=f,filename=%s", img);
+    snprintf(ex, sizeof(ex),
+             "type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path=%s,writable=on", sock);
+    argv[0] = (char *)which("qemu-storage-daemon");
+    argv[1] = "--blockdev";
+    argv[2] = bd;
+    argv[3] = "--export";
+    argv[4] = ex;
+    argv[5] = NULL;
+    return argv;
+}
+
+static void need_tools(bool qemu)
+{
+    if (!vhostd_path())
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    if (qemu && (!which("qemu-io") || !which("qemu-storage-daemon")))
+        vhd_test_skip("qemu-io / qemu-storage-daemon not installed (qemu-utils, "
+                      "qemu-system-common)");
+}
+
+/* ======================= locking ======================= */
+
+#define WRITE_LOCK  "Failed to get \"write\" lock"
+#define SHARED_LOCK "Failed to get shared \"write\" lock"
+
+/* A second vhostd on an image a vhostd writes is refused, naming the lock. */
+VHD_TEST(lock_second_vhostd)
+{
+    struct daemon a;
+    need_tools(false);
+    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
+    make_image(&a, 64u << 20);
+    track(&a);
+    vhostd_start(&a, a.img, "");
+
+    const char *out = vhostd_refused(a.dir, a.img, "");
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+    /* A read-only one too: it does not share write, and a writer has it. */
+    out = vhostd_refused(a.dir, a.img, ",ro=on");
+    VHD_CHECK(strstr(out, SHARED_LOCK) != NULL);
+    /* locking=on behaves the same here. */
+    out = vhostd_refused(a.dir, a.img, ",locking=on");
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+    test_done();
+}
+
+/* qemu-io (writable) and a writable qemu-storage-daemon export are refused while vhostd serves. */
+VHD_TEST(lock_qemu_refused)
+{
+    struct daemon a, q;
+    char out[4096];
+    need_tools(true);
+    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
+    make_image(&a, 64u << 20);
+    track(&a);
+    vhostd_start(&a, a.img, "");
+
+    int rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
+    VHD_CHECK(rc != 0);
+    if (!strstr(out, WRITE_LOCK))
+        fprintf(stderr, "  qemu-io said: %s\n", out);
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+
+    daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
+    track(&q);
+    rc = run_cmd(qsd_argv(a.img, q.sock), out, sizeof(out), 20000);
+    VHD_CHECK(rc > 0);
+    if (!strstr(out, WRITE_LOCK))
+        fprintf(stderr, "  qemu-storage-daemon said: %s\n", out);
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+
+    /* The locks were the reason: once vhostd has gone, both work. */
+    VHD_CHECK_EQ(daemon_stop(&a), 0);
+    rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
+    if (rc != 0)
+        fprintf(stderr, "  qemu-io said: %s\n", out);
+    VHD_CHECK_EQ(rc, 0);
+    test_done();
+}
+
+/* vhostd refuses an image qemu-storage-daemon exports writable, naming the lock. */
+VHD_TEST(lock_qsd_holds_first)
+{
+    struct daemon q;
+    char img[192];
+    need_tools(true);
+    daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
+    snprintf(img, sizeof(img), "%s/qsd.img", q.dir);
+    int fd = open(img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(ftruncate(fd, 64 << 20), 0);
+    close(fd);
+    track(&q);
+    daemon_spawn(&q, qsd_argv(img, q.sock)); /* returns once its export socket exists */
+
+    const char *out = vhostd_refused(q.dir, img, "");
+    VHD_CHECK(strstr(out, SHARED_LOCK) != NULL);
+    out = vhostd_refused(q.dir, img, ",ro=on");
+    VHD_CHECK(strstr(out, SHARED_LOCK) != NULL);
+    /* locking=off: the operator takes the responsibility. */
+    struct daemon b;
+    daemon_prepare_dir(&b, "vhd-stor-XXXXXX", "b.sock");
+    track(&b);
+    vhostd_start(&b, img, ",locking=off");
+    VHD_CHECK_EQ(daemon_stop(&b), 0);
+    unlink(img);
+    test_done();
+}
+
+/* Readers coexist: two read-only vhostd and qemu-io -r; a writer is still refused. */
+VHD_TEST(lock_readers_coexist)
+{
+    struct daemon a, b;
+    char out[4096];
+    need_tools(true);
+    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
+    make_image(&a, 64u << 20);
+    track(&a);
+    vhostd_start(&a, a.img, ",ro=on");
+    daemon_prepare_dir(&b, "vhd-stor-XXXXXX", "b.sock");
+    track(&b);
+    vhostd_start(&b, a.img, ",ro=on");
+
+    int rc = qemu_io(a.img, true, "read 0 4k", out, sizeof(out));
+    if (rc != 0)
+        fprintf(stderr, "  qemu-io -r said: %s\n", out);
+    VHD_CHECK_EQ(rc, 0);
+    rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
+    VHD_CHECK(rc != 0);
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+    const char *o = vhostd_refused(a.dir, a.img, "");
+    VHD_CHECK(strstr(o, WRITE_LOCK) != NULL);
+    VHD_CHECK_EQ(daemon_stop(&b), 0);
+    VHD_CHECK_EQ(daemon_stop(&a), 0);
+    test_done();
+}
+
+/* locking=off takes no lock: a second writer and qemu-io get in. */
+VHD_TEST(lock_off)
+{
+    struct daemon a, b;
+    char out[4096];
+    need_tools(true);
+    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
+    make_image(&a, 64u << 20);
+    track(&a);
+    vhostd_start(&a, a.img, ",locking=off");
+    int rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
+    if (rc != 0)
+        fprintf(stderr, "  qemu-io said: %s\n", out);
+    VHD_CHECK_EQ(rc, 0);
+    daemon_prepare_dir(&b, "vhd-stor-XXXXXX", "b.sock");
+    track(&b);
+    vhostd_start(&b, a.img, ""); /* a holds nothing */
+    VHD_CHECK_EQ(daemon_stop(&b), 0);
+    VHD_CHECK_EQ(daemon_stop(&a), 0);
+    test_done();
+}
+
+/* ======================= a full file system ======================= */
+
+/* Lines of dm's log containing needle. */
+static unsigned log_count(const struct daemon *dm, const char *needle)
+{
+    FILE *f = fopen(dm->log, "r");
+    char line[1024];
+    unsigned n = 0;
+    VHD_CHECK(f);
+    while (fgets(line, sizeof(line), f))
+        n += strstr(line, needle) != NULL;
+    fclose(f);
+    return n;
+}
+
+static char g_mnt[192]; /* the tmpfs, unmounted on every exit path */
+
+static void mnt_cleanup(void)
+{
+    if (!g_mnt[0])
+        return;
+    char img[256];
+    snprintf(img, sizeof(img), "%s/thin.img", g_mnt);
+    unlink(img);
+    umount2(g_mnt, MNT_DETACH); /* lazily: the daemon may still hold the image open */
+    rmdir(g_mnt);
+    g_mnt[0] = 0;
+}
+
+static void mnt_alarm(int sig)
+{
+    if (g_mnt[0]) {
+        umount2(g_mnt, MNT_DETACH); /* async-signal-safe */
+        rmdir(g_mnt);
+    }
+    on_alarm(sig);
+}
+
+/* A tmpfs of FS_SMALL at g_mnt with a sparse IMG_SIZE image in it; skips when not root. */
+static void mnt_setup(struct daemon *dm, char *img, size_t imglen)
+{
+    snprintf(g_mnt, sizeof(g_mnt), "%s/fs", dm->dir);
+    VHD_CHECK_EQ(mkdir(g_mnt, 0700), 0);
+    if (mount("vhd-test", g_mnt, "tmpfs", 0, FS_SMALL) < 0) {
+        int e = errno;
+        rmdir(g_mnt);
+        g_mnt[0] = 0;
+        fprintf(stderr, "  mount tmpfs: %s\n", strerror(e));
+        vhd_test_skip("cannot mount a tmpfs (needs root)");
+    }
+    atexit(mnt_cleanup); /* runs before the fixture's kill_daemons: hence the lazy unmount */
+    signal(SIGALRM, mnt_alarm);
+    snprintf(img, imglen, "%s/thin.img", g_mnt);
+    int fd = open(img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(ftruncate(fd, IMG_SIZE), 0);
+    close(fd);
+}
+
+/* Block b's content in generation gen: every 8 bytes say (b, gen, position). */
+static void fill(void *buf, uint32_t b, uint32_t gen)
+{
+    uint64_t *w = buf;
+    for (uint32_t i = 0; i < BS / 8; i++)
+        w[i] = ((uint64_t)b << 40) ^ ((uint64_t)gen << 20) ^ i ^ 0x5a5a000000000000ull;
+}
+
+struct slot {
+    void *buf;
+    uint32_t blk; /* UINT32_MAX: free */
+};
+
+struct writer {
+    struct vhd_blkdrv *d;
+    struct vhd_blkdrv_queue *q;
+    struct slot s[DEPTH];
+    uint32_t next; /* next block to write */
+    uint32_t done; /* blocks completed */
+    uint32_t errors;
+    uint64_t last_done_ms;
+};
+
+static void writer_connect(struct writer *w, const char *sock, int timeout_ms)
+{
+    struct vhd_blkdrv_opts o = {
+        .socket_path = sock, .num_queues = 1, .queue_size = 64, .timeout_ms = timeout_ms};
+    char err[256];
+    int rc = vhd_blkdrv_connect(&o, &w->d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(w->d), IMG_SIZE);
+    w->q = vhd_blkdrv_get_queue(w->d, 0);
+    for (uint32_t k = 0; k < DEPTH; k++) {
+        w->s[k].buf = vhd_blkdrv_buf_alloc(w->q, BS);
+        VHD_CHECK(w->s[k].buf);
+        w->s[k].blk = UINT32_MAX;
+    }
+    w->last_done_ms = ms_now();
+}
+
+/* Keep DEPTH writes out; reap for up to wait_ms. Returns completions reaped. */
+static int writer_step(struct writer *w, int wait_ms)
+{
+    for (uint32_t k = 0; k < DEPTH && w->next < NBLK; k++) {
+        if (w->s[k].blk != UINT32_MAX)
+            continue;
+        fill(w->s[k].buf, w->next, 1);
+        VHD_CHECK_EQ(
+            vhd_blkdrv_submit_write(w->q, (uint64_t)w->next * BS, w->s[k].buf, BS, &w->s[k]), 0);
+        w->s[k].blk = w->next++;
+    }
+    struct vhd_blkdrv_completion c[DEPTH];
+    int n = vhd_blkdrv_wait(w->q, c, DEPTH, wait_ms);
+    if (n == -ETIMEDOUT || n == 0)
+        return 0;
+    VHD_CHECK(n > 0);
+    for (int i = 0; i < n; i++) {
+        struct slot *s = c[i].cookie;
+        if (c[i].ret != 0) {
+            if (w->errors++ < 3)
+                fprintf(stderr, "  write of block %u: %d (status %u)\n", s->blk, c[i].ret,
+                        c[i].status);
+        }
+        s->blk = UINT32_MAX;
+        w->done++;
+    }
+    w->last_done_ms = ms_now();
+    return n;
+}
+
+/* Read every block back through the device and from the image file; all must be generation 1. */
+static void verify_all(struct writer *w, const char *img)
+{
+    static uint8_t want[BS], got[BS];
+    void *buf = w->s[0].buf;
+    int fd = open(img, O_RDONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    for (uint32_t b = 0; b < NBLK; b++) {
+        fill(want, b, 1);
+        VHD_CHECK_EQ(vhd_blkdrv_submit_read(w->q, (uint64_t)b * BS, buf, BS, NULL), 0);
+        struct vhd_blkdrv_completion c;
+        VHD_CHECK_EQ(vhd_blkdrv_wait(w->q, &c, 1, WAIT_MS), 1);
+        VHD_CHECK_EQ(c.ret, 0);
+        if (memcmp(buf, want, BS) != 0) {
+            fprintf(stderr, "  block %u reads back wrong through the device\n", b);
+            VHD_CHECK(!"device read-back");
+        }
+        VHD_CHECK_EQ(pread(fd, got, BS, (off_t)b * BS), (ssize_t)BS);
+        if (memcmp(got, want, BS) != 0) {
+            fprintf(stderr, "  block %u is wrong in the image\n", b);
+            VHD_CHECK(!"image read-back");
+        }
+    }
+    close(fd);
+}
+
+/*
+ * werror=enospc (the default): a verifying writer on a thin image larger
+ * than its tmpfs is held when the tmpfs fills: no error reaches it, the
+ * device logs "paused" once, and the writes wait. The tmpfs grows, SIGUSR2
+ * resumes, every write completes without error and every block verifies.
+ */
+VHD_TEST(enospc_held_then_resumed)
+{
+    struct daemon dm;
+    char img[256];
+    need_tools(false);
+    alarm(120);
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    track(&dm);
+    mnt_setup(&dm, img, sizeof(img));
+    vhostd_start(&dm, img, "");
+
+    struct writer w = {0};
+    writer_connect(&w, dm.sock, 0);
+    /* Write until completions stop with requests out: the file system is full. */
+    uint64_t t0 = ms_now();
+    while (w.next < NBLK) {
+        writer_step(&w, 100);
+        if (vhd_blkdrv_inflight(w.q) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
+            break;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+    }
+    VHD_CHECK(w.next < NBLK); /* it did not all fit */
+    VHD_CHECK_EQ(w.errors, 0);
+    VHD_CHECK(vhd_blkdrv_inflight(w.q) > 0);
+    VHD_CHECK_EQ(log_count(&dm, "queue 0 paused: write at sector"), 1); /* once, not per request */
+    VHD_CHECK(daemon_log_has(&dm, "No space left on device (werror=enospc)"));
+    fprintf(stderr, "  held after %u of %u blocks, %u in flight\n", w.done, NBLK,
+            vhd_blkdrv_inflight(w.q));
+
+    /* Still held: nothing moves without a resume. */
+    uint32_t before = w.done;
+    writer_step(&w, 300);
+    VHD_CHECK_EQ(w.done, before);
+
+    /* More space, then the resume. */
+    VHD_CHECK_EQ(mount("vhd-test", g_mnt, "tmpfs", MS_REMOUNT, FS_LARGE), 0);
+    VHD_CHECK_EQ(kill(dm.pid, SIGUSR2), 0);
+    t0 = ms_now();
+    while (w.done < NBLK) {
+        writer_step(&w, 100);
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+    }
+    VHD_CHECK_EQ(w.errors, 0);
+    VHD_CHECK(daemon_log_has(&dm, "queue 0 resumed: retrying"));
+
+    /* A flush, then every block, through the device and in the file. */
+    VHD_CHECK_EQ(vhd_blkdrv_submit_flush(w.q, NULL), 0);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    verify_all(&w, img);
+    vhd_blkdrv_disconnect(w.d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * werror=report: the same full file system fails the writes with IOERR, and
+ * the per-request error lines are rate-limited (not one per failed write).
+ */
+VHD_TEST(enospc_report_ratelimited)
+{
+    struct daemon dm;
+    char img[256];
+    need_tools(false);
+    alarm(120);
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    track(&dm);
+    mnt_setup(&dm, img, sizeof(img));
+    vhostd_start(&dm, img, ",werror=report");
+
+    struct writer w = {0};
+    writer_connect(&w, dm.sock, 0);
+    uint64_t t0 = ms_now();
+    while (w.done < NBLK) {
+        writer_step(&w, 100);
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+    }
+    fprintf(stderr, "  %u of %u writes failed\n", w.errors, NBLK);
+    VHD_CHECK(w.errors > 100);
+    VHD_CHECK(!daemon_log_has(&dm, "paused"));
+    /* Count the per-request lines: one burst per rate-limit window at most. */
+    unsigned lines = log_count(&dm, "failed: No space left on device");
+    fprintf(stderr, "  %u error lines logged\n", lines);
+    VHD_CHECK(lines >= 1);
+    VHD_CHECK(lines <= 2 * 10 + 2); /* VHD_LOG_RL_BURST per 5 s window; the run takes < 10 s */
+    vhd_blkdrv_disconnect(w.d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * The front-end goes away while requests are held: the daemon completes
+ * them (IOERR: their guest memory goes with the session) instead of
+ * hanging the ring stop, and serves a new session on the grown file system.
+ */
+VHD_TEST(enospc_disconnect_while_paused)
+{
+    struct daemon dm;
+    char img[256];
+    need_tools(false);
+    alarm(120);
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    track(&dm);
+    mnt_setup(&dm, img, sizeof(img));
+    vhostd_start(&dm, img, ",werror=stop");
+
+    struct writer w = {0};
+    writer_connect(&w, dm.sock, 1000); /* disconnect waits this long for the held requests */
+    uint64_t t0 = ms_now();
+    while (w.next < NBLK) {
+        writer_step(&w, 100);
+        if (vhd_blkdrv_inflight(w.q) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
+            break;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+    }
+    VHD_CHECK(daemon_log_has(&dm, "paused"));
+    vhd_blkdrv_disconnect(w.d); /* GET_VRING_BASE on a paused queue */
+    t0 = ms_now();
+    while (!daemon_log_has(&dm, "stopped while paused")) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(20);
+    }
+    VHD_CHECK(!daemon_log_has(&dm, "broken"));
+    /* A new session works (reads do not need space). */
+    struct writer w2 = {0};
+    writer_connect(&w2, dm.sock, 0);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w2.q, 0, w2.s[0].buf, BS, NULL), 0);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_wait(w2.q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    vhd_blkdrv_disconnect(w2.d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
