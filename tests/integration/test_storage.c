@@ -600,3 +600,47 @@ VHD_TEST(enospc_disconnect_while_paused)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/*
+ * rerror=stop, and a short transfer: the image shrinks under a read, which
+ * gets half its block and then end-of-file (EIO). The read is held, not
+ * failed; once the image has its size (and data) back, a resume retries it
+ * whole into the same buffer: the backend gave its iovecs back unchanged.
+ */
+VHD_TEST(rerror_stop_short_read)
+{
+    struct daemon dm;
+    static uint8_t want[BS];
+    const uint32_t b = 7;
+    need_tools(false);
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    int fd = open(dm.img, O_RDWR | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    fill(want, b, 1);
+    VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
+    vhostd_start(&dm, dm.img, ",rerror=stop");
+
+    struct writer w = {0};
+    writer_connect(&w, dm.sock, 0);
+    /* The file now ends half-way through block b. */
+    VHD_CHECK_EQ(ftruncate(fd, (off_t)b * BS + BS / 2), 0);
+    memset(w.s[0].buf, 0xee, BS);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w.q, (uint64_t)b * BS, w.s[0].buf, BS, NULL), 0);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, HOLD_MS), -ETIMEDOUT);
+    VHD_CHECK_EQ(log_count(&dm, "queue 0 paused: read at sector 224 failed"), 1);
+    VHD_CHECK(daemon_log_has(&dm, "(rerror=stop)"));
+
+    VHD_CHECK_EQ(ftruncate(fd, IMG_SIZE), 0);
+    VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
+    close(fd);
+    VHD_CHECK_EQ(kill(dm.pid, SIGUSR2), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    VHD_CHECK(memcmp(w.s[0].buf, want, BS) == 0);
+    vhd_blkdrv_disconnect(w.d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
