@@ -374,51 +374,58 @@ struct slot {
     uint32_t blk; /* UINT32_MAX: free */
 };
 
+#define MAXQ 2
+
 struct writer {
     struct vhd_blkdrv *d;
-    struct vhd_blkdrv_queue *q;
-    struct slot s[DEPTH];
-    uint32_t next; /* next block to write */
+    struct vhd_blkdrv_queue *q; /* queue 0 */
+    uint32_t nq;
+    struct vhd_blkdrv_queue *qs[MAXQ];
+    struct slot s[MAXQ][DEPTH];
+    uint32_t next; /* next block to write (blocks go to the queues in turn) */
     uint32_t done; /* blocks completed */
     uint32_t errors;
     uint64_t last_done_ms;
 };
 
-static void writer_connect(struct writer *w, const char *sock, int timeout_ms)
+static void writer_connect_nq(struct writer *w, const char *sock, int timeout_ms, uint32_t nq)
 {
     struct vhd_blkdrv_opts o = {
-        .socket_path = sock, .num_queues = 1, .queue_size = 64, .timeout_ms = timeout_ms};
+        .socket_path = sock, .num_queues = nq, .queue_size = 64, .timeout_ms = timeout_ms};
     char err[256];
     int rc = vhd_blkdrv_connect(&o, &w->d, err, sizeof(err));
     if (rc < 0)
         fprintf(stderr, "  connect: %s\n", err);
     VHD_CHECK_EQ(rc, 0);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(w->d), IMG_SIZE);
-    w->q = vhd_blkdrv_get_queue(w->d, 0);
-    for (uint32_t k = 0; k < DEPTH; k++) {
-        w->s[k].buf = vhd_blkdrv_buf_alloc(w->q, BS);
-        VHD_CHECK(w->s[k].buf);
-        w->s[k].blk = UINT32_MAX;
+    w->nq = nq;
+    for (uint32_t qi = 0; qi < nq; qi++) {
+        w->qs[qi] = vhd_blkdrv_get_queue(w->d, qi);
+        for (uint32_t k = 0; k < DEPTH; k++) {
+            w->s[qi][k].buf = vhd_blkdrv_buf_alloc(w->qs[qi], BS);
+            VHD_CHECK(w->s[qi][k].buf);
+            w->s[qi][k].blk = UINT32_MAX;
+        }
     }
+    w->q = w->qs[0];
     w->last_done_ms = ms_now();
 }
 
-/* Keep DEPTH writes out; reap for up to wait_ms. Returns completions reaped. */
-static int writer_step(struct writer *w, int wait_ms)
+static void writer_connect(struct writer *w, const char *sock, int timeout_ms)
 {
-    for (uint32_t k = 0; k < DEPTH && w->next < NBLK; k++) {
-        if (w->s[k].blk != UINT32_MAX)
-            continue;
-        fill(w->s[k].buf, w->next, 1);
-        VHD_CHECK_EQ(
-            vhd_blkdrv_submit_write(w->q, (uint64_t)w->next * BS, w->s[k].buf, BS, &w->s[k]), 0);
-        w->s[k].blk = w->next++;
-    }
-    struct vhd_blkdrv_completion c[DEPTH];
-    int n = vhd_blkdrv_wait(w->q, c, DEPTH, wait_ms);
-    if (n == -ETIMEDOUT || n == 0)
-        return 0;
-    VHD_CHECK(n > 0);
+    writer_connect_nq(w, sock, timeout_ms, 1);
+}
+
+static unsigned writer_inflight(const struct writer *w)
+{
+    unsigned n = 0;
+    for (uint32_t qi = 0; qi < w->nq; qi++)
+        n += vhd_blkdrv_inflight(w->qs[qi]);
+    return n;
+}
+
+static void writer_reap(struct writer *w, const struct vhd_blkdrv_completion *c, int n)
+{
     for (int i = 0; i < n; i++) {
         struct slot *s = c[i].cookie;
         if (c[i].ret != 0) {
@@ -429,15 +436,55 @@ static int writer_step(struct writer *w, int wait_ms)
         s->blk = UINT32_MAX;
         w->done++;
     }
-    w->last_done_ms = ms_now();
-    return n;
+    if (n > 0)
+        w->last_done_ms = ms_now();
+}
+
+/* Keep DEPTH writes out on each queue; reap for up to wait_ms. Returns completions reaped. */
+static int writer_step(struct writer *w, int wait_ms)
+{
+    struct vhd_blkdrv_completion c[DEPTH];
+    for (uint32_t qi = 0; qi < w->nq; qi++) {
+        for (uint32_t k = 0; k < DEPTH && w->next < NBLK; k++) {
+            struct slot *sl = &w->s[qi][k];
+            if (sl->blk != UINT32_MAX)
+                continue;
+            fill(sl->buf, w->next, 1);
+            VHD_CHECK_EQ(
+                vhd_blkdrv_submit_write(w->qs[qi], (uint64_t)w->next * BS, sl->buf, BS, sl), 0);
+            sl->blk = w->next++;
+        }
+    }
+    if (w->nq == 1) {
+        int n = vhd_blkdrv_wait(w->q, c, DEPTH, wait_ms);
+        if (n == -ETIMEDOUT || n == 0)
+            return 0;
+        VHD_CHECK(n > 0);
+        writer_reap(w, c, n);
+        return n;
+    }
+    /* Several queues from one thread: poll them in turn. */
+    uint64_t t0 = ms_now();
+    int total = 0;
+    do {
+        for (uint32_t qi = 0; qi < w->nq; qi++) {
+            int n = vhd_blkdrv_poll(w->qs[qi], c, DEPTH);
+            VHD_CHECK(n >= 0);
+            writer_reap(w, c, n);
+            total += n;
+        }
+        if (total)
+            break;
+        sleep_ms(1);
+    } while (ms_now() - t0 < (uint64_t)wait_ms);
+    return total;
 }
 
 /* Read every block back through the device and from the image file; all must be generation 1. */
 static void verify_all(struct writer *w, const char *img)
 {
     static uint8_t want[BS], got[BS];
-    void *buf = w->s[0].buf;
+    void *buf = w->s[0][0].buf;
     int fd = open(img, O_RDONLY | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     for (uint32_t b = 0; b < NBLK; b++) {
@@ -465,7 +512,7 @@ static void verify_all(struct writer *w, const char *img)
  * device logs "paused" once, and the writes wait. The tmpfs grows, SIGUSR2
  * resumes, every write completes without error and every block verifies.
  */
-VHD_TEST(enospc_held_then_resumed)
+static void enospc_held(uint32_t nq)
 {
     struct daemon dm;
     char img[256];
@@ -474,25 +521,29 @@ VHD_TEST(enospc_held_then_resumed)
     daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
     track(&dm);
     mnt_setup(&dm, img, sizeof(img));
-    vhostd_start(&dm, img, "");
+    vhostd_start(&dm, img, nq > 1 ? ",queues=2" : "");
 
     struct writer w = {0};
-    writer_connect(&w, dm.sock, 0);
+    writer_connect_nq(&w, dm.sock, 0, nq);
     /* Write until completions stop with requests out: the file system is full. */
     uint64_t t0 = ms_now();
     while (w.next < NBLK) {
         writer_step(&w, 100);
-        if (vhd_blkdrv_inflight(w.q) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
+        if (writer_inflight(&w) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
             break;
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
     }
     VHD_CHECK(w.next < NBLK); /* it did not all fit */
     VHD_CHECK_EQ(w.errors, 0);
-    VHD_CHECK(vhd_blkdrv_inflight(w.q) > 0);
-    VHD_CHECK_EQ(log_count(&dm, "queue 0 paused: write at sector"), 1); /* once, not per request */
+    VHD_CHECK(writer_inflight(&w) > 0);
+    /* Each queue that met the full disk says so once, not per request. */
+    unsigned paused = log_count(&dm, "paused: write at sector");
+    VHD_CHECK(paused >= 1 && paused <= nq);
+    VHD_CHECK(log_count(&dm, "queue 0 paused: write at sector") <= 1);
+    VHD_CHECK(log_count(&dm, "queue 1 paused: write at sector") <= 1);
     VHD_CHECK(daemon_log_has(&dm, "No space left on device (werror=enospc)"));
     fprintf(stderr, "  held after %u of %u blocks, %u in flight\n", w.done, NBLK,
-            vhd_blkdrv_inflight(w.q));
+            writer_inflight(&w));
 
     /* Still held: nothing moves without a resume. */
     uint32_t before = w.done;
@@ -508,7 +559,7 @@ VHD_TEST(enospc_held_then_resumed)
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
     }
     VHD_CHECK_EQ(w.errors, 0);
-    VHD_CHECK(daemon_log_has(&dm, "queue 0 resumed: retrying"));
+    VHD_CHECK_EQ(log_count(&dm, "resumed: retrying"), paused);
 
     /* A flush, then every block, through the device and in the file. */
     VHD_CHECK_EQ(vhd_blkdrv_submit_flush(w.q, NULL), 0);
@@ -519,6 +570,17 @@ VHD_TEST(enospc_held_then_resumed)
     vhd_blkdrv_disconnect(w.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
+}
+
+VHD_TEST(enospc_held_then_resumed)
+{
+    enospc_held(1);
+}
+
+/* Two queues on two workers: each pauses on its own, one SIGUSR2 resumes both. */
+VHD_TEST(enospc_held_then_resumed_2q)
+{
+    enospc_held(2);
 }
 
 /*
@@ -577,7 +639,7 @@ VHD_TEST(enospc_disconnect_while_paused)
     uint64_t t0 = ms_now();
     while (w.next < NBLK) {
         writer_step(&w, 100);
-        if (vhd_blkdrv_inflight(w.q) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
+        if (writer_inflight(&w) > 0 && ms_now() - w.last_done_ms > HOLD_MS)
             break;
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
     }
@@ -592,7 +654,7 @@ VHD_TEST(enospc_disconnect_while_paused)
     /* A new session works (reads do not need space). */
     struct writer w2 = {0};
     writer_connect(&w2, dm.sock, 0);
-    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w2.q, 0, w2.s[0].buf, BS, NULL), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w2.q, 0, w2.s[0][0].buf, BS, NULL), 0);
     struct vhd_blkdrv_completion c;
     VHD_CHECK_EQ(vhd_blkdrv_wait(w2.q, &c, 1, WAIT_MS), 1);
     VHD_CHECK_EQ(c.ret, 0);
@@ -626,8 +688,8 @@ VHD_TEST(rerror_stop_short_read)
     writer_connect(&w, dm.sock, 0);
     /* The file now ends half-way through block b. */
     VHD_CHECK_EQ(ftruncate(fd, (off_t)b * BS + BS / 2), 0);
-    memset(w.s[0].buf, 0xee, BS);
-    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w.q, (uint64_t)b * BS, w.s[0].buf, BS, NULL), 0);
+    memset(w.s[0][0].buf, 0xee, BS);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(w.q, (uint64_t)b * BS, w.s[0][0].buf, BS, NULL), 0);
     struct vhd_blkdrv_completion c;
     VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, HOLD_MS), -ETIMEDOUT);
     VHD_CHECK_EQ(log_count(&dm, "queue 0 paused: read at sector 224 failed"), 1);
@@ -639,7 +701,7 @@ VHD_TEST(rerror_stop_short_read)
     VHD_CHECK_EQ(kill(dm.pid, SIGUSR2), 0);
     VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, WAIT_MS), 1);
     VHD_CHECK_EQ(c.ret, 0);
-    VHD_CHECK(memcmp(w.s[0].buf, want, BS) == 0);
+    VHD_CHECK(memcmp(w.s[0][0].buf, want, BS) == 0);
     vhd_blkdrv_disconnect(w.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
