@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -124,6 +126,9 @@ static const char *vhostd_refused(const char *dir, const char *img, const char *
     snprintf(spec, sizeof(spec), "socket=%s/other.sock,image=%s%s", dir, img, extra);
     char *argv[] = {(char *)vhostd_path(), "--blk", spec, NULL};
     int rc = run_cmd(argv, out, sizeof(out), 10000);
+    char sock[PATH_MAX];
+    snprintf(sock, sizeof(sock), "%s/other.sock", dir);
+    unlink(sock); /* left by a vhostd that did start (and was killed) */
     if (rc == 0 || rc == -1)
         fprintf(stderr, "  vhostd %s: status %d: %s\n", spec, rc, out);
     VHD_CHECK(rc > 0);
@@ -227,14 +232,10 @@ VHD_TEST(lock_qemu_refused)
 VHD_TEST(lock_qsd_holds_first)
 {
     struct daemon q;
-    char img[192];
     need_tools(true);
     daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
-    snprintf(img, sizeof(img), "%s/qsd.img", q.dir);
-    int fd = open(img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    VHD_CHECK_EQ(ftruncate(fd, 64 << 20), 0);
-    close(fd);
+    make_image(&q, 64u << 20); /* removed with q's files on every exit path */
+    const char *img = q.img;
     track(&q);
     daemon_spawn(&q, qsd_argv(img, q.sock)); /* returns once its export socket exists */
 
@@ -248,7 +249,6 @@ VHD_TEST(lock_qsd_holds_first)
     track(&b);
     vhostd_start(&b, img, ",locking=off");
     VHD_CHECK_EQ(daemon_stop(&b), 0);
-    unlink(img);
     test_done();
 }
 
@@ -318,6 +318,8 @@ static unsigned log_count(const struct daemon *dm, const char *needle)
 }
 
 static char g_mnt[192]; /* the tmpfs, unmounted on every exit path */
+static char
+    g_loop[64]; /* the loop device of flush_failure_is_sticky, detached on every exit path */
 
 static void mnt_cleanup(void)
 {
@@ -328,11 +330,27 @@ static void mnt_cleanup(void)
     unlink(img);
     umount2(g_mnt, MNT_DETACH); /* lazily: the daemon may still hold the image open */
     rmdir(g_mnt);
+    *strrchr(g_mnt, '/') = 0; /* the fixture's dir, which could not go while g_mnt was in it */
+    rmdir(g_mnt);
     g_mnt[0] = 0;
+}
+
+static void loop_cleanup(void);
+
+/*
+ * The end of a passing test that mounted: the harness leaves it with
+ * _exit(), past the atexit handlers that clean up after a failure.
+ */
+static void mnt_done(void)
+{
+    test_done();
+    loop_cleanup();
+    mnt_cleanup();
 }
 
 static void mnt_alarm(int sig)
 {
+    loop_cleanup();
     if (g_mnt[0]) {
         umount2(g_mnt, MNT_DETACH); /* async-signal-safe */
         rmdir(g_mnt);
@@ -569,7 +587,7 @@ static void enospc_held(uint32_t nq)
     verify_all(&w, img);
     vhd_blkdrv_disconnect(w.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
-    test_done();
+    mnt_done();
 }
 
 VHD_TEST(enospc_held_then_resumed)
@@ -615,7 +633,7 @@ VHD_TEST(enospc_report_ratelimited)
     VHD_CHECK(lines <= 2 * 10 + 2); /* VHD_LOG_RL_BURST per 5 s window; the run takes < 10 s */
     vhd_blkdrv_disconnect(w.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
-    test_done();
+    mnt_done();
 }
 
 /*
@@ -660,7 +678,7 @@ VHD_TEST(enospc_disconnect_while_paused)
     VHD_CHECK_EQ(c.ret, 0);
     vhd_blkdrv_disconnect(w2.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
-    test_done();
+    mnt_done();
 }
 
 /*
@@ -705,4 +723,74 @@ VHD_TEST(rerror_stop_short_read)
     vhd_blkdrv_disconnect(w.d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
+}
+
+/* ======================= a flush that fails ======================= */
+
+/* Detach g_loop (async-signal-safe: the timeout handler calls it too). */
+static void loop_cleanup(void)
+{
+    if (!g_loop[0])
+        return;
+    int fd = open(g_loop, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)ioctl(fd, LOOP_CLR_FD, 0); /* autoclear: it goes once the daemon has closed it */
+        close(fd);
+    }
+    g_loop[0] = 0;
+}
+
+/*
+ * A block device whose writeback fails: a loop device over a thin file on a
+ * full tmpfs. The guest's writes land in the page cache and succeed; the
+ * FLUSH's fdatasync meets the failed writeback and fails (IOERR). Linux
+ * then marks those pages clean, so a second fdatasync would succeed with the
+ * data gone: vhostd must keep failing every later FLUSH, even once the
+ * tmpfs has room again.
+ */
+VHD_TEST(flush_failure_is_sticky)
+{
+    struct daemon dm;
+    char img[256], out[512];
+    need_tools(false);
+    if (!which("losetup"))
+        vhd_test_skip("losetup not installed");
+    alarm(120);
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    track(&dm);
+    mnt_setup(&dm, img, sizeof(img));
+    char *argv[] = {"losetup", "-f", "--show", img, NULL};
+    if (run_cmd(argv, out, sizeof(out), 10000) != 0 || strncmp(out, "/dev/loop", 9) != 0) {
+        fprintf(stderr, "  losetup: %s\n", out);
+        vhd_test_skip("cannot set up a loop device");
+    }
+    out[strcspn(out, "\n")] = 0;
+    snprintf(g_loop, sizeof(g_loop), "%.60s", out);
+    atexit(loop_cleanup); /* runs before mnt_cleanup (registered earlier) */
+    vhostd_start(&dm, g_loop, ",werror=report");
+
+    struct writer w = {0};
+    writer_connect(&w, dm.sock, 0);
+    uint64_t t0 = ms_now();
+    while (w.done < NBLK) { /* all of them fit in the page cache */
+        writer_step(&w, 100);
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+    }
+    VHD_CHECK_EQ(w.errors, 0);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_submit_flush(w.q, NULL), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, -EIO); /* the writeback failed: not durable */
+    VHD_CHECK(daemon_log_has(&dm, "flush failed"));
+
+    /* Room again; the lost pages are not coming back, so neither is "durable". */
+    VHD_CHECK_EQ(mount("vhd-test", g_mnt, "tmpfs", MS_REMOUNT, FS_LARGE), 0);
+    for (int i = 0; i < 2; i++) {
+        VHD_CHECK_EQ(vhd_blkdrv_submit_flush(w.q, NULL), 0);
+        VHD_CHECK_EQ(vhd_blkdrv_wait(w.q, &c, 1, WAIT_MS), 1);
+        VHD_CHECK_EQ(c.ret, -EIO);
+    }
+    vhd_blkdrv_disconnect(w.d);
+    daemon_stop(&dm); /* its closing fdatasync fails too: logged, whatever the status */
+    mnt_done();
 }
