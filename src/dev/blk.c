@@ -1255,15 +1255,23 @@ int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *o
     return 0;
 }
 
+unsigned vhd_blk_paused_queues(const struct vhd_dev *dev)
+{
+    const struct vhd_blk *blk = to_cblk(dev);
+    unsigned n = 0;
+
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        n += vhd_load_acquire(&blk->qctl[i].paused) ? 1u : 0u;
+    return n;
+}
+
 int vhd_blk_resume(struct vhd_dev *dev)
 {
     struct vhd_blk *blk = to_blk(dev);
-    int paused = 0;
+    int paused = (int)vhd_blk_paused_queues(dev);
 
     for (uint32_t i = 0; i < dev->num_queues; i++) {
         struct blk_qctl *qc = &blk->qctl[i];
-        if (vhd_load_acquire(&qc->paused))
-            paused++;
         /*
          * Only this thread writes resume_req: a plain increment published
          * with release (pairs with the worker's acquire in queue_process),
@@ -1279,14 +1287,4 @@ int vhd_blk_resume(struct vhd_dev *dev)
         vhd_log(VHD_LOG_INFO, "%s: resume: %d paused queue%s retry their held requests", dev->name,
                 paused, paused == 1 ? "" : "s");
     return paused;
-}
-
-unsigned vhd_blk_paused_queues(const struct vhd_dev *dev)
-{
-    const struct vhd_blk *blk = to_cblk(dev);
-    unsigned n = 0;
-
-    for (uint32_t i = 0; i < dev->num_queues; i++)
-        n += vhd_load_acquire(&blk->qctl[i].paused) ? 1u : 0u;
-    return n;
 }

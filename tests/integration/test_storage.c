@@ -578,6 +578,10 @@ static void enospc_held(uint32_t nq)
     }
     VHD_CHECK_EQ(w.errors, 0);
     VHD_CHECK_EQ(log_count(&dm, "resumed: retrying"), paused);
+    /* The control thread saw them paused (what vhd_blk_paused_queues reports too). */
+    char msg[64];
+    snprintf(msg, sizeof(msg), "resume: %u paused queue%s retry", paused, paused == 1 ? "" : "s");
+    VHD_CHECK_EQ(log_count(&dm, msg), 1);
 
     /* A flush, then every block, through the device and in the file. */
     VHD_CHECK_EQ(vhd_blkdrv_submit_flush(w.q, NULL), 0);
