@@ -339,13 +339,15 @@ static void blk_hold(struct blk_queue *bq, struct blk_req *r, int res)
     bq->resume_seen = vhd_load_acquire(&bq->qc->resume_req);
     q->passive = true;
     vhd_store_release(&bq->qc->paused, true);
-    vhd_log(VHD_LOG_ERROR,
-            "%s: queue %u paused: %s at sector %llu failed: %s (%s=%s); it and the queue's later "
-            "requests are held until a resume (SIGUSR2 to vhostd)",
-            q->dev->name, q->index, blk_type_name(r->type),
-            (unsigned long long)(r->io.offset >> VIRTIO_BLK_SECTOR_SHIFT), strerror(-res),
-            r->type == VIRTIO_BLK_T_IN ? "rerror" : "werror",
-            blk_policy_names[r->type == VIRTIO_BLK_T_IN ? blk->rerror : blk->werror]);
+    /* Rate-limited as well: a front-end that restarts the ring over and over re-pauses it. */
+    VHD_LOG_RL(
+        VHD_LOG_ERROR,
+        "%s: queue %u paused: %s at sector %llu failed: %s (%s=%s); it and the queue's later "
+        "requests are held until a resume (SIGUSR2 to vhostd)",
+        q->dev->name, q->index, blk_type_name(r->type),
+        (unsigned long long)(r->io.offset >> VIRTIO_BLK_SECTOR_SHIFT), strerror(-res),
+        r->type == VIRTIO_BLK_T_IN ? "rerror" : "werror",
+        blk_policy_names[r->type == VIRTIO_BLK_T_IN ? blk->rerror : blk->werror]);
 }
 
 /* Leave the paused state (the held list is the caller's business). Worker. */
@@ -941,10 +943,10 @@ static void blk_queue_stop(struct vhd_queue *q)
 
     if (!bq || !bq->paused)
         return;
-    if (bq->nheld)
-        vhd_log(VHD_LOG_WARN,
-                "%s: queue %u stopped while paused: its %u held request%s complete with IOERR",
-                q->dev->name, q->index, bq->nheld, bq->nheld == 1 ? "" : "s");
+    if (bq->nheld) /* a front-end can stop the ring at will: rate-limited */
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u stopped while paused: its %u held request%s complete with IOERR",
+                   q->dev->name, q->index, bq->nheld, bq->nheld == 1 ? "" : "s");
     while (bq->held) {
         struct blk_req *r = bq->held;
         bq->held = r->next_free;
