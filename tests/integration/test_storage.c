@@ -18,6 +18,7 @@
 #include <linux/loop.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -249,6 +250,72 @@ VHD_TEST(lock_qsd_holds_first)
     track(&b);
     vhostd_start(&b, img, ",locking=off");
     VHD_CHECK_EQ(daemon_stop(&b), 0);
+    test_done();
+}
+
+/* Is byte off of path locked by some process (as QEMU's locks are tested)? */
+static bool byte_locked(const char *path, off_t off)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = off, .l_len = 1};
+    VHD_CHECK_EQ(fcntl(fd, F_OFD_GETLK, &fl), 0);
+    close(fd);
+    return fl.l_type != F_UNLCK;
+}
+
+/* A QEMU guest disk (virtio-blk on the image, VM not started) holds it: vhostd refuses it. */
+VHD_TEST(lock_qemu_guest_holds_first)
+{
+    struct daemon q;
+    need_tools(false);
+    const char *qemu = which("qemu-system-x86_64");
+    if (!qemu)
+        vhd_test_skip("qemu-system-x86_64 not installed");
+    daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
+    make_image(&q, 64u << 20);
+    track(&q);
+    char drive[PATH_MAX];
+    snprintf(drive, sizeof(drive), "file=%s,format=raw,if=none,id=d0", q.img);
+    char *argv[] = {(char *)qemu,
+                    "-S",
+                    "-display",
+                    "none",
+                    "-nodefaults",
+                    "-monitor",
+                    "none",
+                    "-serial",
+                    "none",
+                    "-drive",
+                    drive,
+                    "-device",
+                    "virtio-blk-pci,drive=d0",
+                    NULL};
+    /* daemon_spawn waits for a socket: QEMU makes none here, so start it by hand. */
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(q.log, O_CREAT | O_WRONLY | O_APPEND | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    q.pid = pid; /* killed and reaped by the fixture */
+    uint64_t t0 = ms_now();
+    while (!byte_locked(q.img, 201)) { /* "write" not shared: the disk is set up */
+        VHD_CHECK(waitpid(pid, NULL, WNOHANG) == 0);
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(20);
+    }
+    const char *out = vhostd_refused(q.dir, q.img, "");
+    VHD_CHECK(strstr(out, WRITE_LOCK) != NULL);
+    out = vhostd_refused(q.dir, q.img, ",ro=on");
+    VHD_CHECK(strstr(out, SHARED_LOCK) != NULL);
     test_done();
 }
 
