@@ -114,6 +114,12 @@ struct blk_queue {
      * until qc->resume_req moves past resume_seen.
      */
     bool paused;
+    /*
+     * The worker is letting go of the queue (queue_stop ran, queue_process
+     * has not run since): a failure now is reported, not held, since
+     * nothing could resume it and the detach waits for it.
+     */
+    bool stopping;
     uint32_t resume_seen;
     uint32_t nheld;
     struct blk_req *held;
@@ -396,7 +402,7 @@ static void blk_io_done(struct vhd_blk_io *io, int res)
 
     if (vhd_unlikely(res < 0)) {
         bq->st.backend_errors++;
-        if (blk_error_stops(bq->blk, r, res)) {
+        if (blk_error_stops(bq->blk, r, res) && !bq->stopping) {
             blk_hold(bq, r, res);
             return;
         }
@@ -778,6 +784,8 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         return -ENODEV;
     if (vhd_unlikely(bq->st.broken))
         return -EPROTO;
+    if (vhd_unlikely(bq->stopping))
+        bq->stopping = false; /* attached and running again */
     if (vhd_unlikely(bq->paused)) {
         /* Acquire: pairs with vhd_blk_resume's release store. */
         if (vhd_load_acquire(&bq->qc->resume_req) == bq->resume_seen)
@@ -932,16 +940,20 @@ static int blk_set_config(struct vhd_dev *dev, const void *buf, uint32_t off, ui
 }
 
 /*
- * The worker lets go of q (dev.h queue_stop) while requests are held: the
- * detach cannot wait for a resume, and held requests point into guest
- * memory that may go away with it (a new memory table, a stopped ring), so
- * they complete with IOERR, as under werror=report. Worker.
+ * The worker lets go of q (dev.h queue_stop): the detach cannot wait for a
+ * resume, and held requests point into guest memory that may go away with
+ * it (a new memory table, a stopped ring), so they complete with IOERR, as
+ * under werror=report, and so do requests still in flight that fail from
+ * here on. Worker.
  */
 static void blk_queue_stop(struct vhd_queue *q)
 {
     struct blk_queue *bq = q->priv;
 
-    if (!bq || !bq->paused)
+    if (!bq)
+        return;
+    bq->stopping = true; /* requests still in flight that fail are reported */
+    if (!bq->paused)
         return;
     if (bq->nheld) /* a front-end can stop the ring at will: rate-limited */
         VHD_LOG_RL(VHD_LOG_WARN,
