@@ -844,6 +844,8 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         }
         if (vhd_unlikely(bq->st.broken))
             return -EPROTO;
+        if (vhd_unlikely(bq->paused))
+            break; /* a request failed inline under a stop policy: pop nothing more */
     }
     return (int)n;
 }
