@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +25,10 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "vhostd/blk.h"
 #include "vhostd/blk_driver.h"
+#include "vhostd/ctx.h"
+#include "vhostd/device.h"
 
 #define MAX_DAEMONS 3
 #include "daemon_fixture.h"
@@ -864,4 +868,99 @@ VHD_TEST(flush_failure_is_sticky)
     vhd_blkdrv_disconnect(w.d);
     daemon_stop(&dm); /* its closing fdatasync fails too: logged, whatever the status */
     mnt_done();
+}
+
+/* ======================= the public API ======================= */
+
+struct api_reader {
+    const char *sock;
+    uint32_t blk;
+    uint8_t *want;
+    int ret;       /* the read's result; 1 until it completed */
+    bool same;     /* it read want */
+    bool finished; /* (atomic) the thread is done */
+};
+
+/* The driver side, on its own thread: the test's thread is the context's control thread. */
+static void *api_reader_main(void *arg)
+{
+    struct api_reader *a = arg;
+    struct writer w = {0};
+    writer_connect(&w, a->sock, 0);
+    memset(w.s[0][0].buf, 0xee, BS);
+    a->ret = 1;
+    if (vhd_blkdrv_submit_read(w.q, (uint64_t)a->blk * BS, w.s[0][0].buf, BS, NULL) == 0) {
+        struct vhd_blkdrv_completion c;
+        if (vhd_blkdrv_wait(w.q, &c, 1, 3 * WAIT_MS) == 1) {
+            a->ret = c.ret;
+            a->same = memcmp(w.s[0][0].buf, a->want, BS) == 0;
+        }
+    }
+    vhd_blkdrv_disconnect(w.d);
+    __atomic_store_n(&a->finished, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * The library's calls, without the daemon: a blk device made with rerror
+ * "stop" through include/vhostd/blk.h shows its paused queue through
+ * vhd_blk_device_paused_queues, and vhd_blk_device_resume retries the read.
+ */
+VHD_TEST(api_paused_and_resume)
+{
+    struct daemon dm; /* only its dir, image and socket path: no daemon runs */
+    static uint8_t want[BS];
+    const uint32_t b = 3;
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    int fd = open(dm.img, O_RDWR | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    fill(want, b, 1);
+    VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
+
+    struct vhd_ctx_config cc;
+    vhd_ctx_config_init(&cc);
+    struct vhd_ctx *ctx;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), 0);
+    struct vhd_blk_config c = {
+        .dev = {.name = "api0", .endpoint = {.path = dm.sock}},
+        .image = dm.img,
+        .rerror = "stop",
+    };
+    struct vhd_device *dev;
+    char err[256];
+    int rc = vhd_blk_device_new(ctx, &c, &dev, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_blk_device_paused_queues(dev), 0);
+    VHD_CHECK_EQ(vhd_blk_device_resume(dev), 0); /* nothing paused: a no-op */
+
+    VHD_CHECK_EQ(ftruncate(fd, (off_t)b * BS + BS / 2), 0); /* the read will meet EOF */
+    struct api_reader a = {.sock = dm.sock, .blk = b, .want = want};
+    pthread_t th;
+    VHD_CHECK_EQ(pthread_create(&th, NULL, api_reader_main, &a), 0);
+    uint64_t t0 = ms_now();
+    while (vhd_blk_device_paused_queues(dev) == 0) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    VHD_CHECK(!__atomic_load_n(&a.finished, __ATOMIC_ACQUIRE)); /* held, not failed */
+    VHD_CHECK_EQ(ftruncate(fd, IMG_SIZE), 0);
+    VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
+    close(fd);
+    VHD_CHECK_EQ(vhd_blk_device_resume(dev), 1);
+    t0 = ms_now();
+    while (!__atomic_load_n(&a.finished, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(ms_now() - t0 < 3 * WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    VHD_CHECK_EQ(pthread_join(th, NULL), 0);
+    VHD_CHECK_EQ(a.ret, 0);
+    VHD_CHECK(a.same);
+    VHD_CHECK_EQ(vhd_blk_device_paused_queues(dev), 0);
+    vhd_ctx_destroy(ctx);
+    test_done();
 }
