@@ -95,6 +95,9 @@ int vhd_rt_drain(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker, int ti
 /* The io_uring of the worker running the caller (backends use it). Worker threads only. */
 struct io_uring *vhd_worker_uring(struct vhd_worker *w);
 
+/* w's index, 0 .. vhd_rt_nworkers() - 1 (< VHD_RT_MAX_WORKERS): per-worker state of a backend. */
+unsigned vhd_worker_index(const struct vhd_worker *w);
+
 /*
  * Completion callback for backend I/O submitted on a worker's io_uring: set
  * the SQE's user_data to a struct vhd_io_cb *; the worker calls done(cb, res)

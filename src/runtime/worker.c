@@ -210,6 +210,11 @@ struct io_uring *vhd_worker_uring(struct vhd_worker *w)
     return &w->ring;
 }
 
+unsigned vhd_worker_index(const struct vhd_worker *w)
+{
+    return w->index;
+}
+
 void vhd_worker_submit_pending(struct vhd_worker *w)
 {
     w->uring_used = true;

@@ -75,6 +75,12 @@ struct io_uring_sqe *vhd_worker_get_sqe(struct vhd_worker *w)
     return NULL;
 }
 
+unsigned vhd_worker_index(const struct vhd_worker *w)
+{
+    (void)w;
+    return 0;
+}
+
 struct io_uring *vhd_worker_uring(struct vhd_worker *w)
 {
     (void)w;
