@@ -106,6 +106,7 @@ static int create_devices(struct daemon *d)
             .dev = DEVICE_CONFIG(b),
             .backend = b->backend,
             .image = b->image,
+            .uri = b->uri,
             .size = b->size,
             .read_only = b->ro,
             .direct = b->direct,
@@ -174,6 +175,8 @@ static int enter_sandbox(struct daemon *d)
         .unlink_dirs = dirs,
         .nunlink_dirs = nsocks,
     };
+    for (int i = 0; i < d->opts.nblk; i++)
+        so.nbd |= !strcmp(d->opts.blk[i].backend, "nbd"); /* its workers (re)connect */
     if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: sandbox: %s\n", err);
         return -1;

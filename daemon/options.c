@@ -41,7 +41,10 @@ const char vhd_usage[] =
     "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
     "                       front-end's socket to connect to\n"
     "  image=PATH           backing file or block device (uring backend)\n"
-    "  backend=uring|null   io_uring file backend (default) or null (no storage, reads zeroes)\n"
+    "  backend=uring|null|nbd  io_uring file backend (default), null (no storage, reads\n"
+    "                       zeroes) or nbd (an NBD server, see uri=)\n"
+    "  uri=URI              backend=nbd: nbd://HOST[:PORT]/EXPORT or\n"
+    "                       nbd+unix:///EXPORT?socket=PATH\n"
     "  size=SIZE            bytes (K/M/G/T suffixes): null device size; for uring, create a\n"
     "                       sparse image of this size when the file does not exist (an\n"
     "                       existing image must then have exactly this size)\n"
@@ -250,7 +253,7 @@ _Static_assert(offsetof(struct vhd_opt_net, allow_packed) ==
                    offsetof(struct vhd_opt_net, allow_split) + sizeof(bool),
                "net rings fields");
 
-static const char *const blk_backends[] = {"uring", "null", NULL};
+static const char *const blk_backends[] = {"uring", "null", "nbd", NULL};
 static const char *const blk_locking[] = {"auto", "on", "off", NULL};
 static const char *const blk_werror[] = {"report", "stop", "enospc", NULL};
 static const char *const blk_rerror[] = {"report", "stop", NULL};
@@ -260,6 +263,7 @@ static const struct dev_key dev_keys[] = {
     {"socket", NULL, DEV_BLK | DEV_NET, KEY_STR, 0, 0, NULL, NULL, BOTH_AT(socket), {0, 0}},
     {"name", NULL, DEV_BLK | DEV_NET, KEY_STR, 0, 0, NULL, NULL, BOTH_AT(name), {0, 0}},
     {"image", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(image), {0, 0}},
+    {"uri", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(uri), {0, 0}},
     {"backend",
      NULL,
      DEV_BLK,
@@ -267,7 +271,7 @@ static const struct dev_key dev_keys[] = {
      0,
      0,
      blk_backends,
-     "expected uring or null",
+     "expected uring, null or nbd",
      BLK_AT(backend),
      {0, 0}},
     {"backend",
@@ -643,7 +647,12 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
     b->allow_split = b->allow_packed = true;
     if (parse_device(o, spec, &sp, err, errlen))
         return -1;
-    if (!strcmp(b->backend, "null")) {
+    if (!strcmp(b->backend, "nbd") != (b->uri != NULL))
+        return fail(err, errlen, "--blk: uri=URI goes with backend=nbd, and only with it");
+    if (!strcmp(b->backend, "nbd")) {
+        if (b->image)
+            return fail(err, errlen, "--blk: backend=nbd takes uri=, not image=");
+    } else if (!strcmp(b->backend, "null")) {
         if (!b->size) /* size= takes no 0 */
             return fail(err, errlen, "--blk: backend=null needs size=");
         if (b->image)
@@ -862,6 +871,14 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
             if (o->workers_set && (unsigned)o->blk[i].workers[j] >= o->workers)
                 return fail(err, errlen, "device %s: worker %d does not exist (--workers %u)",
                             o->blk[i].name, o->blk[i].workers[j], o->workers);
+    /* TLS loads certificates at every (re)connection, on a worker: files the sandbox forbids. */
+    for (int i = 0; i < o->nblk; i++)
+        if (o->blk[i].uri && !strncmp(o->blk[i].uri, "nbds", 4) &&
+            o->sandbox != VHD_OPT_SANDBOX_OFF)
+            return fail(err, errlen,
+                        "device %s: an NBD URI with TLS (%s) needs --sandbox off: workers read "
+                        "certificates when they connect",
+                        o->blk[i].name, o->blk[i].uri);
     /* ---- net: sockets unique across --blk and --net; worker lists within --workers ---- */
     for (int i = 0; i < o->nnet; i++) {
         for (int j = 0; j < i; j++)

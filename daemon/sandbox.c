@@ -13,6 +13,8 @@
 #include <linux/capability.h>
 #include <linux/if_tun.h>
 #include <linux/securebits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pwd.h>
 #include <seccomp.h>
 #include <signal.h>
@@ -81,6 +83,18 @@ _Static_assert(VHD_OPT_MAX_ALLOW == VHD_ENDPOINT_MAX_IDS, "allow-list sizes");
         .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason, \
         .only_with = VHD_SANDBOX_F_CLIENT                            \
     }
+/* Any arguments, installed only with VHD_SANDBOX_F_NBD. */
+#define NBD_ANY(sys, reason)                                         \
+    {                                                                \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason, \
+        .only_with = VHD_SANDBOX_F_NBD                               \
+    }
+/* Argument argi == val, installed only with VHD_SANDBOX_F_NBD. */
+#define NBD_ARG_EQ(sys, argi, val, reason)                                                        \
+    {                                                                                             \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_EQ, .value = (val), \
+        .why = reason, .only_with = VHD_SANDBOX_F_NBD                                             \
+    }
 #define ARG_SELF_PID(sys, argi, reason)                                                 \
     {                                                                                   \
         .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_SELF_PID, \
@@ -144,18 +158,44 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      * keeps connect forbidden.
      */
     ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_UNIX, 1, SOCK_TYPE_BITS, SOCK_STREAM,
-                          VHD_SANDBOX_F_CLIENT,
-                          "client mode: a Unix stream socket for the front-end (no other)"),
+                          VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD,
+                          "client mode, nbd: a Unix stream socket (front-end, NBD server)"),
     /*
      * The filter cannot read the address: any Unix stream socket the process
      * may reach by its path. The exact length of a struct sockaddr_un keeps
      * out abstract sockets (their name is the whole length: 108 bytes).
      */
-    CLIENT_ARG_EQ(connect, 2, sizeof(struct sockaddr_un),
-                  "client mode: connect to the front-end's socket (a full sockaddr_un)"),
+    {.name = "connect",
+     .nr = SCMP_SYS(connect),
+     .arg = 2,
+     .op = VHD_SANDBOX_ARG_EQ,
+     .value = sizeof(struct sockaddr_un),
+     .why = "client mode, nbd: connect to the front-end's or NBD server's socket (a full sun)",
+     .only_with = VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD},
     ANY(timerfd_settime, "arm the reconnect back-off (client) and accept back-off (EMFILE) timers"),
     ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_PEERCRED, 0,
                           "the front-end's credentials: allow-uid/allow-gid, log lines"),
+    /*
+     * ---- the nbd block backend (src/backend/nbd.c): libnbd on the workers ----
+     * A worker connects when its first request comes and reconnects after the
+     * server went away, both after setup. Installed only with an nbd device.
+     * Not allowed: opening files (nbd.c resolves a host name at start-up;
+     * TLS URIs need --sandbox off, options.c says so). A Unix socket: the
+     * client-mode rows above (libnbd connects with a full sockaddr_un).
+     */
+    ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_INET, 1, SOCK_TYPE_BITS, SOCK_STREAM,
+                          VHD_SANDBOX_F_NBD, "nbd: a TCP socket to the NBD server (IPv4)"),
+    ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_INET6, 1, SOCK_TYPE_BITS, SOCK_STREAM,
+                          VHD_SANDBOX_F_NBD, "nbd: a TCP socket to the NBD server (IPv6)"),
+    NBD_ARG_EQ(connect, 2, sizeof(struct sockaddr_in), "nbd: connect to the NBD server (IPv4)"),
+    NBD_ARG_EQ(connect, 2, sizeof(struct sockaddr_in6), "nbd: connect to the NBD server (IPv6)"),
+    ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_ERROR,
+                          VHD_SANDBOX_F_NBD, "nbd: the result of a non-blocking connect"),
+    ARG_MASKED_AND_MASKED(setsockopt, 1, INT_BITS, IPPROTO_TCP, 2, INT_BITS, TCP_NODELAY,
+                          VHD_SANDBOX_F_NBD, "nbd: libnbd sets TCP_NODELAY (tried on Unix too)"),
+    NBD_ARG_EQ(sendto, 4, 0, "nbd: libnbd's send() on its connected socket (no address)"),
+    NBD_ARG_EQ(recvfrom, 4, 0, "nbd: libnbd's recv() on its connected socket (no address)"),
+    NBD_ANY(shutdown, "nbd: libnbd half-closes after NBD_CMD_DISC (device close)"),
     ANY(close, "fds of ended sessions, replaced ring fds, region fds after mmap"),
     ARG_EQ(fcntl, 1, F_GETFL, "read the flags of a session, kick or back-end fd"),
     ARG_EQ(fcntl, 1, F_SETFL, "O_NONBLOCK on session, kick and back-end-channel fds"),
@@ -695,8 +735,8 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
         return rc;
     if (o->mode != VHD_SANDBOX_OFF)
         sanitizer_before_filter();
-    rc = vhd_sandbox_apply_dirs(o->mode, o->client_mode ? VHD_SANDBOX_F_CLIENT : 0, o->unlink_dirs,
-                                o->nunlink_dirs);
+    unsigned flags = (o->client_mode ? VHD_SANDBOX_F_CLIENT : 0) | (o->nbd ? VHD_SANDBOX_F_NBD : 0);
+    rc = vhd_sandbox_apply_dirs(o->mode, flags, o->unlink_dirs, o->nunlink_dirs);
     if (rc < 0)
         return set_err(err, errlen, rc, "seccomp filter: %s%s", strerror(-rc),
                        rc == -EINVAL || rc == -ENOSYS
@@ -705,7 +745,7 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
     size_t n = 0, all;
     const struct vhd_sandbox_rule *rules = vhd_sandbox_rules(&all);
     for (size_t i = 0; i < all; i++)
-        if (!rules[i].only_with || (o->client_mode && rules[i].only_with == VHD_SANDBOX_F_CLIENT))
+        if (!rules[i].only_with || (rules[i].only_with & flags))
             n += rules[i].op == VHD_SANDBOX_ARG_DIRFD ? o->nunlink_dirs : 1;
     if (o->mode == VHD_SANDBOX_ON)
         vhd_log(VHD_LOG_INFO, "sandbox: seccomp filter on (%zu rules): other syscalls kill vhostd",

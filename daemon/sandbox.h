@@ -32,6 +32,8 @@ struct vhd_sandbox_opts {
     /* Directory fds of our listening sockets (vhd_vu_server_dir_fd): unlinkat only there. */
     const int *unlink_dirs;
     unsigned nunlink_dirs;
+    /* A block device has the nbd backend: allow its rows (VHD_SANDBOX_F_NBD). */
+    bool nbd;
 };
 
 struct vhd_opt_access;
@@ -95,9 +97,11 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
 /*
  * Rows that only a feature needs, installed only when it is in use:
  * VHD_SANDBOX_F_CLIENT: client mode connects out (socket, connect, the back-off timer).
+ * VHD_SANDBOX_F_NBD: the nbd block backend's workers (re)connect to the NBD server.
  * vhd_sandbox_apply(mode) is vhd_sandbox_apply_with(mode, 0).
  */
 #define VHD_SANDBOX_F_CLIENT 1u
+#define VHD_SANDBOX_F_NBD    2u
 int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags);
 
 /*

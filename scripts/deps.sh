@@ -5,9 +5,10 @@
 set -euo pipefail
 
 what=${1:-test}
-build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev)
+build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev libnbd-dev)
 # dpdk-dev: dpdk-testpmd; its virtio-user PMD and mempool driver are plugins (interop tests)
-test_pkgs=(clang libclang-rt-14-dev valgrind dpdk-dev librte-net-virtio23 librte-mempool-ring23)
+# nbdkit: the NBD server of test_nbd (its memory and file plugins, delay and error filters)
+test_pkgs=(clang libclang-rt-14-dev valgrind dpdk-dev librte-net-virtio23 librte-mempool-ring23 nbdkit)
 guest_pkgs=(qemu-system-x86 qemu-utils qemu-system-common busybox-static cpio xz-utils kmod)
 
 pkgs=("${build_pkgs[@]}")

@@ -2,7 +2,8 @@
 /*
  * libvhostd virtio-blk devices (virtio 1.2 section 5.2, virtio 1.x only):
  * a disk backed by a file or block device through the workers' io_urings,
- * or a null disk that reads zeroes and discards writes (benchmarks).
+ * an NBD server (libnbd, driven by the same io_urings), or a null disk that
+ * reads zeroes and discards writes (benchmarks).
  * Multi-queue, discard, write-zeroes, flush with a guest-switchable cache
  * mode, read-only disks, inflight tracking (a restarted back-end resumes the
  * requests a crash interrupted) and dirty logging (live migration).
@@ -37,8 +38,9 @@ extern "C" {
 
 struct vhd_blk_config {
     struct vhd_device_config dev;
-    const char *backend; /* "uring" (default): image through io_uring; "null": no storage */
-    const char *image;   /* uring: the file or block device */
+    /* "uring" (default): image through io_uring; "null": no storage; "nbd": an NBD server (uri) */
+    const char *backend;
+    const char *image; /* uring: the file or block device */
     /*
      * Bytes. null: the device size (required). uring: the size of a sparse
      * image to create when image does not exist; an existing image must
@@ -70,6 +72,14 @@ struct vhd_blk_config {
      */
     const char *werror;
     const char *rerror;
+    /*
+     * nbd: the server, nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH
+     * (libnbd URIs). vhd_blk_device_new connects to it once to learn the size
+     * and features, blocking the control thread up to 10 s meanwhile: create
+     * nbd devices before that thread serves other devices. Without multi-conn
+     * from the server, num_queues must be 1.
+     */
+    const char *uri;
 };
 
 /*

@@ -136,6 +136,7 @@ int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
     struct vhd_blk_opts bo = {
         .name = cfg->dev.name,
         .image = cfg->image,
+        .uri = cfg->uri,
         .backend = cfg->backend,
         .size = cfg->size,
         .ro = cfg->read_only,

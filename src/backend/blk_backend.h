@@ -4,7 +4,8 @@
  * needs from storage — open/close, and asynchronous read, write, flush,
  * discard and write-zeroes operations that complete on the worker that
  * submitted them. Backends: "uring" (uring.c, io_uring on a file or block
- * device) and "null" (null.c, completes inline, no storage).
+ * device), "null" (null.c, completes inline, no storage) and "nbd" (nbd.c,
+ * an NBD server through libnbd, driven by the worker's io_uring).
  */
 #ifndef VHD_BLK_BACKEND_H
 #define VHD_BLK_BACKEND_H
@@ -74,6 +75,11 @@ struct vhd_blk_io {
     bool cur_saved;             /* short I/O: iov[cur] is cut, its original is in biov */
     uint16_t retries;           /* -EAGAIN/-EINTR resubmissions */
     uint8_t stage;              /* write zeroes: which method is being tried */
+    bool lost;                  /* nbd: a part was lost with its connection: issue again */
+    uint32_t parts;             /* nbd: commands of this operation not yet retired */
+    int res;                    /* nbd: first error of this attempt (-errno), 0 */
+    struct vhd_blk_io *next;    /* nbd: link in a connection's waiting or retired list */
+    void *conn;                 /* nbd: the connection it runs on */
 };
 
 /* Image locking (vhd_blk_backend_opts.locking). */
@@ -86,6 +92,7 @@ enum vhd_blk_locking {
 /* What open() is given. */
 struct vhd_blk_backend_opts {
     const char *image;   /* uring: file or block device path */
+    const char *uri;     /* nbd: the server (nbd://..., nbd+unix://...) */
     uint64_t size;       /* bytes: null: device size (required); uring: size of an image to
                             create when absent, or the size the existing one must have; 0: any */
     uint32_t block_size; /* the device's logical block size (512..4096) */
@@ -100,7 +107,7 @@ struct vhd_blk_backend_opts {
 };
 
 struct vhd_blk_backend_ops {
-    const char *name; /* "uring", "null" */
+    const char *name; /* "uring", "null", "nbd" */
 
     /*
      * open - create a backend instance. Returns 0 and *out, or -errno with a
@@ -142,12 +149,26 @@ struct vhd_blk_backend {
     bool ro;                  /* opened read-only */
     bool zeroes_may_unmap;    /* write zeroes with UNMAP may deallocate (config space) */
     char desc[128];           /* for logs: e.g. "uring /var/lib/disk.img (direct)" */
+    /*
+     * What the storage cannot do (false for uring and null): the device does
+     * not offer the matching virtio-blk feature (nbd: what the server
+     * advertises). no_flush: nothing to make durable either (the server
+     * keeps no volatile cache, NBD spec "NBD_FLAG_SEND_FLUSH").
+     */
+    bool no_flush, no_discard, no_write_zeroes;
+    /*
+     * All I/O must go through one connection (nbd without multi-conn: the
+     * server does not promise that a flush on one connection covers writes
+     * acknowledged on another). The device then refuses more than one queue.
+     */
+    bool single_conn;
 };
 
 extern const struct vhd_blk_backend_ops vhd_blk_backend_uring;
 extern const struct vhd_blk_backend_ops vhd_blk_backend_null;
+extern const struct vhd_blk_backend_ops vhd_blk_backend_nbd;
 
-/* The backend called name ("uring", "null"), or NULL. */
+/* The backend called name ("uring", "null", "nbd"), or NULL. */
 const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name);
 
 static inline void vhd_blk_be_submit(struct vhd_blk_backend *be, struct vhd_worker *w,

@@ -141,8 +141,8 @@ static const struct vhd_blk *to_cblk(const struct vhd_dev *dev)
 
 const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name)
 {
-    static const struct vhd_blk_backend_ops *const all[] = {&vhd_blk_backend_uring,
-                                                            &vhd_blk_backend_null};
+    static const struct vhd_blk_backend_ops *const all[] = {
+        &vhd_blk_backend_uring, &vhd_blk_backend_null, &vhd_blk_backend_nbd};
     for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];
@@ -1115,7 +1115,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
                     VIRTIO_BLK_ID_BYTES);
     bops = vhd_blk_backend_find(o->backend ? o->backend : "uring");
     if (!bops)
-        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring or null)",
+        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring, null or nbd)",
                     o->backend);
     if (o->no_split && !o->allow_packed)
         return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
@@ -1161,6 +1161,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
 
     struct vhd_blk_backend_opts bo = {
         .image = o->image,
+        .uri = o->uri,
         .size = o->size,
         .block_size = bs,
         .ro = o->ro,
@@ -1170,6 +1171,13 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     rc = bops->open(&bo, &blk->be, err, errlen);
     if (rc < 0)
         goto err_qctl;
+    if (blk->be->single_conn && nq > 1) {
+        rc = fail(err, errlen, -EINVAL,
+                  "%s serves one connection only (the NBD server does not offer multi-conn): "
+                  "use queues=1",
+                  blk->be->desc);
+        goto err_backend;
+    }
     uint64_t blocks = blk->be->size / bs;
     if (blocks == 0) {
         rc = fail(err, errlen, -EINVAL, "size %llu bytes is smaller than the block size %u",
@@ -1187,7 +1195,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     blk->block_sectors = bs / VIRTIO_BLK_SECTOR_SIZE;
     blk->capacity = blocks * blk->block_sectors;
     blk->max_dwz_sectors = VHD_BLK_MAX_DWZ_SECTORS & ~(blk->block_sectors - 1);
-    blk->ro = o->ro;
+    blk->ro = o->ro || blk->be->ro; /* an NBD server may export read-only */
     blk->no_split = o->no_split;
     blk->serial_len = (uint8_t)serial_len;
     if (serial_len)
@@ -1199,8 +1207,15 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
                    BIT(VIRTIO_BLK_F_BLK_SIZE) | BIT(VIRTIO_BLK_F_TOPOLOGY) |
                    BIT(VIRTIO_BLK_F_FLUSH) | BIT(VIRTIO_BLK_F_CONFIG_WCE) | BIT(VIRTIO_BLK_F_MQ) |
                    BIT(VIRTIO_BLK_F_DISCARD) | BIT(VIRTIO_BLK_F_WRITE_ZEROES);
-    if (o->ro)
+    if (blk->ro)
         blk->offered |= BIT(VIRTIO_BLK_F_RO);
+    /* What the storage cannot do is not offered (nbd: what the server advertises). */
+    if (blk->be->no_flush)
+        blk->offered &= ~(BIT(VIRTIO_BLK_F_FLUSH) | BIT(VIRTIO_BLK_F_CONFIG_WCE));
+    if (blk->be->no_discard)
+        blk->offered &= ~BIT(VIRTIO_BLK_F_DISCARD);
+    if (blk->be->no_write_zeroes)
+        blk->offered &= ~BIT(VIRTIO_BLK_F_WRITE_ZEROES);
     if (o->allow_packed)
         blk->offered |= BIT(VIRTIO_F_RING_PACKED);
     blk_update_cache_mode(blk);
@@ -1221,7 +1236,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     }
     vhd_log(VHD_LOG_INFO, "%s: virtio-blk on %s: %llu sectors, %u-byte blocks, %u queue%s%s",
             blk->dev.name, blk->be->desc, (unsigned long long)blk->capacity, bs, nq,
-            nq == 1 ? "" : "s", o->ro ? ", read-only" : "");
+            nq == 1 ? "" : "s", blk->ro ? ", read-only" : "");
     *out = &blk->dev;
     return 0;
 

@@ -58,7 +58,8 @@
 struct vhd_blk_opts {
     const char *name;    /* for logs (dev->name); default "blk" */
     const char *image;   /* uring: the file or block device */
-    const char *backend; /* "uring" (default) | "null" */
+    const char *uri;     /* nbd: the server (nbd://..., nbd+unix://...) */
+    const char *backend; /* "uring" (default) | "null" | "nbd" */
     /*
      * Bytes. null: the device size (required). uring: the size of a sparse
      * image to create when image does not exist; an existing image must have

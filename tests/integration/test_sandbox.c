@@ -26,6 +26,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -149,9 +151,12 @@ VHD_TEST(table_rows_have_reasons)
         VHD_CHECK(r[i].why && strlen(r[i].why) >= 10);
         VHD_CHECK(strlen(r[i].why) <= 100); /* one line */
         VHD_CHECK(r[i].arg >= -1 && r[i].arg <= 5);
+        /* No row twice (rows that differ only in their second condition are two rows). */
         for (size_t j = 0; j < i; j++)
             VHD_CHECK(!(r[j].nr == r[i].nr && r[j].arg == r[i].arg && r[j].op == r[i].op &&
-                        r[j].mask == r[i].mask && r[j].value == r[i].value));
+                        r[j].mask == r[i].mask && r[j].value == r[i].value &&
+                        r[j].has_and == r[i].has_and && r[j].and_arg == r[i].and_arg &&
+                        r[j].and_mask == r[i].and_mask && r[j].and_value == r[i].and_value));
     }
 }
 
@@ -163,8 +168,8 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
         "capset mount umount2 unshare setns bpf perf_event_open fallocate "
         "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
         "chown rename symlink link truncate init_module kexec_load keyctl "
-        "userfaultfd seccomp eventfd2 pipe2 dup dup3 sendto recvfrom unlink rmdir rename renameat "
-        "renameat2 setsockopt";
+        "userfaultfd seccomp eventfd2 pipe2 dup dup3 unlink rmdir rename renameat "
+        "renameat2";
     int bad = 0;
 
     for (char *save = NULL, *name = strtok_r(never, " ", &save); name;
@@ -177,7 +182,10 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
     VHD_CHECK_EQ(bad, 0);
 }
 
-/* socket() is allowed for client mode, but only as a Unix stream socket: every row says so. */
+/*
+ * socket() is allowed for client mode as a Unix stream socket, and for the
+ * nbd backend as a Unix or TCP stream socket: every row says so.
+ */
 VHD_TEST(table_socket_only_unix_stream)
 {
     size_t n;
@@ -191,21 +199,36 @@ VHD_TEST(table_socket_only_unix_stream)
         VHD_CHECK_EQ(r[i].arg, 0); /* the domain ... */
         VHD_CHECK_EQ(r[i].op, VHD_SANDBOX_ARG_MASKED_EQ);
         VHD_CHECK_EQ(r[i].mask & 0xffffffffUL, 0xffffffffUL);
-        VHD_CHECK_EQ(r[i].value, AF_UNIX);
-        VHD_CHECK_EQ(r[i].only_with, VHD_SANDBOX_F_CLIENT);
+        if (r[i].value == AF_UNIX)
+            VHD_CHECK_EQ(r[i].only_with, VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD);
+        else
+            VHD_CHECK((r[i].value == AF_INET || r[i].value == AF_INET6) &&
+                      r[i].only_with == VHD_SANDBOX_F_NBD);
         VHD_CHECK(r[i].has_and); /* ... and the type, flags aside */
         VHD_CHECK_EQ(r[i].and_arg, 1);
         VHD_CHECK_EQ(r[i].and_mask, 0xffffffffUL & ~(unsigned long)(SOCK_NONBLOCK | SOCK_CLOEXEC));
         VHD_CHECK_EQ(r[i].and_value, SOCK_STREAM);
     }
-    VHD_CHECK_EQ(rows, 1);
+    VHD_CHECK_EQ(rows, 3);
     /*
-     * connect exists for client mode only, and only with the length of a
-     * struct sockaddr_un (no abstract socket with a shorter name).
+     * connect exists for client mode and nbd only, and only with the length
+     * of a struct sockaddr_un (no abstract socket with a shorter name), or
+     * for nbd of a TCP address.
      */
-    const struct vhd_sandbox_rule *c = find_rule("connect");
-    VHD_CHECK(c && c->only_with == VHD_SANDBOX_F_CLIENT);
-    VHD_CHECK(c->arg == 2 && c->op == VHD_SANDBOX_ARG_EQ && c->value == sizeof(struct sockaddr_un));
+    rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(r[i].name, "connect"))
+            continue;
+        rows++;
+        VHD_CHECK(r[i].arg == 2 && r[i].op == VHD_SANDBOX_ARG_EQ);
+        if (r[i].value == sizeof(struct sockaddr_un))
+            VHD_CHECK_EQ(r[i].only_with, VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD);
+        else
+            VHD_CHECK((r[i].value == sizeof(struct sockaddr_in) ||
+                       r[i].value == sizeof(struct sockaddr_in6)) &&
+                      r[i].only_with == VHD_SANDBOX_F_NBD);
+    }
+    VHD_CHECK_EQ(rows, 3);
     /* The back-off timer: client mode's reconnects and a server's accept pause (EMFILE). */
     VHD_CHECK(find_rule("timerfd_settime") && find_rule("timerfd_settime")->only_with == 0);
 }
@@ -227,10 +250,33 @@ VHD_TEST(table_unlinkat_only_in_socket_dirs)
     }
     VHD_CHECK_EQ(rows, 1);
     VHD_CHECK(find_rule("unlink") == NULL);
-    /* getsockopt: SO_PEERCRED only. */
-    const struct vhd_sandbox_rule *g = find_rule("getsockopt");
-    VHD_CHECK(g && g->arg == 1 && g->value == SOL_SOCKET && g->has_and && g->and_arg == 2 &&
-              g->and_value == SO_PEERCRED);
+    /* getsockopt: SO_PEERCRED, and SO_ERROR for nbd only. */
+    rows = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(r[i].name, "getsockopt"))
+            continue;
+        rows++;
+        VHD_CHECK(r[i].arg == 1 && r[i].value == SOL_SOCKET && r[i].has_and && r[i].and_arg == 2);
+        VHD_CHECK(r[i].and_value == SO_PEERCRED ||
+                  (r[i].and_value == SO_ERROR && r[i].only_with == VHD_SANDBOX_F_NBD));
+    }
+    VHD_CHECK_EQ(rows, 2);
+}
+
+/* What only the nbd backend needs comes only with it, narrowed to what libnbd does. */
+VHD_TEST(table_nbd_rows)
+{
+    const struct vhd_sandbox_rule *r;
+    /* setsockopt: TCP_NODELAY only. */
+    VHD_CHECK((r = find_rule("setsockopt")) != NULL && r->only_with == VHD_SANDBOX_F_NBD);
+    VHD_CHECK(r->arg == 1 && r->value == IPPROTO_TCP && r->has_and && r->and_arg == 2 &&
+              r->and_value == TCP_NODELAY);
+    /* send/recv without an address: no datagrams to anywhere. */
+    VHD_CHECK((r = find_rule("sendto")) != NULL && r->only_with == VHD_SANDBOX_F_NBD);
+    VHD_CHECK(r->arg == 4 && r->op == VHD_SANDBOX_ARG_EQ && r->value == 0);
+    VHD_CHECK((r = find_rule("recvfrom")) != NULL && r->only_with == VHD_SANDBOX_F_NBD);
+    VHD_CHECK(r->arg == 4 && r->op == VHD_SANDBOX_ARG_EQ && r->value == 0);
+    VHD_CHECK((r = find_rule("shutdown")) != NULL && r->only_with == VHD_SANDBOX_F_NBD);
 }
 
 /* =====================================================================

@@ -70,6 +70,22 @@ VHD_TEST(blk_defaults_and_keys)
     vhd_options_free(&o);
 }
 
+/* backend=nbd takes uri=; TLS URIs only without the sandbox (workers read certificates). */
+VHD_TEST(blk_nbd_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/run/n.sock,backend=nbd,uri=nbd+unix:///?socket=/x",
+                       "--blk=socket=/run/t.sock,backend=nbd,uri=nbds://h/e", "--sandbox", "off"),
+                 0);
+    VHD_CHECK_EQ(o.nblk, 2);
+    VHD_CHECK(!strcmp(o.blk[0].backend, "nbd"));
+    VHD_CHECK(!strcmp(o.blk[0].uri, "nbd+unix:///?socket=/x"));
+    VHD_CHECK(o.blk[0].image == NULL);
+    VHD_CHECK(!strcmp(o.blk[1].uri, "nbds://h/e"));
+    vhd_options_free(&o);
+}
+
 /* Each bad command line fails with a message naming the problem. */
 VHD_TEST(blk_rejects)
 {
@@ -79,7 +95,11 @@ VHD_TEST(blk_rejects)
         {"image=a.img", "socket=PATH is required"},
         {"socket=s", "image=PATH is required"},
         {"socket=s,backend=null", "needs size="},
-        {"socket=s,backend=ceph,image=x", "expected uring or null"},
+        {"socket=s,backend=ceph,image=x", "expected uring, null or nbd"},
+        {"socket=s,backend=nbd", "uri=URI goes with backend=nbd"},
+        {"socket=s,image=x,uri=nbd://h/", "uri=URI goes with backend=nbd"},
+        {"socket=s,backend=nbd,uri=nbd://h/,image=x", "takes uri=, not image="},
+        {"socket=s,backend=nbd,uri=nbds://h/", "needs --sandbox off"},
         {"socket=s,image=x,queues=0", "queues=0"},
         {"socket=s,image=x,queues=65", "queues=65"},
         {"socket=s,image=x,block-size=1000", "power of two"},
@@ -121,7 +141,9 @@ VHD_TEST(device_key_messages)
         {"--blk=socket=s", "--blk: image=PATH is required (or backend=null,size=...)"},
         {"--blk=socket=s,backend=null", "--blk: backend=null needs size="},
         {"--blk=socket=s,backend=null,size=1M,image=x", "--blk: backend=null takes no image="},
-        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring or null"},
+        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null or nbd"},
+        {"--blk=socket=s,backend=nbd", "--blk: uri=URI goes with backend=nbd, and only with it"},
+        {"--blk=socket=s,backend=nbd,uri=u,image=x", "--blk: backend=nbd takes uri=, not image="},
         {"--blk=socket=s,image=x,size=0", "--blk: size=0: expected a size like 512M or 8G"},
         {"--blk=socket=s,image=x,size=12Q", "--blk: size=12Q: expected a size like 512M or 8G"},
         {"--blk=socket=s,image=x,queues=0", "--blk: queues=0: expected 1..64"},
