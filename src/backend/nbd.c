@@ -321,6 +321,39 @@ err_close:
     return rc;
 }
 
+/* Flush h (bounded). 0 or -errno. */
+static int flush_sync(struct nbd_handle *h)
+{
+    int64_t cookie = nbd_aio_flush(h, NBD_NULL_COMPLETION, 0);
+    return cookie < 0 ? -EIO : sync_run(h, cookie, false);
+}
+
+/*
+ * Writes went through c and were acknowledged: make them durable before we
+ * go. On c's connection; when that one is gone (the server restarted while
+ * the device was idle), on a new one: the restarted server's flush covers
+ * what it holds. Control thread (close), bounded by NBD_SYNC_TIMEOUT_MS per
+ * step.
+ */
+static void final_flush(struct nbd_be *nb, struct nbd_conn *c)
+{
+    struct nbd_handle *h;
+    int rc = -EIO;
+
+    if (c->h && c->state == CS_READY && !nbd_aio_is_dead(c->h) && flush_sync(c->h) == 0)
+        return;
+    h = handle_start(nb->uri);
+    if (h) {
+        rc = sync_run(h, 0, true);
+        if (rc == 0)
+            rc = flush_sync(h);
+        nbd_close(h);
+    }
+    if (rc < 0)
+        vhd_log(VHD_LOG_ERROR, "%s: final flush failed: %s", nb->be.desc,
+                rc == -ETIMEDOUT ? "timed out" : nbd_msg());
+}
+
 static void nbd_be_close(struct vhd_blk_backend *be)
 {
     struct nbd_be *nb = to_nb(be);
@@ -338,14 +371,8 @@ static void nbd_be_close(struct vhd_blk_backend *be)
                     be->desc);
             continue;
         }
-        if (c->h && c->state == CS_READY && c->wrote && !be->no_flush) {
-            /* Writes were acknowledged: make them durable before we go. */
-            int64_t cookie = nbd_aio_flush(c->h, NBD_NULL_COMPLETION, 0);
-            int rc = cookie < 0 ? -EIO : sync_run(c->h, cookie, false);
-            if (rc < 0)
-                vhd_log(VHD_LOG_ERROR, "%s: final flush failed: %s", be->desc,
-                        rc == -ETIMEDOUT ? "timed out" : nbd_msg());
-        }
+        if (c->wrote && !be->no_flush)
+            final_flush(nb, c);
         if (c->h) {
             /* NBD_CMD_DISC, best effort: the server may drop the connection already. */
             nbd_aio_disconnect(c->h, 0);

@@ -669,6 +669,58 @@ VHD_TEST(nbd_server_restart)
     test_end();
 }
 
+/* The first line of path containing needle, or false (the file may not exist yet). */
+static bool file_has(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f))
+        found = strstr(line, needle) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/*
+ * Writes acknowledged, then the server restarts while the device is idle:
+ * at exit vhostd still flushes (on a new connection, its own being dead),
+ * and the restarted server sees that flush (nbdkit's log filter).
+ */
+VHD_TEST(nbd_flush_at_exit)
+{
+    struct daemon dm;
+    struct server s;
+    char img[256], arg[300], logarg[300], cmdlog[256];
+    dir_prepare(&dm);
+    make_file(&dm, img, sizeof(img), FILE_SIZE);
+    snprintf(arg, sizeof(arg), "file=%s", img);
+    snprintf(cmdlog, sizeof(cmdlog), "%s/commands.log", dm.dir);
+    snprintf(logarg, sizeof(logarg), "logfile=%s", cmdlog);
+    server_init(&s, &dm, (const char *const[]){"--filter=log", "file", arg, logarg, NULL});
+    snprintf(s.files[0], sizeof(s.files[0]), "%s", img);
+    snprintf(s.files[1], sizeof(s.files[1]), "%s", cmdlog);
+    server_start(&s);
+    vhostd_start(&dm, &s, "");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 4096);
+    VHD_CHECK(b != NULL);
+    fill(b, 0, 4096, 4);
+    VHD_CHECK_EQ(sync_write(q, 0, b, 4096), 0);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK(!file_has(cmdlog, "Flush"));
+
+    server_kill(&s);
+    unlink(cmdlog);
+    server_start(&s);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    VHD_CHECK(file_has(cmdlog, "Flush"));
+    VHD_CHECK(!daemon_log_has(&dm, "final flush failed"));
+    test_end();
+}
+
 /* Run vhostd expecting it to refuse the device: it exits non-zero (bounded). */
 static int vhostd_run_to_exit(struct daemon *dm, const struct server *s, const char *keys)
 {
