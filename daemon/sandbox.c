@@ -705,7 +705,8 @@ int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
 static int drop_root_caps(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
 {
     uint64_t eff, prm;
-    uint64_t keep = o->client_mode ? 1ull << CAP_DAC_OVERRIDE : 0;
+    /* Reconnections (client mode, nbd) reach sockets the start-up connection reached as root. */
+    uint64_t keep = o->client_mode || o->nbd ? 1ull << CAP_DAC_OVERRIDE : 0;
 
     if (caps_get(&eff, &prm) < 0 || (prm & ~keep) == 0)
         return 0; /* nothing to drop */
@@ -714,7 +715,8 @@ static int drop_root_caps(const struct vhd_sandbox_opts *o, char *err, size_t er
         return rc;
     if (keep)
         vhd_log(VHD_LOG_INFO, "sandbox: no --user: dropped every capability but CAP_DAC_OVERRIDE "
-                              "(client mode: reach the front-end's socket whatever its mode)");
+                              "(client mode, nbd: reach the front-end's or the NBD server's "
+                              "socket whatever its mode)");
     else
         vhd_log(VHD_LOG_INFO, "sandbox: no --user: dropped every capability");
     for (unsigned i = 0; i < o->nchown; i++)

@@ -68,7 +68,7 @@ int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen);
 
 /*
  * vhd_sandbox_enter - the last step of setup: drop to o->user when set, else
- * drop every capability (all but CAP_DAC_OVERRIDE with o->client_mode) and
+ * drop every capability (all but CAP_DAC_OVERRIDE with o->client_mode or o->nbd) and
  * log it, then install the filter for o->mode on every thread
  * (SECCOMP_FILTER_FLAG_TSYNC).
  * Call it from any one thread once every thread that will ever exist has
