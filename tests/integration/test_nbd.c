@@ -721,6 +721,35 @@ VHD_TEST(nbd_flush_at_exit)
     test_end();
 }
 
+/*
+ * The server's socket belongs to another user, mode 0600: vhostd as root
+ * connects at start-up, then drops its capabilities (no --user); its
+ * workers, which connect after that, still reach the socket (the sandbox
+ * keeps CAP_DAC_OVERRIDE with an nbd device, as in client mode).
+ */
+VHD_TEST(nbd_socket_of_another_user)
+{
+    struct daemon dm;
+    struct server s;
+    if (geteuid() != 0)
+        vhd_test_skip("needs root (a socket owned by another user)");
+    dir_prepare(&dm);
+    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
+    server_start(&s);
+    VHD_CHECK_EQ(chown(s.sock, 65534, 65534), 0);
+    VHD_CHECK_EQ(chmod(s.sock, 0600), 0);
+    vhostd_start(&dm, &s, "");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 4096);
+    VHD_CHECK(b != NULL);
+    VHD_CHECK_EQ(sync_read(q, 0, b, 4096), 0);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_end();
+}
+
 /* Run vhostd expecting it to refuse the device: it exits non-zero (bounded). */
 static int vhostd_run_to_exit(struct daemon *dm, const struct server *s, const char *keys)
 {
