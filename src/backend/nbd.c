@@ -333,15 +333,15 @@ static int flush_sync(struct nbd_handle *h)
  * go. On c's connection; when that one is gone (the server restarted while
  * the device was idle), on a new one: the restarted server's flush covers
  * what it holds. Control thread (close), bounded by NBD_SYNC_TIMEOUT_MS per
- * step.
+ * step. 0, or -errno (logged).
  */
-static void final_flush(struct nbd_be *nb, struct nbd_conn *c)
+static int final_flush(struct nbd_be *nb, struct nbd_conn *c)
 {
     struct nbd_handle *h;
     int rc = -EIO;
 
     if (c->h && c->state == CS_READY && !nbd_aio_is_dead(c->h) && flush_sync(c->h) == 0)
-        return;
+        return 0;
     h = handle_start(nb->uri);
     if (h) {
         rc = sync_run(h, 0, true);
@@ -352,11 +352,13 @@ static void final_flush(struct nbd_be *nb, struct nbd_conn *c)
     if (rc < 0)
         vhd_log(VHD_LOG_ERROR, "%s: final flush failed: %s", nb->be.desc,
                 rc == -ETIMEDOUT ? "timed out" : nbd_msg());
+    return rc;
 }
 
 static void nbd_be_close(struct vhd_blk_backend *be)
 {
     struct nbd_be *nb = to_nb(be);
+    bool server_failed = false; /* one bounded wait per close, not one per connection */
 
     for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
         struct nbd_conn *c = nb->conns[i];
@@ -371,8 +373,8 @@ static void nbd_be_close(struct vhd_blk_backend *be)
                     be->desc);
             continue;
         }
-        if (c->wrote && !be->no_flush)
-            final_flush(nb, c);
+        if (c->wrote && !be->no_flush && !server_failed)
+            server_failed = final_flush(nb, c) < 0;
         if (c->h) {
             /* NBD_CMD_DISC, best effort: the server may drop the connection already. */
             nbd_aio_disconnect(c->h, 0);
