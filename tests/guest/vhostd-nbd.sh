@@ -6,8 +6,9 @@
 # with backend=nbd (2 queues on 2 workers: one NBD connection each, multi-conn); run-guest.sh's
 # checks run in the guest (queues, capacity, serial, verified O_DIRECT writes, flush, WCE
 # toggle, discard, write-zeroes); then vhostd must exit 0 on SIGTERM and host-verify.sh checks
-# the image behind nbdkit. Cases:
-#   nbd-q2           as above
+# the image behind nbdkit; nbdkit's log filter records the commands. Cases:
+#   nbd-q2           as above; the guest's write-through writes reach the server with FUA, its
+#                    write-back flushes as NBD_CMD_FLUSH
 #   nbd-q2-restart   the same (with a 256 MiB verified workload) while nbdkit is killed
 #                    (SIGKILL) and started again on the same socket every second: the guest's
 #                    checks still pass (requests are delayed, never failed) and vhostd logs
@@ -57,11 +58,15 @@ mkdir -p "$LOG_DIR"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-nbd.XXXXXX")
 start_all=$(date +%s)
 
-# start_nbdkit IMG SOCK LOG: nbdkit in the foreground of a background job; waits (10 s) for SOCK.
+# start_nbdkit IMG SOCK LOG: nbdkit (filters: $NBDKIT_FILTERS, their parameters: $NBDKIT_PARAMS,
+# both word-split) in the foreground of a background job; waits (10 s) for SOCK.
+NBDKIT_FILTERS=""
+NBDKIT_PARAMS=""
 start_nbdkit() {
     local i
     rm -f "$2"
-    nbdkit -f -U "$2" file "$1" >>"$3" 2>&1 &
+    # shellcheck disable=SC2086 # the filters are words
+    nbdkit -f -U "$2" $NBDKIT_FILTERS file "$1" $NBDKIT_PARAMS >>"$3" 2>&1 &
     nbdkit_pid=$!
     for i in $(seq 200); do
         [ -S "$2" ] && return 0
@@ -84,6 +89,10 @@ run_case() {
     "$HERE/host-verify.sh" --guest-dir "$GUEST_DIR" --prepare --image "$dir/rw.img" --seed "$seed" >/dev/null ||
         reason="preparing rw.img failed"
     : >"$LOG_DIR/$name.nbdkit.log"
+    # Every command the server gets, in cmd.log (the log filter; a restarted server starts it
+    # again, so only the case without restarts checks it).
+    NBDKIT_FILTERS="--filter=log"
+    NBDKIT_PARAMS="logfile=$dir/cmd.log"
     if [ -z "$reason" ] && ! start_nbdkit "$dir/rw.img" "$dir/nbd.sock" "$LOG_DIR/$name.nbdkit.log"; then
         reason="nbdkit did not start"
     fi
@@ -148,6 +157,15 @@ run_case() {
         fi
         stop_pid "$nbdkit_pid"
         nbdkit_pid=""
+        # The guest's write-through phase (wce-toggle) makes durable writes: they carry FUA
+        # (nbdkit's file plugin offers it); its write-back phase sends flushes.
+        if [ "$restarts" = 0 ] && ! grep -qE " Write .* fua=1" "$dir/cmd.log"; then
+            reason="${reason:+$reason; }no write reached the server with FUA"
+        fi
+        if [ "$restarts" = 0 ] && ! grep -qE " Flush " "$dir/cmd.log"; then
+            reason="${reason:+$reason; }no flush reached the server"
+        fi
+        [ -s "$dir/cmd.log" ] && cp "$dir/cmd.log" "$LOG_DIR/$name.commands.log"
     fi
     if [ -z "$reason" ]; then
         "$HERE/host-verify.sh" --guest-dir "$GUEST_DIR" --image "$dir/rw.img" --seed "$seed" | sed 's/^/  /' ||
