@@ -8,6 +8,7 @@
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 
@@ -22,7 +23,9 @@
 
 struct server {
     pid_t pid;
-    char sock[192];
+    char sock[192]; /* Unix socket ("" with a TCP port) */
+    uint16_t port;  /* TCP on 127.0.0.1 (0: Unix socket) */
+    char portstr[8];
     char log[192];      /* nbdkit's stderr */
     char files[2][256]; /* more files in the temp dir to remove at the end ("" when none) */
     char *argv[24];
@@ -47,7 +50,8 @@ static void server_cleanup(void)
     if (!s)
         return;
     server_kill(s);
-    unlink(s->sock);
+    if (!s->port)
+        unlink(s->sock);
     unlink(s->log);
     for (int i = 0; i < 2; i++)
         if (s->files[i][0])
@@ -63,19 +67,30 @@ static void test_end(void)
 }
 
 /* nbdkit [args...] -f -U <dir>/nbd.sock: built once, started (and restarted) by server_start. */
-static void server_init(struct server *s, const struct daemon *dm, const char *const *args)
+static void server_init_port(struct server *s, const struct daemon *dm, uint16_t port,
+                             const char *const *args)
 {
     static bool registered;
     if (access(NBDKIT, X_OK) != 0)
         vhd_test_skip("nbdkit not installed (scripts/deps.sh test)");
     memset(s, 0, sizeof(*s));
+    s->port = port;
     snprintf(s->sock, sizeof(s->sock), "%s/nbd.sock", dm->dir);
     snprintf(s->log, sizeof(s->log), "%s/nbdkit.log", dm->dir);
     s->argv[s->argc++] = NBDKIT;
     s->argv[s->argc++] = "-f";
     s->argv[s->argc++] = "--exit-with-parent";
-    s->argv[s->argc++] = "-U";
-    s->argv[s->argc++] = s->sock;
+    if (s->port) {
+        snprintf(s->portstr, sizeof(s->portstr), "%u", s->port);
+        s->sock[0] = '\0';
+        s->argv[s->argc++] = "-i";
+        s->argv[s->argc++] = "127.0.0.1";
+        s->argv[s->argc++] = "-p";
+        s->argv[s->argc++] = s->portstr;
+    } else {
+        s->argv[s->argc++] = "-U";
+        s->argv[s->argc++] = s->sock;
+    }
     for (int i = 0; args[i]; i++) {
         VHD_CHECK(s->argc < 22);
         s->argv[s->argc++] = (char *)args[i];
@@ -88,10 +103,44 @@ static void server_init(struct server *s, const struct daemon *dm, const char *c
     }
 }
 
-static void server_start(struct server *s)
+static void server_init(struct server *s, const struct daemon *dm, const char *const *args)
+{
+    server_init_port(s, dm, 0, args);
+}
+
+/* The server takes connections: its Unix socket exists, or its TCP port accepts one. */
+static bool server_up(const struct server *s)
 {
     struct stat st;
-    unlink(s->sock); /* a killed server leaves its socket behind */
+    if (!s->port)
+        return stat(s->sock, &st) == 0 && S_ISSOCK(st.st_mode);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(s->port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(fd >= 0);
+    bool up = connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return up;
+}
+
+/* A TCP port on 127.0.0.1 nobody listens on right now (the kernel's pick). */
+static uint16_t free_port(void)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    VHD_CHECK_EQ(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static void server_start(struct server *s)
+{
+    if (!s->port)
+        unlink(s->sock); /* a killed server leaves its socket behind */
     fflush(NULL);
     pid_t pid = fork();
     VHD_CHECK(pid >= 0);
@@ -107,7 +156,7 @@ static void server_start(struct server *s)
     }
     s->pid = pid;
     uint64_t t0 = ms_now();
-    while (stat(s->sock, &st) < 0 || !S_ISSOCK(st.st_mode)) {
+    while (!server_up(s)) {
         int status;
         if (waitpid(pid, &status, WNOHANG) == pid) {
             s->pid = 0;
@@ -127,14 +176,19 @@ static void dir_prepare(struct daemon *dm)
     track(dm);
 }
 
+/* vhostd with the default sandbox, its device on s (nbd+unix://, or nbd://localhost:PORT). */
 static void vhostd_start(struct daemon *dm, const struct server *s, const char *keys)
 {
     const char *bin = vhostd_path();
-    char spec[PATH_MAX * 2];
+    char spec[PATH_MAX * 2], uri[PATH_MAX];
     if (!bin)
         vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
-    snprintf(spec, sizeof(spec), "socket=%s,backend=nbd,uri=nbd+unix:///?socket=%s%s%s", dm->sock,
-             s->sock, *keys ? "," : "", keys);
+    if (s->port)
+        snprintf(uri, sizeof(uri), "nbd://localhost:%u/", s->port);
+    else
+        snprintf(uri, sizeof(uri), "nbd+unix:///?socket=%s", s->sock);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=nbd,uri=%s%s%s", dm->sock, uri,
+             *keys ? "," : "", keys);
     char *argv[] = {(char *)bin, "--log-level", "info", "--workers", "2", "--blk", spec, NULL};
     daemon_spawn(dm, argv);
 }
@@ -745,6 +799,49 @@ VHD_TEST(nbd_socket_of_another_user)
     uint8_t *b = vhd_blkdrv_buf_alloc(q, 4096);
     VHD_CHECK(b != NULL);
     VHD_CHECK_EQ(sync_read(q, 0, b, 4096), 0);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_end();
+}
+
+/*
+ * TCP with a host name (nbd://localhost:PORT/), under the sandbox: the name
+ * is resolved at start-up, the workers' connections and a reconnection
+ * after a server restart go to the address (socket, connect, TCP_NODELAY
+ * are allowed; nothing opens /etc/hosts on a worker).
+ */
+VHD_TEST(nbd_tcp)
+{
+    struct daemon dm;
+    struct server s;
+    dir_prepare(&dm);
+    server_init_port(&s, &dm, free_port(), (const char *const[]){"memory", "size=64M", NULL});
+    server_start(&s);
+    vhostd_start(&dm, &s, "queues=2");
+    VHD_CHECK(daemon_log_has(&dm, "localhost is 127.0.0.1"));
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, i);
+        uint8_t *b = vhd_blkdrv_buf_alloc(q, 65536);
+        VHD_CHECK(b != NULL);
+        fill(b, i << 20, 65536, 20 + i);
+        VHD_CHECK_EQ(sync_write(q, i << 20, b, 65536), 0);
+        memset(b, 0, 65536);
+        VHD_CHECK_EQ(sync_read(q, i << 20, b, 65536), 0);
+        VHD_CHECK(check(b, i << 20, 65536, 20 + i));
+        vhd_blkdrv_buf_free(q, b, 65536);
+    }
+    /* The memory plugin forgets everything: after the restart the data reads back as zeroes. */
+    server_kill(&s);
+    server_start(&s);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 65536);
+    VHD_CHECK(b != NULL);
+    memset(b, 0xa5, 65536);
+    VHD_CHECK_EQ(sync_read(q, 0, b, 65536), 0);
+    VHD_CHECK(all_zero(b, 65536));
+    VHD_CHECK(daemon_log_has(&dm, "reconnected"));
     vhd_blkdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_end();
