@@ -6,6 +6,7 @@
  * as root without one, of every capability, and the fd limit at start.
  */
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <linux/fs.h>
@@ -655,45 +656,219 @@ static int caps_get(uint64_t *eff, uint64_t *prm)
     return 0;
 }
 
-int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
+/*
+ * Drop the calling thread's capabilities to keep: securebits (with
+ * CAP_SETPCAP), the bounding set, the ambient set, then the permitted and
+ * effective sets. Every one of these is a per-thread attribute. Only
+ * syscalls, no allocation: async-signal-safe, so caps_signal_handler runs
+ * it too. 0 or -errno; *step names what failed.
+ */
+static int caps_drop_self(uint64_t keep, const char **step)
 {
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
+    struct __user_cap_data_struct d[2];
     uint64_t eff, prm;
     int rc = caps_get(&eff, &prm);
 
+    *step = "capget";
     if (rc < 0)
-        return set_err(err, errlen, rc, "capget: %s", strerror(-rc));
+        return rc;
     if (prm & (1ull << CAP_SETPCAP)) {
         /*
          * uid 0 would get every capability back from any execve (the filter
          * forbids it, but not with --sandbox=off): SECBIT_NOROOT says no,
          * locked. Then the bounding set, which also takes CAP_SETPCAP.
          */
+        *step = "securebits";
         if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED, 0, 0, 0) < 0)
-            return set_err(err, errlen, -errno, "securebits: %s", strerror(errno));
+            return -errno;
+        *step = "bounding set";
         for (unsigned cap = 0; cap < 64; cap++) {
             if (keep & (1ull << cap))
                 continue;
             if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
                 if (errno == EINVAL)
                     break; /* past the last capability this kernel knows */
-                return set_err(err, errlen, -errno, "bounding set: %s", strerror(errno));
+                return -errno;
             }
         }
     }
     (void)prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); /* EINVAL before 4.3 */
 
-    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
-    struct __user_cap_data_struct d[2];
     uint64_t want = keep & prm;
     memset(d, 0, sizeof(d));
     for (int i = 0; i < 2; i++)
         d[i].effective = d[i].permitted = (uint32_t)(want >> (32 * i));
+    *step = "capset";
     if (syscall(SYS_capset, &h, d) < 0)
-        return set_err(err, errlen, -errno, "capset: %s", strerror(errno));
+        return -errno;
+    *step = "check";
     rc = caps_get(&eff, &prm);
-    if (rc < 0 || eff != want || prm != want)
-        return set_err(err, errlen, rc < 0 ? rc : -EPERM, "capabilities did not drop");
+    if (rc < 0)
+        return rc;
+    return eff == want && prm == want ? 0 : -EPERM;
+}
+
+/*
+ * The other threads. Capabilities belong to each thread, and the workers
+ * (and any thread a library started) exist before the sandbox is entered:
+ * each must drop its own. A real-time signal that nothing else here uses
+ * (efd.c's guard is SIGRTMIN + 5) runs caps_drop_self on each of them;
+ * the caller reads the result back from /proc, and counts failures.
+ */
+#define CAPS_SIGNO (SIGRTMIN + 6)
+static uint64_t caps_keep;     /* written before any signal is sent */
+static volatile int caps_fail; /* atomic: handlers on other threads */
+
+static void caps_signal_handler(int sig)
+{
+    const char *step;
+    int saved = errno;
+    (void)sig;
+    if (caps_drop_self(caps_keep, &step) < 0)
+        __atomic_add_fetch(&caps_fail, 1, __ATOMIC_RELEASE);
+    errno = saved;
+}
+
+/*
+ * What /proc says of thread tid: its name, whether it blocks signal sig, and
+ * whether its effective or permitted set holds more than keep. false when
+ * the thread is gone.
+ */
+static bool thread_state(pid_t tid, int sig, uint64_t keep, char *comm, size_t commlen,
+                         bool *blocks, bool *holds)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/status", (int)tid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    *blocks = *holds = false;
+    while (fgets(line, sizeof(line), f)) {
+        if (!strncmp(line, "Name:", 5)) {
+            snprintf(comm, commlen, "%s", line + 5 + strspn(line + 5, " \t"));
+            comm[strcspn(comm, "\n")] = 0;
+        } else if (!strncmp(line, "SigBlk:", 7)) {
+            *blocks = (strtoull(line + 7, NULL, 16) >> (sig - 1)) & 1;
+        } else if (!strncmp(line, "CapEff:", 7) || !strncmp(line, "CapPrm:", 7)) {
+            *holds |= (strtoull(line + 7, NULL, 16) & ~keep) != 0;
+        }
+    }
+    fclose(f);
+    return true;
+}
+
+/*
+ * Scan the other threads: how many still hold more than keep and do not
+ * block sig (they will drop once the signal is taken), and the names of
+ * those that block it (they never will) in names.
+ */
+static int threads_pending(pid_t self, uint64_t keep, int *unreachable, char *names,
+                           size_t nameslen)
+{
+    int pending = 0;
+    DIR *dir = opendir("/proc/self/task");
+    *unreachable = 0;
+    if (names)
+        names[0] = 0;
+    if (!dir)
+        return -errno;
+    for (struct dirent *de; (de = readdir(dir));) {
+        pid_t tid = (pid_t)atoi(de->d_name);
+        char comm[32] = "?";
+        bool blocks, holds;
+        if (tid <= 0 || tid == self ||
+            !thread_state(tid, CAPS_SIGNO, keep, comm, sizeof(comm), &blocks, &holds) || !holds)
+            continue;
+        if (!blocks) {
+            pending++;
+            continue;
+        }
+        (*unreachable)++;
+        if (names)
+            snprintf(names + strlen(names), nameslen - strlen(names), "%s%s (%d)",
+                     names[0] ? ", " : "", comm, (int)tid);
+    }
+    closedir(dir);
+    return pending;
+}
+
+/*
+ * Run caps_drop_self on every other thread of the process and wait (2 s at
+ * most) until each has dropped. A thread that blocks the signal for good
+ * (librbd's threads block every signal) cannot be reached: it keeps its
+ * capabilities and is named in a warning; one that does not block it and
+ * still holds them after the wait, or a failed drop, is an error. Control
+ * thread, before the seccomp filter (it forbids tgkill).
+ */
+static int caps_drop_other_threads(uint64_t keep, char *err, size_t errlen)
+{
+    struct sigaction sa;
+    pid_t self = (pid_t)syscall(SYS_gettid);
+    int pending = 0, unreachable = 0;
+    char names[256];
+
+    caps_keep = keep;
+    __atomic_store_n(&caps_fail, 0, __ATOMIC_RELAXED);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = caps_signal_handler;
+    sa.sa_flags = SA_RESTART; /* a worker's epoll_wait or io_uring wait just goes on */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(CAPS_SIGNO, &sa, NULL) < 0)
+        return set_err(err, errlen, -errno, "sigaction: %s", strerror(errno));
+    /*
+     * Signal every other thread. One that blocks the signal just now (a
+     * thread still starting up) takes it when it unblocks; the handler
+     * stays installed for that (never the default action, which exits).
+     */
+    DIR *dir = opendir("/proc/self/task");
+    if (!dir)
+        return set_err(err, errlen, -errno, "/proc/self/task: %s", strerror(errno));
+    for (struct dirent *de; (de = readdir(dir));) {
+        pid_t tid = (pid_t)atoi(de->d_name);
+        if (tid > 0 && tid != self && syscall(SYS_tgkill, getpid(), tid, CAPS_SIGNO) < 0 &&
+            errno != ESRCH) /* ESRCH: it has just exited */
+            vhd_log(VHD_LOG_WARN, "sandbox: tgkill %d: %s", (int)tid, strerror(errno));
+    }
+    closedir(dir);
+    for (int i = 0; i < 2000; i++) {
+        pending = threads_pending(self, keep, &unreachable, NULL, 0);
+        /*
+         * A thread that has not run yet still has the all-blocked mask
+         * pthread_create starts it with: give blocking threads 200 ms to
+         * start and take the signal before calling them unreachable.
+         */
+        if ((pending <= 0 && (unreachable == 0 || i >= 200)) ||
+            __atomic_load_n(&caps_fail, __ATOMIC_ACQUIRE))
+            break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    pending = threads_pending(self, keep, &unreachable, names, sizeof(names));
+    if (pending < 0)
+        return set_err(err, errlen, pending, "/proc/self/task: %s", strerror(-pending));
+    int failed = __atomic_load_n(&caps_fail, __ATOMIC_ACQUIRE);
+    if (pending > 0 || failed)
+        return set_err(err, errlen, -EPERM,
+                       "%d other thread(s) kept their capabilities, %d failed to drop them",
+                       pending, failed);
+    if (unreachable)
+        vhd_log(VHD_LOG_WARN,
+                "sandbox: %d thread(s) block signals and keep their capabilities: %s "
+                "(started by a library; --user drops them for every thread)",
+                unreachable, names);
     return 0;
+}
+
+int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
+{
+    const char *step;
+    int rc = caps_drop_self(keep, &step);
+
+    if (rc < 0)
+        return set_err(err, errlen, rc, "%s: %s", step,
+                       rc == -EPERM && !strcmp(step, "check") ? "capabilities did not drop"
+                                                              : strerror(-rc));
+    return caps_drop_other_threads(keep, err, errlen);
 }
 
 /*

@@ -62,7 +62,10 @@ int vhd_sandbox_raise_nofile(void);
  * 1 << CAP_*), in the permitted and effective sets; clear the ambient set;
  * with CAP_SETPCAP, also shrink the bounding set to keep and lock
  * SECBIT_NOROOT (uid 0 gets nothing back from an execve). Checks the result.
- * Returns 0, or -errno with a one-line reason in err.
+ * Capabilities are per thread: every other thread of the process drops its
+ * own through a signal (a thread that blocks it, as librbd's do, is named
+ * in a warning and keeps them). Returns 0, or -errno with a one-line reason
+ * in err. Control thread, before the seccomp filter.
  */
 int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen);
 

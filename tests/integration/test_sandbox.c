@@ -7,6 +7,7 @@
  * --sandbox/--user parsing; the drop to another user; and the real daemon
  * (build/vhostd) serving I/O under the filter and dying on a forbidden call.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
@@ -1678,18 +1679,40 @@ VHD_TEST(daemon_survives_the_poke_without_filter_or_in_log_mode)
  * Capabilities: root without --user keeps none once setup is done.
  * ===================================================================== */
 
-/* The hexadecimal mask of field ("CapEff:") in /proc/PID/status; -1 when absent. */
-static long long proc_caps(pid_t pid, const char *field)
+/*
+ * The union over every thread of pid of the hexadecimal mask of field
+ * ("CapEff:") in /proc/PID/task/TID/status (capabilities are per thread);
+ * -1 when absent. *nthreads: how many threads were read.
+ */
+static long long proc_caps(pid_t pid, const char *field, int *nthreads)
 {
-    char path[64], line[256];
-    long long v = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    VHD_CHECK(f != NULL);
-    while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, field, strlen(field)))
-            v = strtoll(line + strlen(field), NULL, 16);
-    fclose(f);
+    char path[320], line[256];
+    long long v = 0;
+    int n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    VHD_CHECK(dir != NULL);
+    for (struct dirent *de; (de = readdir(dir));) {
+        if (de->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/task/%s/status", (int)pid, de->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread just exited */
+        bool seen = false;
+        while (fgets(line, sizeof(line), f))
+            if (!strncmp(line, field, strlen(field))) {
+                v |= strtoll(line + strlen(field), NULL, 16);
+                seen = true;
+            }
+        fclose(f);
+        if (!seen)
+            v = -1;
+        n++;
+    }
+    closedir(dir);
+    if (nthreads)
+        *nthreads = n;
     return v;
 }
 
@@ -1699,8 +1722,11 @@ VHD_TEST(daemon_as_root_drops_every_capability)
         vhd_test_skip("needs root");
     struct daemon_run d;
     daemon_start(&d, "on", NULL);
-    long long eff = proc_caps(d.pid, "CapEff:"), prm = proc_caps(d.pid, "CapPrm:");
-    long long bnd = proc_caps(d.pid, "CapBnd:"), amb = proc_caps(d.pid, "CapAmb:");
+    /* Every thread: the workers existed before the drop and each must drop its own. */
+    int nthreads = 0;
+    long long eff = proc_caps(d.pid, "CapEff:", &nthreads), prm = proc_caps(d.pid, "CapPrm:", NULL);
+    long long bnd = proc_caps(d.pid, "CapBnd:", NULL), amb = proc_caps(d.pid, "CapAmb:", NULL);
+    VHD_CHECK(nthreads >= 2); /* the control thread and a worker at least */
     if (eff || prm || bnd || amb) {
         fprintf(stderr, "  CapEff %llx CapPrm %llx CapBnd %llx CapAmb %llx\n", eff, prm, bnd, amb);
         daemon_dump_log(&d);
