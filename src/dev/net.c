@@ -126,6 +126,9 @@ struct vhd_net {
     uint8_t *roles;                     /* per queue: enum net_role at its last start (logs) */
 };
 
+/* Chains of one run (NET_BURST below). */
+#define NET_BURST_SLOTS 32u
+
 /* Per-queue state (q->priv), owned by the queue's worker while attached. */
 struct net_queue {
     struct vhd_queue *q;
@@ -142,22 +145,40 @@ struct net_queue {
     uint64_t features;  /* ctrl: negotiated features */
     struct vhd_net_queue_stats st; /* relaxed atomic stores by the owner; any thread reads */
     uint32_t niov;                 /* entries in iov[] */
-    struct vhd_vq_chain *chains;   /* rx: VHD_NET_RX_MAX_BUFS chains of one packet */
-    struct iovec iov[];            /* chain segments (rx: of every chain of one packet) */
+    /*
+     * rx, tx: chain slot k of a run popped with vhd_vq_pop_burstv:
+     * slot_iov[k] = iov + k * NET_SLOT_IOV and slot_c[k] = &chains[k].
+     */
+    struct iovec *slot_iov[NET_BURST_SLOTS];
+    struct vhd_vq_chain *slot_c[NET_BURST_SLOTS];
+    struct vhd_vq_chain *chains; /* rx: VHD_NET_RX_MAX_BUFS chains, tx: NET_BURST */
+    struct iovec iov[];          /* chain segments: the run's slots, or (rx, a packet merged
+                                    into several buffers) every chain of one packet in a row */
 };
 
-/* Receive queues hold a packet's worth of chains: room for a last chain of full size. */
-#define RX_IOV (VHD_NET_RX_MAX_BUFS + VHD_NET_CHAIN_IOV)
+/*
+ * Runs (net_tx_process, vhd_net_deliver_burst): at most NET_BURST chains
+ * are popped in one vhd_vq_pop_burstv call before they are handled, 32
+ * like DPDK's bursts: enough prefetches in flight to hide the transfers,
+ * small arrays. Each chain has a slot of VHD_NET_CHAIN_IOV segments (the
+ * limit of a chain) plus 4 spare entries: 2112-byte slots put the first
+ * segments of a run in different cache sets (2048-byte ones would share
+ * two).
+ */
+#define NET_BURST    NET_BURST_SLOTS
+#define NET_SLOT_IOV (VHD_NET_CHAIN_IOV + 4u)
+#define RUN_IOV      (NET_BURST * NET_SLOT_IOV)
+#define TX_BURST     NET_BURST
+_Static_assert(NET_BURST <= VHD_VQ_BURST_MAX, "a run is one vhd_vq_pop_burstv call");
 
 /*
- * Transmit bursts (net_tx_process): at most TX_BURST chains are popped
- * before they are handled, 32 like DPDK's bursts: enough prefetches in
- * flight to hide the transfers, a small stack array. The queue's iov holds
- * a burst of one-segment chains plus a last chain of full size (a burst
- * stops early when less than VHD_NET_CHAIN_IOV entries are left).
+ * A packet merged into several buffers is popped chain by chain into iov
+ * and chains from their start (rx_take_buffers): room for a last chain of
+ * full size after VHD_NET_RX_MAX_BUFS one-segment ones. Shares the memory
+ * of the run's slots (such a packet is a run of its own).
  */
-#define TX_BURST 32u
-#define TX_IOV   (VHD_NET_CHAIN_IOV + TX_BURST)
+#define RX_IOV (VHD_NET_RX_MAX_BUFS + VHD_NET_CHAIN_IOV)
+_Static_assert(RX_IOV <= RUN_IOV && NET_BURST <= VHD_NET_RX_MAX_BUFS, "rx arrays shared");
 
 /* Counters are written by one thread and read by any: relaxed store of the new value, no RMW. */
 #define STAT_ADD(field, v) vhd_store_relaxed(&(field), (field) + (v))
@@ -441,7 +462,7 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
     uint64_t room = 0;
 
     do {
-        if (vhd_unlikely(c0 + nbufs == VHD_NET_RX_MAX_BUFS || rq->niov - iov < VHD_NET_CHAIN_IOV)) {
+        if (vhd_unlikely(c0 + nbufs == VHD_NET_RX_MAX_BUFS || RX_IOV - iov < VHD_NET_CHAIN_IOV)) {
             rx_unpop(q, rq, c0, nbufs);
             return nbufs == VHD_NET_RX_MAX_BUFS ? -EMSGSIZE : -E2BIG;
         }
@@ -838,21 +859,22 @@ static void net_tx_rarp(struct net_queue *tq, struct vhd_worker *self)
 }
 
 /*
- * Transmit queue processing: up to budget chains, in bursts of up to
- * TX_BURST. A burst is popped first (each chain's segments in the next free
- * part of tq->iov) and the first two cache lines of every frame are
- * prefetched; then each frame is parsed, handed to the backend and pushed,
- * in pop order (a backend with tx_burst gets the parsed frames of the burst
- * in one call, then the chains are pushed). The frames were just written by
- * the driver on another CPU:
- * touching them one after another waits for each transfer in turn, while the
- * prefetches of a burst overlap (DPDK's vhost dequeue does the same).
+ * Transmit queue processing: up to budget chains, in runs of up to
+ * TX_BURST. A run is popped with one vhd_vq_pop_burstv (each chain in its
+ * slot of tq->iov) and the first two cache lines of every frame are
+ * prefetched; then each frame is parsed and handed to the backend in pop
+ * order (a backend with tx_burst gets the parsed frames of the run in one
+ * call), then the run's chains are pushed with one vhd_vq_push_burst. The
+ * frames were just written by the driver on another CPU: touching them one
+ * after another waits for each transfer in turn, while the prefetches of a
+ * run overlap (DPDK's vhost dequeue does the same).
  *
  * A started but disabled ring (vhost-user "Ring states") is processed
  * without side effects: its frames are discarded. Every chain goes back used
  * with length 0 (nothing is written into transmit buffers); one flush per
- * burst (the runtime). A pop that breaks the ring ends the call after the
- * chains already popped are handled.
+ * call (the runtime). A bad chain after the first of a run ends the run
+ * before it (vq.h): the run is handled and pushed as usual, and the next
+ * pop, which meets the bad chain first, breaks the ring and ends the call.
  */
 static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned budget)
 {
@@ -861,39 +883,32 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
     struct vhd_worker *self = q->worker;
     bool enabled = q->enabled;
     uint64_t pkts = 0, bytes = 0, drops = 0, errs = 0, largest = 0;
-    struct vhd_vq_chain cs[TX_BURST];
-    uint32_t offs[TX_BURST];
+    const struct vhd_vq_chain *cs = tq->chains;
     unsigned n = 0;
     int rc = 0, prc = 1;
 
     if (vhd_unlikely(tq->pair == 0 && enabled))
         net_tx_rarp(tq, self);
-    while (n < budget && prc > 0) {
-        unsigned k = 0;
-        uint32_t used = 0;
-
-        while (k < TX_BURST && n + k < budget && tq->niov - used >= VHD_NET_CHAIN_IOV) {
-            prc = vhd_vq_pop(&q->vq, tq->iov + used, VHD_NET_CHAIN_IOV, &cs[k]);
-            if (prc <= 0)
-                break; /* empty, or the engine broke the ring (reported below) */
-            if (vhd_likely(cs[k].nr > 0)) {
-                const uint8_t *p = tq->iov[used].iov_base;
+    while (n < budget) {
+        uint32_t want = budget - n < TX_BURST ? budget - n : TX_BURST;
+        prc = vhd_vq_pop_burstv(&q->vq, tq->slot_iov, VHD_NET_CHAIN_IOV, tq->slot_c, want);
+        if (prc <= 0)
+            break; /* empty, or the engine broke the ring (reported below) */
+        unsigned k = (unsigned)prc;
+        for (unsigned i = 0; i < k; i++) {
+            if (vhd_likely(cs[i].nr > 0)) {
+                const uint8_t *p = tq->slot_iov[i][0].iov_base;
                 __builtin_prefetch(p);
                 __builtin_prefetch(p + VHD_CACHELINE);
             }
-            offs[k] = used;
-            used += (uint32_t)cs[k].nr + cs[k].nw;
-            k++;
         }
-        if (k == 0)
-            break;
         if (vhd_likely(enabled && be->ops->tx_burst)) {
-            /* The whole burst to the backend at once (loopback: one receive burst). */
+            /* The whole run to the backend at once (loopback: one receive burst). */
             struct vhd_net_frame fs[TX_BURST];
             int frc[TX_BURST];
             unsigned m = 0;
             for (unsigned i = 0; i < k; i++) {
-                if (vhd_unlikely(net_tx_parse(q, tq, tq->iov + offs[i], &cs[i], &fs[m]) < 0)) {
+                if (vhd_unlikely(net_tx_parse(q, tq, tq->slot_iov[i], &cs[i], &fs[m]) < 0)) {
                     errs++;
                     continue;
                 }
@@ -906,37 +921,30 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
                 be->ops->tx_burst(be, tq->pair, self, fs, m, frc);
             for (unsigned i = 0; i < m; i++)
                 drops += frc[i] < 0;
-            for (unsigned i = 0; i < k && rc >= 0; i++)
-                rc = vhd_vq_push(&q->vq, &cs[i], 0);
-            n += k;
-            if (vhd_unlikely(rc < 0))
-                break;
-            continue;
-        }
-        for (unsigned i = 0; i < k; i++) {
-            const struct vhd_vq_chain *c = &cs[i];
-            if (vhd_likely(enabled)) {
-                struct vhd_net_frame f;
-                if (vhd_unlikely(net_tx_parse(q, tq, tq->iov + offs[i], c, &f) < 0)) {
-                    errs++;
+        } else {
+            for (unsigned i = 0; i < k; i++) {
+                const struct vhd_vq_chain *c = &cs[i];
+                if (vhd_likely(enabled)) {
+                    struct vhd_net_frame f;
+                    if (vhd_unlikely(net_tx_parse(q, tq, tq->slot_iov[i], c, &f) < 0)) {
+                        errs++;
+                    } else {
+                        pkts++;
+                        bytes += f.len;
+                        largest = f.len > largest ? f.len : largest;
+                        if (vhd_unlikely(be->ops->tx(be, tq->pair, self, &f) < 0))
+                            drops++;
+                    }
                 } else {
+                    /* Taken and discarded: counted as sent and dropped (the invariant in net.h). */
                     pkts++;
-                    bytes += f.len;
-                    largest = f.len > largest ? f.len : largest;
-                    if (vhd_unlikely(be->ops->tx(be, tq->pair, self, &f) < 0))
-                        drops++;
+                    bytes += c->rlen > HDR_LEN ? c->rlen - HDR_LEN : 0;
+                    drops++;
                 }
-            } else {
-                /* Taken and discarded: counted as sent and dropped (the invariant in net.h). */
-                pkts++;
-                bytes += c->rlen > HDR_LEN ? c->rlen - HDR_LEN : 0;
-                drops++;
             }
-            rc = vhd_vq_push(&q->vq, c, 0);
-            if (vhd_unlikely(rc < 0))
-                break;
         }
         n += k;
+        rc = vhd_vq_push_burst(&q->vq, cs, NULL, k);
         if (vhd_unlikely(rc < 0))
             break;
     }
@@ -1238,14 +1246,14 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     if (q->priv)
         net_queue_fini(dev, q);
     net->roles[q->index] = role;
-    if (role == NET_Q_RX)
-        niov = RX_IOV;
-    else if (role == NET_Q_TX)
-        niov = TX_IOV;
+    if (role == NET_Q_RX || role == NET_Q_TX)
+        niov = RUN_IOV;
     size_t sz = sizeof(struct net_queue) + (size_t)niov * sizeof(struct iovec);
     size_t chains_off = sz;
     if (role == NET_Q_RX)
         sz += VHD_NET_RX_MAX_BUFS * sizeof(struct vhd_vq_chain);
+    else if (role == NET_Q_TX)
+        sz += NET_BURST * sizeof(struct vhd_vq_chain);
     sz = (sz + VHD_CACHELINE - 1) & ~(size_t)(VHD_CACHELINE - 1);
     struct net_queue *nq = aligned_alloc(VHD_CACHELINE, sz);
     if (!nq)
@@ -1262,7 +1270,14 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     nq->host_csum = (f & BIT(VIRTIO_NET_F_CSUM)) != 0;
     nq->mtu_limit = (f & BIT(VIRTIO_NET_F_MTU)) != 0;
     nq->gso = role == NET_Q_RX ? gso_mask(f, false) : role == NET_Q_TX ? gso_mask(f, true) : 0;
-    nq->chains = role == NET_Q_RX ? (struct vhd_vq_chain *)((uint8_t *)nq + chains_off) : NULL;
+    nq->chains = role == NET_Q_RX || role == NET_Q_TX
+                     ? (struct vhd_vq_chain *)((uint8_t *)nq + chains_off)
+                     : NULL;
+    if (nq->chains)
+        for (uint32_t k = 0; k < NET_BURST; k++) {
+            nq->slot_iov[k] = nq->iov + (size_t)k * NET_SLOT_IOV;
+            nq->slot_c[k] = &nq->chains[k];
+        }
     /*
      * Receive buffers are not work (dev.h, passive): the queue runs on its
      * backend's wake fd, its pair's transmit path (loopback) and kicks;
