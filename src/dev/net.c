@@ -429,20 +429,24 @@ static int rx_break(struct vhd_queue *q, struct net_queue *rq, const char *why)
 }
 
 /*
- * One frame of a receive run, between its pops and its copy: how many
- * chains and segments it has in rq->chains / rq->iov, and its header.
+ * One frame of a receive run, between its buffers and its copy: where its
+ * segments are, how many chains it takes (the next ones of rq->chains, in
+ * run order) and its header.
  */
 struct rx_pkt {
-    uint32_t frame; /* index in the caller's array */
-    uint16_t nbufs; /* chains (buffers) it takes, after the previous packet's in rq->chains */
-    uint16_t niov;  /* segments of all its chains, after the previous packet's in rq->iov */
-    uint8_t flags;  /* receive header flags */
-    bool fill;      /* complete the checksum in software */
+    const struct iovec *iov; /* its segments: a run slot, or rq->iov for a merged packet */
+    uint32_t frame;          /* index in the caller's array */
+    uint16_t nbufs;          /* chains (buffers) it takes */
+    uint16_t niov;           /* segments of all its chains, in a row from iov */
+    uint8_t flags;           /* receive header flags */
+    bool fill;               /* complete the checksum in software */
 };
 
 /*
- * Receive the frame's buffers: pop chains into rq->chains[*nch..] and
- * rq->iov[*niov..] until header and frame fit (one chain without
+ * Receive the buffers of a frame that one buffer cannot take (MRG_RXBUF),
+ * as a run of its own: pop chains one by one into rq->chains[*nch..] and
+ * rq->iov[*niov..] (the memory of the run slots, unused then; the
+ * segments of all its chains in a row) until header and frame fit (one chain without
  * MRG_RXBUF, 5.1.6.3.1; as many as needed with it). On success the packet's
  * place is in *p and *nch / *niov moved past it; on failure its chains are
  * given back (or the ring is broken) and nothing moved. Returns 0, or
@@ -510,13 +514,18 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
 }
 
 /*
- * Frames delivered per run: their receive buffers are popped together,
- * then copied into, then pushed. 32 like DPDK's enqueue bursts; a run
- * also ends early when rq->chains or rq->iov cannot take another packet's
- * worst case (one chain of VHD_NET_CHAIN_IOV segments, or MRG_RXBUF's
- * VHD_NET_RX_MAX_BUFS chains).
+ * Frames delivered per run: up to RX_BURST receive buffers are popped with
+ * one vhd_vq_pop_burstv (one check of the ring) into the run's slots and
+ * matched to frames in order, one buffer per frame; then each frame gets
+ * its header, its one copy and its dirty log entry, and the run's buffers
+ * are pushed with one vhd_vq_push_burst and published with one flush.
+ * Buffers the run popped but no frame took are given back before anything
+ * is pushed (vhd_vq_unpop). With MRG_RXBUF a frame that does not fit its
+ * buffer is a run of its own (rx_take_buffers); after one, runs start with
+ * one buffer until a frame fits one again (so a stream of large frames
+ * does not pop and give back whole runs).
  */
-#define RX_BURST 32u
+#define RX_BURST NET_BURST
 
 unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
                                const struct vhd_net_frame *f, unsigned n, unsigned flags, int *rc)
@@ -552,12 +561,19 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
     }
     uint64_t pkts = 0, bytes = 0, bufs = 0, drops = 0, largest = 0;
     struct rx_pkt run[RX_BURST];
-    bool ended = false; /* a frame failed and ended the call (stop, or the ring's state) */
+    uint32_t written[VHD_NET_RX_MAX_BUFS];
+    uint32_t hint = RX_BURST; /* most buffers a pop asks for (1 after a merged packet) */
+    bool ended = false;       /* a frame failed and ended the call (stop, or the ring's state) */
 
     while (i < n && fail == 0) {
-        /* Phase 1: the run's buffers, popped one packet after another. */
+        /*
+         * Phase 1: the run's buffers. rq->chains[0..got) were popped,
+         * [0..ci) taken by the run's k frames, one each, or (merged) all
+         * by its one frame.
+         */
         unsigned k = 0;
-        uint32_t nch = 0, niov = 0;
+        uint32_t got = 0, ci = 0;
+        bool alone = false; /* the run is one frame popped by rx_take_buffers */
 
         if (vhd_unlikely(rq->broken || q->vq.error)) {
             fail = -EIO;
@@ -575,33 +591,95 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             bool gso = fr->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE;
             uint16_t cs = vhd_le16(fr->hdr.csum_start), co = vhd_le16(fr->hdr.csum_offset);
             bool partial = (fr->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) != 0;
+            uint32_t total = HDR_LEN + fr->len;
+            struct rx_pkt *p = &run[k];
             int r = 0;
             if (vhd_unlikely(fr->len > VHD_NET_MAX_FRAME || (!gso && fr->len > max_len) ||
                              (gso && !gso_allowed(fr->hdr.gso_type, rq->gso)) ||
                              (partial && (uint32_t)cs + co + 2u > fr->len))) {
                 r = -EMSGSIZE;
-            } else {
-                struct rx_pkt *p = &run[k];
-                r = rx_take_buffers(q, rq, HDR_LEN + fr->len, &nch, &niov, p);
-                if (vhd_likely(r == 0)) {
-                    /*
-                     * The header the receiving driver sees (5.1.6.4): flags
-                     * limited to NEEDS_CSUM, kept only when the driver
-                     * negotiated GUEST_CSUM; otherwise the checksum is
-                     * completed here and flags is 0.
-                     */
-                    p->frame = i;
-                    p->fill = partial && !rq->guest_csum;
-                    p->flags = partial && rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
-                    k++;
-                    continue;
-                }
-                if (r == -E2BIG) {
-                    if (k > 0)
-                        break; /* this frame starts the next run */
-                    r = -EMSGSIZE;
-                }
+                goto drop;
             }
+            if (ci == got) {
+                /* The run's next buffers: the first pop of a run, or more for what is left. */
+                uint32_t w = RX_BURST - got;
+                w = n - i < w ? n - i : w;
+                w = hint < w ? hint : w;
+                int pr = vhd_vq_pop_burstv(&q->vq, rq->slot_iov + got, VHD_NET_CHAIN_IOV,
+                                           rq->slot_c + got, w);
+                if (pr <= 0) {
+                    /*
+                     * Out of buffers: the frame is dropped, as a NIC does
+                     * (-ENOBUFS, and every later frame with it); or the
+                     * engine broke the ring (sticky vq->error; the runtime
+                     * reports it).
+                     */
+                    r = pr == 0 ? -ENOBUFS : -EIO;
+                    goto drop;
+                }
+                got += (uint32_t)pr;
+            }
+            const struct vhd_vq_chain *c = &rq->chains[ci];
+            /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a
+             * header. */
+            if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
+                const char *why = c->nr ? "receive buffer with device-readable descriptors"
+                                        : "receive buffer smaller than the virtio-net header";
+                rx_unpop(q, rq, ci, got - ci);
+                got = ci;
+                r = rx_break(q, rq, why);
+                goto drop;
+            }
+            if (vhd_likely(c->wlen >= total)) {
+                /*
+                 * The buffer's first line: the header goes there. It
+                 * belongs to the driver's CPU, which wrote the descriptor;
+                 * fetch it for writing while the rest of the run is matched.
+                 */
+                p->iov = rq->slot_iov[ci];
+                __builtin_prefetch(p->iov[0].iov_base, 1);
+                p->nbufs = 1;
+                p->niov = (uint16_t)c->nw;
+                ci++;
+                hint = RX_BURST;
+            } else if (!rq->mrg) {
+                /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next.
+                 */
+                r = -EMSGSIZE;
+                goto drop;
+            } else if (k > 0) {
+                break; /* several buffers: this frame is the next run, on its own */
+            } else {
+                /* A run of its own: the buffers popped go back, then chain by chain. */
+                uint32_t nch = 0, niov = 0;
+                rx_unpop(q, rq, 0, got);
+                got = 0;
+                hint = 1;
+                r = rx_take_buffers(q, rq, total, &nch, &niov, p);
+                if (r == -E2BIG)
+                    r = -EMSGSIZE;
+                if (r < 0)
+                    goto drop;
+                p->iov = rq->iov;
+                ci = got = nch;
+                alone = true;
+            }
+            /*
+             * The header the receiving driver sees (5.1.6.4): flags limited
+             * to NEEDS_CSUM, kept only when the driver negotiated
+             * GUEST_CSUM; otherwise the checksum is completed here and
+             * flags is 0.
+             */
+            p->frame = i;
+            p->fill = partial && !rq->guest_csum;
+            p->flags = partial && rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
+            k++;
+            if (alone) {
+                i++;
+                break; /* a merged packet is a run of its own */
+            }
+            continue;
+        drop:
             /* No buffer at all, or a broken ring: the same for every later frame. */
             if (r == -ENOBUFS || r == -EIO)
                 fail = r;
@@ -617,6 +695,9 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 break;
             }
         }
+        /* Buffers no frame took go back before anything is pushed (vhd_vq_unpop). */
+        if (got > ci)
+            rx_unpop(q, rq, ci, got - ci);
 
         if (vhd_unlikely(q->vq.error)) {
             /*
@@ -631,66 +712,70 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             fail = -EIO;
             break;
         }
+        if (k == 0) {
+            if (ended)
+                break;
+            continue;
+        }
 
         /*
-         * Phase 2: per frame, one copy (header, then the frame from wherever
-         * it is) and its used elements, in pop order; each buffer's used
-         * length is what it holds: all of it but the last (2.7.8, 5.1.6.4).
-         * The packets lie in rq->chains / rq->iov one after another.
+         * Phase 2: per frame, the header, one copy and its dirty log entry;
+         * each buffer's used length is what it holds: all of it but the
+         * last (2.7.8, 5.1.6.4). The run's chains are rq->chains[0..ci),
+         * frame after frame.
          */
-        uint32_t ch = 0, io = 0;
+        uint64_t rpkts = 0, rbytes = 0, rlargest = 0;
+        uint32_t nb = 0;
         for (unsigned j = 0; j < k; j++) {
             const struct rx_pkt *p = &run[j];
             const struct vhd_net_frame *fr = &f[p->frame];
-            const struct iovec *iov = rq->iov + io;
-            const struct vhd_vq_chain *c = &rq->chains[ch];
             uint32_t len = fr->len;
-            int r;
-            hdr_write(iov, p->niov, &fr->hdr, p->flags, vhd_le16(p->nbufs));
-            iov_copy(iov, p->niov, HDR_LEN, fr->iov, fr->iovcnt, fr->off, len);
+            hdr_write(p->iov, p->niov, &fr->hdr, p->flags, vhd_le16(p->nbufs));
+            iov_copy(p->iov, p->niov, HDR_LEN, fr->iov, fr->iovcnt, fr->off, len);
             if (vhd_unlikely(p->fill))
-                csum_fill(iov, p->niov, HDR_LEN, len, vhd_le16(fr->hdr.csum_start),
+                csum_fill(p->iov, p->niov, HDR_LEN, len, vhd_le16(fr->hdr.csum_start),
                           vhd_le16(fr->hdr.csum_offset));
-            vhd_vq_log_write(&q->vq, iov, p->niov, HDR_LEN + len); /* dirty logging */
+            vhd_vq_log_write(&q->vq, p->iov, p->niov, HDR_LEN + len); /* dirty logging */
             if (vhd_likely(p->nbufs == 1)) {
-                r = vhd_vq_push(&q->vq, c, HDR_LEN + len);
+                written[nb++] = HDR_LEN + len;
             } else {
                 uint32_t left = HDR_LEN + len;
-                r = 0;
-                for (uint32_t b = 0; b < p->nbufs && r == 0; b++) {
-                    uint32_t m = c[b].wlen < left ? c[b].wlen : left;
+                for (uint32_t b = 0; b < p->nbufs; b++) {
+                    uint32_t m = rq->chains[nb].wlen < left ? rq->chains[nb].wlen : left;
                     left -= m;
-                    r = vhd_vq_push(&q->vq, &c[b], m);
+                    written[nb++] = m;
                 }
             }
-            if (vhd_unlikely(r < 0)) {
-                /* Cannot happen (our own chains); the queue is broken and reported. */
-                drops += k - j;
-                for (; j < k; j++)
-                    if (rc)
-                        rc[run[j].frame] = -EIO;
-                fail = -EIO;
-                break;
-            }
-            ch += p->nbufs;
-            io += p->niov;
             if (rc)
                 rc[p->frame] = 0;
-            pkts++;
-            bytes += len;
-            bufs += p->nbufs;
-            largest = len > largest ? len : largest;
+            rpkts++;
+            rbytes += len;
+            rlargest = len > rlargest ? len : rlargest;
         }
-        if (k) {
+        if (vhd_unlikely(vhd_vq_push_burst(&q->vq, rq->chains, written, nb) < 0)) {
             /*
-             * Published now, once per run: a ring that breaks in a later run
-             * of this call can publish nothing more (the engine refuses), and
-             * what was copied must not be lost with it. The notification
-             * decision stays with the runtime, once per turn (mark_used).
+             * Cannot happen (our own chains): the queue is broken and
+             * publishes nothing more, this run included (reported).
              */
-            vhd_vq_flush(&q->vq);
-            vhd_queue_mark_used(q);
+            drops += k;
+            for (unsigned j = 0; j < k; j++)
+                if (rc)
+                    rc[run[j].frame] = -EIO;
+            fail = -EIO;
+            break;
         }
+        pkts += rpkts;
+        bytes += rbytes;
+        bufs += nb;
+        largest = rlargest > largest ? rlargest : largest;
+        /*
+         * Published now, once per run: a ring that breaks in a later run
+         * of this call can publish nothing more (the engine refuses), and
+         * what was copied must not be lost with it. The notification
+         * decision stays with the runtime, once per turn (mark_used).
+         */
+        vhd_vq_flush(&q->vq);
+        vhd_queue_mark_used(q);
         if (ended)
             break;
     }
