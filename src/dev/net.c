@@ -516,7 +516,10 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
 /*
  * Frames delivered per run: up to RX_BURST receive buffers are popped with
  * one vhd_vq_pop_burstv (one check of the ring) into the run's slots and
- * matched to frames in order, one buffer per frame; then each frame gets
+ * matched to frames in order, one buffer per frame (a run ends when they
+ * are used up; a chain the engine refuses after the first ends the pop
+ * before it, and the next run's pop breaks the ring once this run is
+ * published: the frames before it are delivered); then each frame gets
  * its header, its one copy and its dirty log entry, and the run's buffers
  * are pushed with one vhd_vq_push_burst and published with one flush.
  * Buffers the run popped but no frame took are given back before anything
@@ -601,12 +604,17 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 goto drop;
             }
             if (ci == got) {
-                /* The run's next buffers: the first pop of a run, or more for what is left. */
-                uint32_t w = RX_BURST - got;
-                w = n - i < w ? n - i : w;
+                /*
+                 * The run's buffers are used up: this frame starts the next
+                 * run (so a bad chain that ended the pop is met by that
+                 * run's pop, after this run is published), or this is the
+                 * run's one pop.
+                 */
+                if (got > 0)
+                    break;
+                uint32_t w = n - i < RX_BURST ? n - i : RX_BURST;
                 w = hint < w ? hint : w;
-                int pr = vhd_vq_pop_burstv(&q->vq, rq->slot_iov + got, VHD_NET_CHAIN_IOV,
-                                           rq->slot_c + got, w);
+                int pr = vhd_vq_pop_burstv(&q->vq, rq->slot_iov, VHD_NET_CHAIN_IOV, rq->slot_c, w);
                 if (pr <= 0) {
                     /*
                      * Out of buffers: the frame is dropped, as a NIC does
@@ -617,7 +625,7 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                     r = pr == 0 ? -ENOBUFS : -EIO;
                     goto drop;
                 }
-                got += (uint32_t)pr;
+                got = (uint32_t)pr;
             }
             const struct vhd_vq_chain *c = &rq->chains[ci];
             /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a
@@ -957,9 +965,10 @@ static void net_tx_rarp(struct net_queue *tq, struct vhd_worker *self)
  * A started but disabled ring (vhost-user "Ring states") is processed
  * without side effects: its frames are discarded. Every chain goes back used
  * with length 0 (nothing is written into transmit buffers); one flush per
- * call (the runtime). A bad chain after the first of a run ends the run
- * before it (vq.h): the run is handled and pushed as usual, and the next
- * pop, which meets the bad chain first, breaks the ring and ends the call.
+ * call (the runtime), or of a short run here. A bad chain after the first
+ * of a run ends the run before it (vq.h): the run is handled, pushed and
+ * published as usual, and the next pop, which meets the bad chain first,
+ * breaks the ring and ends the call.
  */
 static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned budget)
 {
@@ -1032,6 +1041,13 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
         rc = vhd_vq_push_burst(&q->vq, cs, NULL, k);
         if (vhd_unlikely(rc < 0))
             break;
+        /*
+         * A short run: the ring held no more, or a bad chain ended the pop
+         * before it, which the next pop meets and breaks the ring on. Publish
+         * the run first: a broken ring publishes nothing.
+         */
+        if (k < want)
+            vhd_vq_flush(&q->vq);
     }
     if (n)
         vhd_queue_mark_used(q);

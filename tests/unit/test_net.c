@@ -860,9 +860,10 @@ VHD_TEST(burst_mrg_frames_span_buffers_packed)
  * A bad receive chain in the middle of a burst. An unusable buffer (here
  * device-readable) stops the ring after the frames before it: those are
  * delivered, published once, and the bad one and every later frame are
- * dropped. A chain the engine refuses (a buffer outside guest memory)
- * breaks the ring itself, which can then publish nothing: the run's frames
- * popped before it were not copied yet and are dropped with it.
+ * dropped. A chain the engine refuses (a buffer outside guest memory) ends
+ * the run's pop before it (vhd_vq_pop_burstv): the frames before it are
+ * delivered and published too, then the next run's pop breaks the ring
+ * and the frames from the bad chain on are dropped.
  */
 static void burst_bad_chain(bool packed, bool engine)
 {
@@ -885,21 +886,19 @@ static void burst_bad_chain(bool packed, bool engine)
     tx_burst(&t, 0, lens, 6, 500);
     tx_burst_reap(&t, 0, 6);
     unsigned next = 0;
-    if (!engine) {
-        for (unsigned k = 0; k < 3; k++) {
-            VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), lens[k]);
-            make_frame(want, lens[k], 500 + k);
-            VHD_CHECK(memcmp(got + HDR, want, lens[k]) == 0);
-        }
+    for (unsigned k = 0; k < 3; k++) {
+        VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), lens[k]);
+        make_frame(want, lens[k], 500 + k);
+        VHD_CHECK(memcmp(got + HDR, want, lens[k]) == 0);
     }
     /* Nothing more is published (in particular nothing twice). */
     VHD_CHECK(tq_quiet(&t, 0, 50));
     uint64_t t0 = mono_ms();
-    while (qstats(&t, 0).drops < (engine ? 6u : 3u) && mono_ms() - t0 < WAIT_MS)
+    while (qstats(&t, 0).drops < 3u && mono_ms() - t0 < WAIT_MS)
         usleep(1000);
     struct vhd_net_queue_stats rx = qstats(&t, 0), tx = qstats(&t, 1);
-    VHD_CHECK_EQ(rx.packets, engine ? 0 : 3);
-    VHD_CHECK_EQ(rx.drops, engine ? 6 : 3);
+    VHD_CHECK_EQ(rx.packets, 3);
+    VHD_CHECK_EQ(rx.drops, 3);
     VHD_CHECK_EQ(rx.errors, engine ? 0 : 1);
     VHD_CHECK_EQ(tx.packets, 6);
     VHD_CHECK_EQ(tx.drops, 0);
@@ -932,6 +931,159 @@ VHD_TEST(burst_engine_breaks_mid_burst_split)
 VHD_TEST(burst_engine_breaks_mid_burst_packed)
 {
     burst_bad_chain(true, true);
+}
+
+/*
+ * Runs across the end of the rings: rounds of 24 frames go out as one
+ * transmit run and come back as one receive run, 12 rounds on 256-entry
+ * rings, so both runs of round 11 cross the end (split: the index wraps;
+ * packed: the wrap counter flips mid-run). Every frame comes back whole, in
+ * order, one buffer each.
+ */
+static void burst_ring_wrap(bool packed)
+{
+    struct tb t;
+    struct tb_opts o = {.packed = packed};
+    static struct rxbuf rb[24];
+    uint32_t lens[24];
+    uint8_t want[256], got[2048];
+
+    tb_init(&t, &o);
+    for (unsigned round = 0; round < 12; round++) {
+        rx_post(&t, 0, rb, 24, 512);
+        for (unsigned k = 0; k < 24; k++)
+            lens[k] = 60 + (round * 7 + k) % 100;
+        tx_burst(&t, 0, lens, 24, 1000 * round);
+        tx_burst_reap(&t, 0, 24);
+        unsigned next = 0;
+        for (unsigned k = 0; k < 24; k++) {
+            VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), lens[k]);
+            make_frame(want, lens[k], 1000 * round + k);
+            VHD_CHECK(memcmp(got + HDR, want, lens[k]) == 0);
+        }
+    }
+    struct vhd_net_queue_stats rx = qstats_wait(&t, 0, 288), tx = qstats(&t, 1);
+    VHD_CHECK_EQ(tx.packets, 288);
+    VHD_CHECK_EQ(rx.packets, 288);
+    VHD_CHECK_EQ(rx.buffers, 288);
+    VHD_CHECK_EQ(rx.drops, 0);
+    tb_fini(&t);
+}
+
+VHD_TEST(burst_across_ring_wrap_split)
+{
+    burst_ring_wrap(false);
+}
+
+VHD_TEST(burst_across_ring_wrap_packed)
+{
+    burst_ring_wrap(true);
+}
+
+/*
+ * A bad transmit chain in the middle of a run (a buffer outside guest
+ * memory, which the engine refuses): the frames before it are sent (here
+ * looped back) and their chains used and published; then the ring breaks
+ * at the bad chain and nothing after it is sent.
+ */
+static void tx_bad_chain_mid_run(bool packed)
+{
+    struct tb t;
+    struct tb_opts o = {.packed = packed};
+    static struct rxbuf rb[6];
+    uint8_t want[128], got[2048];
+
+    tb_init(&t, &o);
+    rx_post(&t, 0, rb, 6, 1024);
+    struct tq *tq = &t.tq[1];
+    for (unsigned k = 0; k < 6; k++) {
+        uint8_t *p;
+        struct vhd_drv_buf b = {galloc(&t, HDR + 64 + k, 0, &p), HDR + 64 + k};
+        make_frame(p + HDR, 64 + k, 600 + k);
+        if (k == 3)
+            b.gpa = MEM_BASE + MEM_SIZE + 4096;
+        VHD_CHECK_EQ(vhd_drv_vq_add(&tq->dq, &b, 1, 0, false, (void *)(uintptr_t)(k + 1)), 0);
+    }
+    vhd_drv_vq_publish(&tq->dq);
+    VHD_CHECK_EQ(eventfd_write(tq->kick_fd, 1), 0);
+    tx_burst_reap(&t, 0, 3);
+    unsigned next = 0;
+    for (unsigned k = 0; k < 3; k++) {
+        VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), 64 + k);
+        make_frame(want, 64 + k, 600 + k);
+        VHD_CHECK(memcmp(got + HDR, want, 64 + k) == 0);
+    }
+    uint64_t t0 = mono_ms();
+    while (!vhd_load_acquire(&t.tq[1].q->broken) && mono_ms() - t0 < WAIT_MS)
+        usleep(1000);
+    VHD_CHECK(vhd_load_acquire(&t.tq[1].q->broken));
+    VHD_CHECK_EQ(t.tq[1].q->vq.error, VHD_VQ_E_ADDR);
+    VHD_CHECK(tq_quiet(&t, 1, 50));
+    VHD_CHECK(tq_quiet(&t, 0, 50));
+    struct vhd_net_queue_stats tx = qstats(&t, 1), rx = qstats(&t, 0);
+    VHD_CHECK_EQ(tx.packets, 3);
+    VHD_CHECK_EQ(tx.drops, 0);
+    VHD_CHECK_EQ(rx.packets, 3);
+    VHD_CHECK_EQ(rx.drops, 0);
+    tb_fini(&t);
+}
+
+VHD_TEST(burst_bad_tx_chain_mid_run_split)
+{
+    tx_bad_chain_mid_run(false);
+}
+
+VHD_TEST(burst_bad_tx_chain_mid_run_packed)
+{
+    tx_bad_chain_mid_run(true);
+}
+
+/*
+ * MRG_RXBUF across runs: 40 frames in one delivery (two transmit runs, 32
+ * and 8), one buffer each except frame 20 (3 buffers of 256) and frame 31,
+ * the last of the first run (2): each merged frame is a run of its own
+ * between runs of one-buffer frames; all arrive in order with num_buffers
+ * right.
+ */
+static void burst_mrg_across_runs(bool packed)
+{
+    struct tb t;
+    struct tb_opts o = {.packed = packed};
+    static struct rxbuf rb[44];
+    uint32_t lens[40];
+    uint8_t want[700], got[2048];
+
+    tb_init(&t, &o);
+    VHD_CHECK(t.features & BIT(VIRTIO_NET_F_MRG_RXBUF));
+    rx_post(&t, 0, rb, 43, 256);
+    for (unsigned k = 0; k < 40; k++)
+        lens[k] = k == 20 ? 600 : k == 31 ? 400 : 60 + k;
+    tx_burst(&t, 0, lens, 40, 700);
+    tx_burst_reap(&t, 0, 40);
+    unsigned next = 0;
+    for (unsigned k = 0; k < 40; k++) {
+        unsigned first = next;
+        VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), lens[k]);
+        VHD_CHECK_EQ(next - first, k == 20 ? 3u : k == 31 ? 2u : 1u);
+        make_frame(want, lens[k], 700 + k);
+        VHD_CHECK(memcmp(got + HDR, want, lens[k]) == 0);
+    }
+    VHD_CHECK_EQ(next, 43);
+    struct vhd_net_queue_stats rx = qstats_wait(&t, 0, 40);
+    VHD_CHECK_EQ(rx.packets, 40);
+    VHD_CHECK_EQ(rx.buffers, 43);
+    VHD_CHECK_EQ(rx.drops, 0);
+    tb_fini(&t);
+}
+
+VHD_TEST(burst_mrg_across_runs_split)
+{
+    burst_mrg_across_runs(false);
+}
+
+VHD_TEST(burst_mrg_across_runs_packed)
+{
+    burst_mrg_across_runs(true);
 }
 
 /* Wait (bounded) until the call eventfd of queue i fires; its count (0: none within ms). */
