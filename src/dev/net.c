@@ -628,9 +628,14 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 got = (uint32_t)pr;
             }
             const struct vhd_vq_chain *c = &rq->chains[ci];
-            /* 5.1.6.3.1: receive buffers are device-writable, and with MRG_RXBUF each holds a
-             * header. */
-            if (vhd_unlikely(c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN))) {
+            /*
+             * 5.1.6.3.1: receive buffers are device-writable, and with
+             * MRG_RXBUF each holds a header. A writable-only buffer that
+             * takes header and frame passes both (one test per frame).
+             */
+            bool fits = c->nr == 0 && c->wlen >= total;
+            if (vhd_unlikely(!fits &&
+                             (c->nr != 0 || c->wlen == 0 || (rq->mrg && c->wlen < HDR_LEN)))) {
                 const char *why = c->nr ? "receive buffer with device-readable descriptors"
                                         : "receive buffer smaller than the virtio-net header";
                 rx_unpop(q, rq, ci, got - ci);
@@ -638,7 +643,7 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 r = rx_break(q, rq, why);
                 goto drop;
             }
-            if (vhd_likely(c->wlen >= total)) {
+            if (vhd_likely(fits)) {
                 /*
                  * The buffer's first line: the header goes there. It
                  * belongs to the driver's CPU, which wrote the descriptor;
