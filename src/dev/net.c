@@ -450,9 +450,8 @@ struct rx_pkt {
  * MRG_RXBUF, 5.1.6.3.1; as many as needed with it). On success the packet's
  * place is in *p and *nch / *niov moved past it; on failure its chains are
  * given back (or the ring is broken) and nothing moved. Returns 0, or
- *  -E2BIG    the run's arrays cannot take the frame's worst case here (the
- *            caller ends the run and starts the frame in a new one; with
- *            an empty run this is the frame's own -EMSGSIZE);
+ *  -E2BIG    the arrays cannot take another chain of the frame's worst
+ *            case (the caller reports -EMSGSIZE: the frame has them alone);
  *  -EMSGSIZE more buffers than a packet may take, or larger than one buffer
  *            without MRG_RXBUF;
  *  -ENOBUFS  no buffer posted; -ENOSPC: fewer than the frame needs;
