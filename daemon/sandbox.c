@@ -667,7 +667,7 @@ static int caps_drop_self(uint64_t keep, const char **step)
 {
     struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3};
     struct __user_cap_data_struct d[2];
-    uint64_t eff, prm;
+    uint64_t eff = 0, prm = 0;
     int rc = caps_get(&eff, &prm);
 
     *step = "capget";
@@ -879,7 +879,7 @@ int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
  */
 static int drop_root_caps(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
 {
-    uint64_t eff, prm;
+    uint64_t eff = 0, prm = 0;
     /* Reconnections (client mode, nbd) reach sockets the start-up connection reached as root. */
     uint64_t keep = o->client_mode || o->nbd ? 1ull << CAP_DAC_OVERRIDE : 0;
 
