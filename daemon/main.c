@@ -17,12 +17,14 @@
 #include <unistd.h>
 
 #include "options.h"
+#include "rpc.h"
 #include "sandbox.h"
 #include "vhostd/vhostd.h"
 
 struct daemon {
     struct vhd_options opts;
     struct vhd_ctx *ctx;
+    struct vhd_rpc *rpc; /* --rpc: the management API and the device table */
     int sigfd;
     int ndev;
     struct vhd_device *dev[VHD_OPT_MAX_DEVICES];
@@ -39,11 +41,17 @@ static void on_signal(void *opaque, uint32_t events)
                     si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
             vhd_ctx_stop(d->ctx);
         } else if (si.ssi_signo == SIGUSR1) {
-            for (int i = 0; i < d->ndev; i++)
-                vhd_device_log_counters(d->dev[i], "SIGUSR1");
+            if (d->rpc) /* devices come and go: the table knows them */
+                vhd_rpc_log_counters(d->rpc, "SIGUSR1");
+            else
+                for (int i = 0; i < d->ndev; i++)
+                    vhd_device_log_counters(d->dev[i], "SIGUSR1");
         } else if (si.ssi_signo == SIGUSR2) { /* blk: retry what werror/rerror=stop holds */
-            for (int i = 0; i < d->ndev; i++)
-                (void)vhd_blk_device_resume(d->dev[i]); /* -EINVAL for net devices */
+            if (d->rpc)
+                vhd_rpc_resume_all(d->rpc);
+            else
+                for (int i = 0; i < d->ndev; i++)
+                    (void)vhd_blk_device_resume(d->dev[i]); /* -EINVAL for net devices */
         }
     }
 }
@@ -75,6 +83,8 @@ static unsigned worker_count(const struct vhd_options *o)
     for (int i = 0; i < o->nnet; i++)
         total_queues += o->net[i].queues; /* pairs: both rings of a pair share a worker */
     unsigned n = o->workers_set ? o->workers : total_queues;
+    if (!o->workers_set && o->rpc) /* devices are added later: one worker per CPU */
+        n = online_cpus();
     if (!o->workers_set && n > online_cpus())
         n = online_cpus();
     return n ? n : 1;
@@ -94,57 +104,89 @@ static unsigned worker_count(const struct vhd_options *o)
         .max_guest_mem = (o)->max_guest_mem,                     \
     })
 
-/* Create and start every device of the options. 0, or -1 with a message on stderr. */
+/* Create and start one --blk device (also the RPC's add). 0, or -errno with a reason in err. */
+static int new_blk(void *opaque, const struct vhd_opt_blk *b, struct vhd_device **out, char *err,
+                   size_t errlen)
+{
+    struct daemon *d = opaque;
+    struct vhd_blk_config c = {
+        .dev = DEVICE_CONFIG(b),
+        .backend = b->backend,
+        .image = b->image,
+        .uri = b->uri,
+        .size = b->size,
+        .read_only = b->ro,
+        .direct = b->direct,
+        .serial = b->serial,
+        .block_size = b->block_size,
+        .num_queues = b->queues,
+        .locking = b->locking,
+        .werror = b->werror,
+        .rerror = b->rerror,
+    };
+    int rc = vhd_sandbox_resolve_access(&b->access, &c.dev.endpoint.access, err, errlen);
+    if (rc == 0)
+        rc = vhd_blk_device_new(d->ctx, &c, out, err, errlen);
+    if (rc == 0 && (rc = vhd_device_start(*out, err, errlen)) < 0)
+        vhd_device_destroy(*out);
+    return rc;
+}
+
+/* Create and start one --net device (also the RPC's add). 0, or -errno with a reason in err. */
+static int new_net(void *opaque, const struct vhd_opt_net *n, struct vhd_device **out, char *err,
+                   size_t errlen)
+{
+    struct daemon *d = opaque;
+    struct vhd_net_config c = {
+        .dev = DEVICE_CONFIG(n),
+        .backend = n->backend,
+        .switch_name = n->switch_name,
+        .tap_name = n->tap_name,
+        .pairs = n->queues,
+        .mac = n->mac_set ? n->mac : NULL, /* NULL: derived from the socket path */
+        .mtu = n->mtu,
+    };
+    int rc = vhd_sandbox_resolve_access(&n->access, &c.dev.endpoint.access, err, errlen);
+    if (rc == 0)
+        rc = vhd_net_device_new(d->ctx, &c, out, err, errlen);
+    if (rc == 0 && (rc = vhd_device_start(*out, err, errlen)) < 0)
+        vhd_device_destroy(*out);
+    return rc;
+}
+
+/*
+ * Create and start every device of the options; with --rpc, they go into the
+ * RPC's table (which removes devices at runtime). 0, or -1 with a message on
+ * stderr.
+ */
 static int create_devices(struct daemon *d)
 {
     char err[512] = "";
-    int rc;
 
     for (int i = 0; i < d->opts.nblk; i++) {
         const struct vhd_opt_blk *b = &d->opts.blk[i];
-        struct vhd_blk_config c = {
-            .dev = DEVICE_CONFIG(b),
-            .backend = b->backend,
-            .image = b->image,
-            .uri = b->uri,
-            .size = b->size,
-            .read_only = b->ro,
-            .direct = b->direct,
-            .serial = b->serial,
-            .block_size = b->block_size,
-            .num_queues = b->queues,
-            .locking = b->locking,
-            .werror = b->werror,
-            .rerror = b->rerror,
-        };
-        rc = vhd_sandbox_resolve_access(&b->access, &c.dev.endpoint.access, err, sizeof(err));
-        if (rc == 0)
-            rc = vhd_blk_device_new(d->ctx, &c, &d->dev[d->ndev], err, sizeof(err));
-        if (rc < 0 || vhd_device_start(d->dev[d->ndev++], err, sizeof(err)) < 0) {
+        if (new_blk(d, b, &d->dev[d->ndev], err, sizeof(err)) < 0) {
             fprintf(stderr, "vhostd: %s: %s\n", b->name, err);
             return -1;
         }
+        d->ndev++;
+        if (d->rpc && vhd_rpc_adopt(d->rpc, d->dev[d->ndev - 1], false, b->name, b->spec) < 0)
+            goto oom;
     }
     for (int i = 0; i < d->opts.nnet; i++) {
         const struct vhd_opt_net *n = &d->opts.net[i];
-        struct vhd_net_config c = {
-            .dev = DEVICE_CONFIG(n),
-            .backend = n->backend,
-            .switch_name = n->switch_name,
-            .tap_name = n->tap_name,
-            .pairs = n->queues,
-            .mac = n->mac_set ? n->mac : NULL, /* NULL: derived from the socket path */
-            .mtu = n->mtu,
-        };
-        rc = vhd_sandbox_resolve_access(&n->access, &c.dev.endpoint.access, err, sizeof(err));
-        if (rc == 0)
-            rc = vhd_net_device_new(d->ctx, &c, &d->dev[d->ndev], err, sizeof(err));
-        if (rc < 0 || vhd_device_start(d->dev[d->ndev++], err, sizeof(err)) < 0) {
+        if (new_net(d, n, &d->dev[d->ndev], err, sizeof(err)) < 0) {
             fprintf(stderr, "vhostd: %s: %s\n", n->name, err);
             return -1;
         }
+        d->ndev++;
+        if (d->rpc && vhd_rpc_adopt(d->rpc, d->dev[d->ndev - 1], true, n->name, n->spec) < 0)
+            goto oom;
     }
     return 0;
+oom:
+    fprintf(stderr, "vhostd: out of memory\n");
+    return -1;
 }
 
 /*
@@ -154,8 +196,8 @@ static int create_devices(struct daemon *d)
 static int enter_sandbox(struct daemon *d)
 {
     /* Our listening sockets; a client-mode device's socket is the front-end's. */
-    const char *socks[VHD_OPT_MAX_DEVICES];
-    int dirs[VHD_OPT_MAX_DEVICES]; /* where they are removed at exit */
+    const char *socks[VHD_OPT_MAX_DEVICES + 1];
+    int dirs[VHD_OPT_MAX_DEVICES + 1]; /* where they are removed at exit */
     unsigned nsocks = 0;
     char err[512] = "";
 
@@ -164,19 +206,36 @@ static int enter_sandbox(struct daemon *d)
             dirs[nsocks] = vhd_device_socket_dir_fd(d->dev[i]);
             socks[nsocks++] = vhd_device_socket_path(d->dev[i]);
         }
+    bool client = nsocks < (unsigned)d->ndev; /* a device without a listening socket */
+    enum vhd_sandbox_mode mode = d->opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
+                                 : d->opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
+                                                                          : VHD_SANDBOX_ON;
+    if (d->rpc) {
+        /* The RPC socket is chowned to --user too (it may manage the daemon). */
+        dirs[nsocks] = vhd_rpc_dir_fd(d->rpc);
+        socks[nsocks++] = vhd_rpc_path(d->rpc);
+        /*
+         * Devices added at runtime open images, create sockets and io_urings:
+         * what the filter forbids after setup. Only the user drop applies.
+         */
+        if (mode != VHD_SANDBOX_OFF)
+            vhd_log(VHD_LOG_WARN, "sandbox: no seccomp filter with --rpc (devices are created "
+                                  "at runtime)");
+        mode = VHD_SANDBOX_OFF;
+        client = true;
+    }
     struct vhd_sandbox_opts so = {
-        .mode = d->opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
-                : d->opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
-                                                         : VHD_SANDBOX_ON,
+        .mode = mode,
         .user = d->opts.user,
         .chown_paths = socks,
         .nchown = nsocks,
-        .client_mode = nsocks < (unsigned)d->ndev, /* a device without a listening socket */
+        .client_mode = client,
         .unlink_dirs = dirs,
         .nunlink_dirs = nsocks,
     };
     for (int i = 0; i < d->opts.nblk; i++)
         so.nbd |= !strcmp(d->opts.blk[i].backend, "nbd"); /* its workers (re)connect */
+    so.nbd |= d->rpc != NULL;                             /* one may be added at runtime */
     if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: sandbox: %s\n", err);
         return -1;
@@ -186,6 +245,8 @@ static int enter_sandbox(struct daemon *d)
 
 static void shutdown_all(struct daemon *d)
 {
+    vhd_rpc_free(d->rpc); /* connections closed; the devices stay in the context */
+    d->rpc = NULL;
     /* Sessions end first (in-flight I/O completes), then each backend is flushed and closed. */
     vhd_ctx_destroy(d->ctx);
     d->ctx = NULL;
@@ -253,6 +314,18 @@ int main(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "vhostd: workers: %s\n", strerror(-rc));
         goto fail;
+    }
+    if (d.opts.rpc) {
+        const struct vhd_rpc_ops ops = {.new_blk = new_blk, .new_net = new_net, .opaque = &d};
+        rc = vhd_rpc_new(d.ctx, &d.opts, &ops, &d.rpc);
+        if (rc == 0)
+            rc = vhd_rpc_listen(d.rpc, d.opts.rpc, err, sizeof(err));
+        else
+            snprintf(err, sizeof(err), "--rpc: %s", strerror(-rc));
+        if (rc < 0) {
+            fprintf(stderr, "vhostd: %s\n", err);
+            goto fail;
+        }
     }
     if (create_devices(&d) < 0)
         goto fail;

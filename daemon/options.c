@@ -32,6 +32,9 @@ const char vhd_usage[] =
     "                       chowned to it first\n"
     "  --max-guest-mem SIZE most guest memory all devices together may map (default 64T);\n"
     "                       a memory table beyond it is refused\n"
+    "  --rpc PATH           serve the management API (JSON-RPC 2.0, see vhostctl(1)) on a\n"
+    "                       Unix socket (mode 0600); devices may then be added at runtime\n"
+    "                       and none is needed at start. The seccomp filter is not installed\n"
     "  --config FILE        read options from FILE, one per line without the dashes\n"
     "                       (e.g. 'workers 2', 'blk socket=/run/vm1.sock,image=vm1.img'); '#' "
     "comments\n"
@@ -645,6 +648,7 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
     b->queues = 1;
     b->block_size = 512;
     b->allow_split = b->allow_packed = true;
+    b->spec = own(o, spec);
     if (parse_device(o, spec, &sp, err, errlen))
         return -1;
     if (!strcmp(b->backend, "nbd") != (b->uri != NULL))
@@ -693,6 +697,7 @@ int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_op
     n->queues = 1;
     n->mtu = 1500;
     n->allow_split = n->allow_packed = true;
+    n->spec = own(o, spec);
     if (parse_device(o, spec, &sp, err, errlen))
         return -1;
     if (!strcmp(n->backend, "switch") != (n->switch_name != NULL))
@@ -815,6 +820,11 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
         if (vhd_parse_size(v, &n) || n == 0)
             return fail(err, errlen, "--max-guest-mem %s: expected a size like 64G or 2T", v);
         o->max_guest_mem = n;
+    } else if (!strcmp(k, "rpc")) {
+        if (!*v)
+            return fail(err, errlen, "--rpc needs a socket path");
+        if (!(o->rpc = own(o, v)))
+            return fail(err, errlen, "out of memory");
     } else if (!strcmp(k, "config")) {
         return parse_config(o, v, err, errlen, depth);
     } else {
@@ -858,10 +868,10 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
     }
     if (o->help || o->version)
         return 0;
-    if (o->nblk + o->nnet == 0)
+    if (o->nblk + o->nnet == 0 && !o->rpc)
         return fail(err, errlen,
                     "no device given: use --blk socket=PATH,... or --net socket=PATH,... "
-                    "(see --help)");
+                    "(or --rpc PATH to add them at runtime; see --help)");
     for (int i = 0; i < o->nblk; i++)
         for (int j = 0; j < i; j++)
             if (!strcmp(o->blk[i].socket, o->blk[j].socket))

@@ -28,6 +28,7 @@ struct vhd_opt_access {
 
 /* One --blk device. Strings point into storage owned by struct vhd_options. */
 struct vhd_opt_blk {
+    const char *spec;    /* the KEY=VALUE,... text as given (vhostd's save-config) */
     const char *socket;  /* required */
     const char *name;    /* for logs; default: the socket's file name */
     const char *image;   /* uring backend: the file or block device */
@@ -56,6 +57,7 @@ struct vhd_opt_blk {
 /* ---- net ---- */
 /* One --net device (virtio-net). Strings point into storage owned by struct vhd_options. */
 struct vhd_opt_net {
+    const char *spec;        /* the KEY=VALUE,... text as given (vhostd's save-config) */
     const char *socket;      /* required */
     const char *name;        /* for logs; default: the socket's file name */
     const char *backend;     /* "loopback" (default), "switch", "tap" */
@@ -95,6 +97,7 @@ struct vhd_options {
     /* ---- end sandboxing ---- */
     /* --max-guest-mem: guest memory all devices together may map; 0: the library's default */
     uint64_t max_guest_mem;
+    const char *rpc; /* --rpc PATH: the management socket (daemon/rpc.h); devices become optional */
     int nblk;
     struct vhd_opt_blk blk[VHD_OPT_MAX_DEVICES];
     int nnet; /* --net devices; nblk + nnet <= VHD_OPT_MAX_DEVICES */

@@ -5,7 +5,7 @@
 set -euo pipefail
 
 what=${1:-test}
-build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev libnbd-dev)
+build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev libnbd-dev libjson-c-dev)
 # dpdk-dev: dpdk-testpmd; its virtio-user PMD and mempool driver are plugins (interop tests)
 # nbdkit: the NBD server of test_nbd (its memory and file plugins, delay and error filters)
 test_pkgs=(clang libclang-rt-14-dev valgrind dpdk-dev librte-net-virtio23 librte-mempool-ring23 nbdkit)
