@@ -37,11 +37,11 @@ struct client {
     int fd, tfd;
     struct vhd_ctx_watch *w, *tw;
     uint32_t events; /* what w watches */
-    char in[VHD_RPC_MAX_REQUEST];
-    size_t inlen;
     char *out;
     size_t outlen, outoff;
     bool closing; /* close once out is flushed */
+    size_t inlen;
+    char in[VHD_RPC_MAX_REQUEST]; /* last: a new connection zeroes what is above it */
 };
 
 struct vhd_rpc {
