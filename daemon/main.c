@@ -318,17 +318,18 @@ int main(int argc, char **argv)
     if (d.opts.rpc) {
         const struct vhd_rpc_ops ops = {.new_blk = new_blk, .new_net = new_net, .opaque = &d};
         rc = vhd_rpc_new(d.ctx, &d.opts, &ops, &d.rpc);
-        if (rc == 0)
-            rc = vhd_rpc_listen(d.rpc, d.opts.rpc, err, sizeof(err));
-        else
-            snprintf(err, sizeof(err), "--rpc: %s", strerror(-rc));
         if (rc < 0) {
-            fprintf(stderr, "vhostd: %s\n", err);
+            fprintf(stderr, "vhostd: --rpc: %s\n", strerror(-rc));
             goto fail;
         }
     }
     if (create_devices(&d) < 0)
         goto fail;
+    /* The RPC socket last: once it exists, every device of the command line does. */
+    if (d.rpc && vhd_rpc_listen(d.rpc, d.opts.rpc, err, sizeof(err)) < 0) {
+        fprintf(stderr, "vhostd: %s\n", err);
+        goto fail;
+    }
 
     d.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
     rc = d.sigfd < 0 ? -errno : vhd_ctx_watch_fd(d.ctx, d.sigfd, EPOLLIN, on_signal, &d, NULL);

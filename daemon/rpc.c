@@ -854,11 +854,28 @@ int vhd_rpc_listen(struct vhd_rpc *r, const char *path, char *err, size_t errlen
     r->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (r->lfd < 0)
         goto fail_errno;
+    /*
+     * Bound and listening under a temporary name, then renamed: the socket
+     * never exists with another mode, nor before it accepts connections.
+     */
+    char tmp[sizeof(sa.sun_path) + 16];
+    if (snprintf(tmp, sizeof(tmp), "%s.%d", path, (int)getpid()) >= (int)sizeof(sa.sun_path)) {
+        errno = ENAMETOOLONG;
+        goto fail_errno;
+    }
+    strcpy(sa.sun_path, tmp);
+    unlink(tmp);
     mode_t old = umask(0177); /* 0600 from the start, whatever the umask */
     rc = bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
-    if (rc < 0 || chmod(path, 0600) < 0 || listen(r->lfd, 64) < 0)
+    if (rc < 0)
         goto fail_errno;
+    if (chmod(tmp, 0600) < 0 || listen(r->lfd, 64) < 0 || rename(tmp, path) < 0) {
+        rc = errno;
+        unlink(tmp);
+        errno = rc;
+        goto fail_errno;
+    }
     r->path = strdup(path);
     char *dir = strdup(path);
     if (!r->path || !dir) {
