@@ -1,0 +1,618 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The management API of the real daemon (build/vhostd --rpc, daemon/rpc.c)
+ * and vhostctl: devices added at runtime to a daemon started without any,
+ * driven with the userspace blk driver, listed, counted and removed (refused
+ * while a front-end is connected, forced: in-flight writes land, the session
+ * ends, socket, mappings and fds go); hostile requests (malformed, unknown,
+ * mistyped, oversized, half-sent, too many clients) answered with errors
+ * while the devices keep serving; hundreds of devices added and removed.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "vhostd/blk_driver.h"
+
+#define MAX_DAEMONS 1
+#include "daemon_fixture.h"
+
+#define WAIT_MS 10000
+#define MB      (1024 * 1024)
+
+/* ---- a daemon with --rpc on dm->sock and no device ---- */
+
+static void start(struct daemon *dm, const char *extra)
+{
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    daemon_prepare_dir(dm, "vhd-test-rpc-XXXXXX", "rpc.sock");
+    track(dm);
+    char *argv[] = {(char *)bin, "--rpc", dm->sock, "--workers", "2", (char *)extra, NULL};
+    daemon_spawn(dm, argv);
+}
+
+static int rpc_connect(const struct daemon *dm)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    VHD_CHECK(strlen(dm->sock) < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, dm->sock, strlen(dm->sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+    return fd;
+}
+
+static void send_all(int fd, const char *s, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, s, len, MSG_NOSIGNAL);
+        VHD_CHECK(n > 0);
+        s += n;
+        len -= (size_t)n;
+    }
+}
+
+/* One answer line (without its newline) into out; false when the server closed first. */
+static bool read_line(int fd, char *out, size_t outlen)
+{
+    size_t have = 0;
+    uint64_t t0 = ms_now();
+    while (have + 1 < outlen) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t n = recv(fd, out + have, 1, 0); /* byte by byte: never past the line */
+        if (n <= 0)
+            return false;
+        if (out[have] == '\n') {
+            out[have] = '\0';
+            return true;
+        }
+        have++;
+    }
+    VHD_CHECK(!"answer too long");
+    return false;
+}
+
+/* Send a request line and return its answer (static buffer). */
+static const char *call_raw(int fd, const char *req)
+{
+    static char resp[1 << 20];
+    send_all(fd, req, strlen(req));
+    send_all(fd, "\n", 1);
+    VHD_CHECK(read_line(fd, resp, sizeof(resp)));
+    return resp;
+}
+
+static const char *call(int fd, const char *method, const char *params)
+{
+    char req[4096];
+    snprintf(req, sizeof(req), "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"%s\",\"params\":%s}",
+             method, params ? params : "{}");
+    return call_raw(fd, req);
+}
+
+#define CHECK_HAS(s, needle)                                                               \
+    do {                                                                                   \
+        const char *s_ = (s);                                                              \
+        if (!strstr(s_, needle)) {                                                         \
+            fprintf(stderr, "  %s:%d: '%s' lacks '%s'\n", __FILE__, __LINE__, s_, needle); \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static int count(const char *s, const char *needle)
+{
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static int fd_count(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    VHD_CHECK(d != NULL);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static bool maps_have(pid_t pid, const char *needle)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    VHD_CHECK(f != NULL);
+    bool found = false;
+    while (fgets(line, sizeof(line), f))
+        found |= strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
+static struct vhd_blkdrv *drv_connect(const char *sock)
+{
+    struct vhd_blkdrv_opts o = {.socket_path = sock, .timeout_ms = WAIT_MS};
+    struct vhd_blkdrv *d = NULL;
+    char err[256] = "";
+    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  blkdrv connect %s: %s\n", sock, err);
+    VHD_CHECK(rc == 0);
+    return d;
+}
+
+/* Write then read back one block at off; the data must match. */
+static void drv_rw(struct vhd_blkdrv *d, uint64_t off, uint8_t pattern)
+{
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4096);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK(buf != NULL);
+    memset(buf, pattern, 4096);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_write(q, off, buf, 4096, buf), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_wait(q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    memset(buf, 0, 4096);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, off, buf, 4096, buf), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_wait(q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    VHD_CHECK(buf[0] == pattern && buf[4095] == pattern);
+    vhd_blkdrv_buf_free(q, buf, 4096);
+}
+
+/* Poll the device's state through list until it says connected (or not). */
+static void wait_connected(int fd, const char *name, bool want)
+{
+    char needle[256];
+    snprintf(needle, sizeof(needle), "\"name\":\"%s\",\"kind\"", name);
+    uint64_t t0 = ms_now();
+    for (;;) {
+        const char *r = call(fd, "device.list", NULL);
+        const char *p = strstr(r, needle);
+        VHD_CHECK(p != NULL);
+        const char *c = strstr(p, "\"connected\":");
+        VHD_CHECK(c != NULL);
+        if (!strncmp(c + 12, want ? "true" : "false", want ? 4 : 5))
+            return;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
+}
+
+/*
+ * Devices added at runtime serve I/O; a connected one is not removed without
+ * force; forced removal lets in-flight writes land, ends the session, and
+ * leaves no socket, mapping or fd behind; the other devices keep serving.
+ */
+VHD_TEST(rpc_add_serve_remove)
+{
+    struct daemon dm;
+    char params[1024], sock_null[300], sock_file[300], sock_net[300];
+    struct stat st;
+
+    start(&dm, NULL);
+    VHD_CHECK(stat(dm.sock, &st) == 0);
+    VHD_CHECK_EQ(st.st_mode & 0777, 0600);
+    int fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "version", NULL), "\"version\":\"");
+    CHECK_HAS(call(fd, "device.list", NULL), "{\"devices\":[]}");
+
+    snprintf(sock_null, sizeof(sock_null), "%s/null.sock", dm.dir);
+    snprintf(sock_file, sizeof(sock_file), "%s/file.sock", dm.dir);
+    snprintf(sock_net, sizeof(sock_net), "%s/net.sock", dm.dir);
+    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=8M,name=nul\"}", sock_null);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"nul\"}");
+    /* keys: the same parser through a JSON object */
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"net\",\"keys\":{\"socket\":\"%s\",\"queues\":2,\"rings\":\"split\"}}",
+             sock_net);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"net.sock\"}");
+    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    drv_rw(nul, 0, 0); /* null reads zeroes */
+    int fds_before = fd_count(dm.pid);
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=16M\"}",
+             sock_file, dm.img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"file.sock\"}");
+
+    /* The command line's messages, word for word. */
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s/x.sock,color=red\"}",
+             dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "\"message\":\"--blk: unknown key 'color'\"");
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s\"}", sock_file);
+    CHECK_HAS(call(fd, "device.add", params), "\"code\":-32");
+
+    const char *l = call(fd, "device.list", NULL);
+    VHD_CHECK_EQ(count(l, "\"kind\":"), 3);
+    CHECK_HAS(l, "\"name\":\"file.sock\",\"kind\":\"blk\"");
+    CHECK_HAS(l, "\"name\":\"net.sock\",\"kind\":\"net\"");
+    VHD_CHECK_EQ(count(l, "\"connected\":false"), 2); /* nul is connected */
+
+    struct vhd_blkdrv *d = drv_connect(sock_file);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
+    drv_rw(d, 4096, 0x5a);
+    wait_connected(fd, "file.sock", true);
+    /* negotiated features: at least VIRTIO_F_VERSION_1 (bit 32) */
+    l = strstr(call(fd, "device.list", NULL), "\"name\":\"file.sock\"");
+    VHD_CHECK(l != NULL);
+    CHECK_HAS(l, "\"connected\":true");
+    CHECK_HAS(l, "\"features\":\"0x00000001");
+    CHECK_HAS(call(fd, "device.stats", "{\"name\":\"net.sock\"}"), "\"queues\":[{\"queue\":0");
+    CHECK_HAS(call(fd, "device.stats", "{\"name\":\"nope\"}"), "no device named nope");
+
+    /* Connected: refused without force, the session untouched. */
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"file.sock\"}"), "has a front-end connected");
+    drv_rw(d, 8192, 0x11);
+
+    /* Forced, with writes in flight: they complete before the session ends. */
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    enum { N = 16 };
+    uint8_t *bufs[N];
+    for (int i = 0; i < N; i++) {
+        bufs[i] = vhd_blkdrv_buf_alloc(q, 65536);
+        VHD_CHECK(bufs[i] != NULL);
+        memset(bufs[i], 0xc0 + i, 65536);
+        VHD_CHECK_EQ(vhd_blkdrv_submit_write(q, (uint64_t)i * 65536 + MB, bufs[i], 65536, bufs[i]),
+                     0);
+    }
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"file.sock\",\"force\":true}"),
+              "\"was_connected\":true");
+    /* The image holds every write (the daemon completed them and flushed before freeing). */
+    int img = open(dm.img, O_RDONLY | O_CLOEXEC);
+    VHD_CHECK(img >= 0);
+    VHD_CHECK(fstat(img, &st) == 0);
+    VHD_CHECK_EQ(st.st_size, 16 * MB);
+    for (int i = 0; i < N; i++) {
+        uint8_t b[2];
+        VHD_CHECK_EQ(pread(img, b, 1, (off_t)i * 65536 + MB), 1);
+        VHD_CHECK_EQ(pread(img, b + 1, 1, (off_t)i * 65536 + MB + 65535), 1);
+        VHD_CHECK_EQ(b[0], 0xc0 + i);
+        VHD_CHECK_EQ(b[1], 0xc0 + i);
+    }
+    close(img);
+    /* The front-end hears it: the session is closed. */
+    uint64_t t0 = ms_now();
+    while (vhd_blkdrv_session_alive(d)) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK(stat(sock_file, &st) < 0 && errno == ENOENT);
+    VHD_CHECK(!maps_have(dm.pid, "disk.img"));
+    VHD_CHECK_EQ(fd_count(dm.pid), fds_before);
+    l = call(fd, "device.list", NULL);
+    VHD_CHECK_EQ(count(l, "\"kind\":"), 2);
+    VHD_CHECK(!strstr(l, "file.sock"));
+
+    /* The others never noticed. */
+    drv_rw(nul, 4096, 0);
+    VHD_CHECK(vhd_blkdrv_session_alive(nul));
+    /* The name and socket are free again. */
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s\"}",
+             sock_file, dm.img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"file.sock\"}");
+    d = drv_connect(sock_file);
+    drv_rw(d, 0, 0x77);
+    vhd_blkdrv_disconnect(d);
+    vhd_blkdrv_disconnect(nul);
+
+    /* save-config: a --config file with the globals and every device as given. */
+    const char *cfg = call(fd, "config.save", NULL);
+    CHECK_HAS(cfg, "workers 2\\n");
+    CHECK_HAS(cfg, "rpc ");
+    CHECK_HAS(cfg, "blk socket=");
+    CHECK_HAS(cfg, "backend=null,size=8M,name=nul\\n");
+    CHECK_HAS(cfg, "net socket=");
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    VHD_CHECK(stat(dm.sock, &st) < 0); /* the RPC socket is removed at exit */
+    test_done();
+}
+
+/* Hostile requests get JSON-RPC errors; the daemon and its devices carry on. */
+VHD_TEST(rpc_bad_requests)
+{
+    struct daemon dm;
+    char params[512], sock_null[300];
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock_null, sizeof(sock_null), "%s/null.sock", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=1M\"}", sock_null);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    struct vhd_blkdrv *nul = drv_connect(sock_null);
+
+    CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"2.0\",\"id\":1,"), "\"code\":-32700");
+    CHECK_HAS(call_raw(fd, "nonsense"), "\"code\":-32700");
+    CHECK_HAS(call_raw(fd, "{\"a\":1} {\"b\":2}"), "\"code\":-32700");
+    CHECK_HAS(call_raw(fd, "[]"), "\"code\":-32600");
+    CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"version\"}"),
+              "\"code\":-32600");
+    CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":5}"), "\"code\":-32600");
+    CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"version\"}"),
+              "\"code\":-32600");
+    CHECK_HAS(call(fd, "device.explode", NULL), "unknown method 'device.explode'");
+    CHECK_HAS(call(fd, "device.list", "[1]"), "\"code\":-32602");
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":5}"), "params.name must be a string");
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"null.sock\",\"force\":\"yes\"}"),
+              "params.force must be a boolean");
+    CHECK_HAS(call(fd, "device.remove", "{}"), "params.name is required");
+    CHECK_HAS(call(fd, "device.add", "{\"kind\":\"scsi\",\"spec\":\"socket=/x\"}"),
+              "params.kind must be blk or net");
+    CHECK_HAS(call(fd, "device.add", "{\"kind\":\"blk\",\"keys\":{\"socket\":[1]}}"),
+              "params.keys.socket must be");
+    CHECK_HAS(call(fd, "device.add", "{\"kind\":\"blk\"}"), "give either params.spec or");
+    /* nesting beyond the cap */
+    char deep[256] = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"version\",\"params\":{\"a\":";
+    for (int i = 0; i < 30; i++)
+        strcat(deep, "[");
+    for (int i = 0; i < 30; i++)
+        strcat(deep, "]");
+    strcat(deep, "}}");
+    CHECK_HAS(call_raw(fd, deep), "nesting too deep");
+    /* invalid UTF-8 */
+    CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\xfe\"}"),
+              "\"code\":-32700");
+    /* The connection still works after all that. */
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+
+    /* A notification (no id): run, not answered; the next answer is the next request's. */
+    send_all(fd, "{\"jsonrpc\":\"2.0\",\"method\":\"version\"}\n", 37);
+    CHECK_HAS(call(fd, "device.list", NULL), "\"devices\"");
+
+    /* Oversized: an error, then the connection is closed. */
+    int big = rpc_connect(&dm);
+    size_t blen = 70000;
+    char *b = malloc(blen);
+    VHD_CHECK(b != NULL);
+    memset(b, ' ', blen);
+    b[0] = '{';
+    send_all(big, b, blen);
+    free(b);
+    char line[512];
+    VHD_CHECK(read_line(big, line, sizeof(line)));
+    CHECK_HAS(line, "larger than 65536 bytes");
+    VHD_CHECK(!read_line(big, line, sizeof(line)));
+    close(big);
+
+    /* Half a request, then gone. */
+    int half = rpc_connect(&dm);
+    send_all(half, "{\"jsonrpc\":\"2.0\",\"id\":1,\"meth", 30);
+    close(half);
+    /* Half a request, then silence: others are served meanwhile. */
+    half = rpc_connect(&dm);
+    send_all(half, "{\"jsonrpc\":\"2.0\",\"id\":1,\"meth", 30);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    drv_rw(nul, 0, 0);
+    close(half);
+
+    VHD_CHECK(vhd_blkdrv_session_alive(nul));
+    drv_rw(nul, 4096, 0);
+    vhd_blkdrv_disconnect(nul);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* Many clients at once: each is answered; beyond the cap, an error, not a hang. */
+VHD_TEST(rpc_many_clients)
+{
+    struct daemon dm;
+    enum { N = 100 };
+    int fds[N];
+    char line[512];
+
+    start(&dm, NULL);
+    for (int i = 0; i < N; i++)
+        fds[i] = rpc_connect(&dm);
+    /* Every request is sent before any answer is read. */
+    for (int i = 0; i < N; i++) /* one refused may be closed already: EPIPE is fine */
+        (void)!send(fds[i], "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"version\"}\n", 45,
+                    MSG_NOSIGNAL);
+    int ok = 0, refused = 0;
+    for (int i = 0; i < N; i++) {
+        VHD_CHECK(read_line(fds[i], line, sizeof(line)));
+        if (strstr(line, "\"result\""))
+            ok++;
+        else if (strstr(line, "too many connections"))
+            refused++;
+        close(fds[i]);
+    }
+    VHD_CHECK_EQ(ok + refused, N);
+    VHD_CHECK(ok >= 64);
+    /* All gone: a new client is served. */
+    int fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* Hundreds of devices added and removed at runtime, past the command line's 64. */
+VHD_TEST(rpc_many_devices)
+{
+    struct daemon dm;
+    enum { N = 256 };
+    char params[512], sock[300];
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\""); /* our connection is accepted */
+    int fds_before = fd_count(dm.pid);
+    for (int i = 0; i < N; i++) {
+        snprintf(
+            params, sizeof(params), "{\"kind\":\"%s\",\"spec\":\"socket=%s/d%d.sock,name=d%d%s\"}",
+            i % 4 == 3 ? "net" : "blk", dm.dir, i, i, i % 4 == 3 ? "" : ",backend=null,size=1M");
+        CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    }
+    VHD_CHECK_EQ(count(call(fd, "device.list", NULL), "\"kind\":"), N);
+    /* One of them serves I/O among all the others. */
+    snprintf(sock, sizeof(sock), "%s/d200.sock", dm.dir);
+    struct vhd_blkdrv *d = drv_connect(sock);
+    drv_rw(d, 0, 0);
+    for (int i = 0; i < N; i++) {
+        if (i == 200)
+            continue;
+        snprintf(params, sizeof(params), "{\"name\":\"d%d\"}", i);
+        CHECK_HAS(call(fd, "device.remove", params), "\"result\"");
+    }
+    drv_rw(d, 512, 0);
+    vhd_blkdrv_disconnect(d);
+    wait_connected(fd, "d200", false);
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"d200\"}"), "\"result\"");
+    VHD_CHECK_EQ(count(call(fd, "device.list", NULL), "\"kind\":"), 0);
+    VHD_CHECK_EQ(fd_count(dm.pid), fds_before);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* ---- vhostctl ---- */
+
+static const char *vhostctl_path(void)
+{
+    static char path[PATH_MAX];
+    const char *bin = vhostd_path();
+    if (!bin)
+        return NULL;
+    snprintf(path, sizeof(path), "%s", bin);
+    char *slash = strrchr(path, '/');
+    snprintf(slash ? slash + 1 : path, sizeof(path) - (size_t)(slash ? slash + 1 - path : 0),
+             "vhostctl");
+    return access(path, X_OK) == 0 ? path : NULL;
+}
+
+/* Run vhostctl with args; its stdout and stderr into out. Returns the exit status. */
+static int ctl(const char *rpc, char *out, size_t outlen, const char *a1, const char *a2,
+               const char *a3, const char *a4)
+{
+    const char *bin = vhostctl_path();
+    int p[2];
+    VHD_CHECK(pipe(p) == 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        execl(bin, bin, "--rpc", rpc, a1, a2, a3, a4, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t have = 0;
+    ssize_t n;
+    while (have + 1 < outlen && (n = read(p[0], out + have, outlen - 1 - have)) > 0)
+        have += (size_t)n;
+    out[have] = '\0';
+    close(p[0]);
+    int status;
+    VHD_CHECK(waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+VHD_TEST(vhostctl_commands)
+{
+    struct daemon dm;
+    static char out[65536];
+    char spec[400], sock[300], nodaemon[300];
+
+    if (!vhostctl_path())
+        vhd_test_skip("vhostctl is not built next to vhostd");
+    start(&dm, NULL);
+    snprintf(sock, sizeof(sock), "%s/v.sock", dm.dir);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=null,size=4M", sock);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "add", "blk", spec, NULL), 0);
+    CHECK_HAS(out, "v.sock\n");
+    snprintf(spec, sizeof(spec), "socket=%s/n.sock,queues=2", dm.dir);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "add", "net", spec, NULL), 0);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "add", "blk", "socket=/tmp/x.sock", NULL), 1);
+    CHECK_HAS(out, "vhostctl: --blk: image=PATH is required");
+
+    /* list: an aligned table; the columns line up under the header */
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "list", NULL, NULL, NULL), 0);
+    CHECK_HAS(out, "NAME    KIND  STATE    CONNECTED  QUEUES  WORKERS");
+    const char *row = strstr(out, "\nn.sock  net   waiting  no         5");
+    VHD_CHECK(row != NULL);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "list", "--json", NULL, NULL), 0);
+    CHECK_HAS(out, "\"devices\": [");
+    CHECK_HAS(out, "\"connected\": false");
+    CHECK_HAS(out, "\"workers\": [");
+
+    struct vhd_blkdrv *d = drv_connect(sock);
+    drv_rw(d, 0, 0);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", "v.sock", NULL, NULL), 1);
+    CHECK_HAS(out, "has a front-end connected");
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", "n.sock", "--prometheus", NULL), 0);
+    CHECK_HAS(out, "# TYPE vhostd_queue_requests_total counter\n");
+    CHECK_HAS(out, "vhostd_queue_requests_total{device=\"n.sock\",kind=\"net\",queue=\"4\"} 0\n");
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", NULL, NULL, NULL), 0);
+    CHECK_HAS(out, "DEVICE  QUEUE  WORKER  REQUESTS");
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", "v.sock", "--force", NULL), 0);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", "v.sock", NULL, NULL), 1);
+    CHECK_HAS(out, "vhostctl: no device named v.sock");
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "save-config", NULL, NULL, NULL), 0);
+    CHECK_HAS(out, "net socket=");
+    VHD_CHECK(!strstr(out, "v.sock"));
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "version", NULL, NULL, NULL), 0);
+    CHECK_HAS(out, "vhostd ");
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "frobnicate", NULL, NULL, NULL), 2);
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", NULL, NULL, NULL), 2);
+    snprintf(nodaemon, sizeof(nodaemon), "%s/none.sock", dm.dir);
+    VHD_CHECK_EQ(ctl(nodaemon, out, sizeof(out), "list", NULL, NULL, NULL), 3);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* `rpc PATH` in a config file, with a device of the file: the RPC manages both. */
+VHD_TEST(rpc_config_file)
+{
+    struct daemon dm;
+    char cfg[300], line[600];
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found");
+    daemon_prepare_dir(&dm, "vhd-test-rpc-XXXXXX", "rpc.sock");
+    track(&dm);
+    snprintf(cfg, sizeof(cfg), "%s/vhostd.conf", dm.dir);
+    FILE *f = fopen(cfg, "w");
+    VHD_CHECK(f != NULL);
+    fprintf(f, "rpc %s\nblk socket=%s/c.sock,backend=null,size=1M,name=cfgdisk\n", dm.sock, dm.dir);
+    fclose(f);
+    char *argv[] = {(char *)bin, "--config", cfg, NULL};
+    daemon_spawn(&dm, argv);
+    int fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"cfgdisk\"");
+    snprintf(line, sizeof(line), "blk socket=%s/c.sock,backend=null,size=1M,name=cfgdisk\\n",
+             dm.dir);
+    CHECK_HAS(call(fd, "config.save", NULL), line);
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"cfgdisk\"}"), "\"result\"");
+    CHECK_HAS(call(fd, "device.list", NULL), "{\"devices\":[]}");
+    close(fd);
+    unlink(cfg);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
