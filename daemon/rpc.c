@@ -918,6 +918,15 @@ int vhd_rpc_dir_fd(const struct vhd_rpc *r)
     return r->dirfd;
 }
 
+void vhd_rpc_destroy_devices(struct vhd_rpc *r)
+{
+    while (r->ndevs) {
+        struct rdev *d = &r->devs[r->ndevs - 1];
+        vhd_device_destroy(d->dev);
+        table_del(r, d);
+    }
+}
+
 void vhd_rpc_free(struct vhd_rpc *r)
 {
     if (!r)

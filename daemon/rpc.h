@@ -86,6 +86,12 @@ void vhd_rpc_log_counters(struct vhd_rpc *r, const char *why);
 unsigned vhd_rpc_ndevices(const struct vhd_rpc *r);
 
 /*
+ * vhd_rpc_destroy_devices - stop and destroy every device of the table (as
+ * a forced removal does) and empty it. Control thread.
+ */
+void vhd_rpc_destroy_devices(struct vhd_rpc *r);
+
+/*
  * vhd_rpc_free - close every connection and the listening socket (its file
  * removed) and forget the table; the devices themselves stay in the context
  * (vhd_ctx_destroy frees them). NULL is fine.
