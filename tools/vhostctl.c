@@ -417,6 +417,7 @@ int main(int argc, char **argv)
         NEED(2, "NAME");
         json_object_object_add(p, "name", json_object_new_string(pos[1]));
         res = call(path, "device.resume", p);
+        printf("%s: %" PRIu64 " paused queue(s) resumed\n", pos[1], get_u64(res, "resumed_queues"));
     } else if (!strcmp(cmd, "save-config")) {
         NEED(1, "");
         res = call(path, "config.save", p);

@@ -616,3 +616,56 @@ VHD_TEST(rpc_config_file)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/*
+ * resume: a read that fails under rerror=stop (the image shrank under it) is
+ * held and its queue paused, as list shows; once the image is whole again,
+ * device.resume retries it and it completes with the data.
+ */
+VHD_TEST(rpc_resume)
+{
+    struct daemon dm;
+    char params[1024], sock[300];
+    static uint8_t want[4096];
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock, sizeof(sock), "%s/r.sock", dm.dir);
+    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=1M,rerror=stop\"}", sock,
+             dm.img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    int img = open(dm.img, O_RDWR | O_CLOEXEC);
+    VHD_CHECK(img >= 0);
+    memset(want, 0x3c, sizeof(want));
+    VHD_CHECK_EQ(pwrite(img, want, sizeof(want), 8192), (ssize_t)sizeof(want));
+    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4096);
+    VHD_CHECK(buf != NULL);
+    CHECK_HAS(call(fd, "device.list", NULL), "\"paused_queues\":0");
+
+    VHD_CHECK_EQ(ftruncate(img, 8192 + 2048), 0); /* the block ends half-way */
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, 8192, buf, 4096, buf), 0);
+    uint64_t t0 = ms_now();
+    while (!strstr(call(fd, "device.list", NULL), "\"paused_queues\":1")) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
+    CHECK_HAS(call(fd, "device.resume", "{\"name\":\"nope\"}"), "no device named nope");
+    VHD_CHECK_EQ(ftruncate(img, MB), 0);
+    VHD_CHECK_EQ(pwrite(img, want, sizeof(want), 8192), (ssize_t)sizeof(want));
+    close(img);
+    CHECK_HAS(call(fd, "device.resume", "{\"name\":\"r.sock\"}"), "\"resumed_queues\":1");
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_wait(q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, 0);
+    VHD_CHECK(memcmp(buf, want, sizeof(want)) == 0);
+    CHECK_HAS(call(fd, "device.list", NULL), "\"paused_queues\":0");
+    CHECK_HAS(call(fd, "device.resume", "{\"name\":\"r.sock\"}"), "\"resumed_queues\":0");
+    vhd_blkdrv_disconnect(d);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
