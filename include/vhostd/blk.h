@@ -102,6 +102,23 @@ int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
 int vhd_blk_device_resume(struct vhd_device *dev);
 
 /*
+ * vhd_blk_device_resize - change a blk device's size to bytes (a positive
+ * multiple of its block size): a null device's size changes; an image file
+ * grows (sparse) or is cut; a block device is -ENOTSUP. Shrinking a file
+ * over data it holds past the new end is -EBUSY unless force. The config
+ * space's capacity changes at once and a connected front-end is told with
+ * VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the back-end channel (when it
+ * negotiated BACKEND_REQ and CONFIG; QEMU then re-reads the config and
+ * notifies the guest). Returns 0, or -errno (-EINVAL: not a blk device or a
+ * bad size) with a one-line reason in err (errlen bytes, may be 0).
+ */
+int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, char *err,
+                          size_t errlen);
+
+/* vhd_blk_device_size - a blk device's size in bytes (its capacity); 0 for other devices. */
+uint64_t vhd_blk_device_size(const struct vhd_device *dev);
+
+/*
  * vhd_blk_device_paused_queues - how many queues of a blk device are paused
  * now (holding requests under a stop policy); 0 for other devices.
  */

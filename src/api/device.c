@@ -174,6 +174,32 @@ int vhd_blk_device_resume(struct vhd_device *dev)
     return vhd_blk_resume(dev->dev);
 }
 
+int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, char *err,
+                          size_t errlen)
+{
+    char sub[256] = "";
+    if (!dev || dev->type != API_DEV_BLK)
+        return api_fail(err, errlen, -EINVAL, "not a blk device");
+    int rc = vhd_blk_resize(dev->dev, bytes, force, sub, sizeof(sub));
+    if (rc < 0)
+        return api_fail(err, errlen, rc, "%s", sub);
+    struct vhd_vu_conn *c = api_device_conn(dev);
+    if (c) {
+        rc = vhd_vu_conn_config_changed(c);
+        if (rc < 0 && rc != -ENOTCONN)
+            vhd_log(VHD_LOG_WARN, "%s: config change notification: %s", dev->dev->name,
+                    strerror(-rc));
+    }
+    return 0;
+}
+
+uint64_t vhd_blk_device_size(const struct vhd_device *dev)
+{
+    if (!dev || dev->type != API_DEV_BLK)
+        return 0;
+    return vhd_blk_capacity(dev->dev) << 9;
+}
+
 unsigned vhd_blk_device_paused_queues(const struct vhd_device *dev)
 {
     if (!dev || dev->type != API_DEV_BLK)

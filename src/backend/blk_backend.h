@@ -131,6 +131,16 @@ struct vhd_blk_backend_ops {
     void (*submit)(struct vhd_blk_backend *be, struct vhd_worker *w, struct vhd_blk_io *io);
 
     /*
+     * resize - change the storage's size to size bytes (null: the device's
+     * size; uring: an image file grows sparse or is truncated) and set
+     * be->size. Shrinking a file over data is -EBUSY unless force. NULL
+     * (or -ENOTSUP): the backend cannot (a block device). Returns 0 or
+     * -errno with a one-line reason in err. Control thread; workers may
+     * be submitting meanwhile (the device publishes the new capacity).
+     */
+    int (*resize)(struct vhd_blk_backend *be, uint64_t size, bool force, char *err, size_t errlen);
+
+    /*
      * The io_uring opcodes submit() may use, as bits (1ull << IORING_OP_*):
      * the daemon restricts the workers' rings to these (vhd_rt_opts.uring_ops).
      */
@@ -140,7 +150,8 @@ struct vhd_blk_backend_ops {
 /*
  * The common head of every backend instance (each backend embeds it first).
  * Fields are set by open() and read-only afterwards, so any worker may read
- * them.
+ * them; except size, which resize() changes (workers do not use it: the
+ * device checks ranges against its own capacity).
  */
 struct vhd_blk_backend {
     const struct vhd_blk_backend_ops *ops;

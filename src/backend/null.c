@@ -72,9 +72,22 @@ static void null_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struct
     io->complete(io, res);
 }
 
+/* resize: no storage, only the size changes. */
+static int null_resize(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
+                       size_t errlen)
+{
+    (void)force;
+    (void)err;
+    (void)errlen;
+    be->size = size;
+    snprintf(be->desc, sizeof(be->desc), "null (%llu bytes)", (unsigned long long)size);
+    return 0;
+}
+
 const struct vhd_blk_backend_ops vhd_blk_backend_null = {
     .name = "null",
     .open = null_open,
     .close = null_close,
     .submit = null_submit,
+    .resize = null_resize,
 };

@@ -784,7 +784,38 @@ static void uring_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struc
     }
 }
 
+/*
+ * resize: a regular file grows sparse (ftruncate) or is cut; cutting over
+ * allocated data (SEEK_DATA finds some past the new end) needs force. A
+ * block device's size is its own: -ENOTSUP.
+ */
+static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
+                        size_t errlen)
+{
+    struct uring_be *ub = to_ub(be);
+
+    if (ub->blkdev)
+        return fail(err, errlen, -ENOTSUP, "%s is a block device: resize it, not the disk",
+                    be->desc);
+    if (be->ro)
+        return fail(err, errlen, -EROFS, "the image is read-only");
+    if (size < be->size && !force) {
+        off_t data = lseek(ub->fd, (off_t)size, SEEK_DATA);
+        if (data >= 0 && (uint64_t)data < be->size)
+            return fail(err, errlen, -EBUSY,
+                        "the image holds data past %llu bytes (at %lld): shrinking would lose "
+                        "it (force to do it anyway)",
+                        (unsigned long long)size, (long long)data);
+    }
+    if (ftruncate(ub->fd, (off_t)size) < 0)
+        return fail(err, errlen, -errno, "cannot resize the image to %llu bytes: %s",
+                    (unsigned long long)size, strerror(errno));
+    be->size = size;
+    return 0;
+}
+
 const struct vhd_blk_backend_ops vhd_blk_backend_uring = {
+    .resize = uring_resize,
     .name = "uring",
     .open = uring_open,
     .close = uring_close,

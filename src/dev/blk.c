@@ -57,7 +57,11 @@ struct blk_qctl {
 struct vhd_blk {
     struct vhd_dev dev;
     struct vhd_blk_backend *be;
-    uint64_t capacity;        /* 512-byte sectors, a multiple of block_sectors */
+    /*
+     * 512-byte sectors, a multiple of block_sectors. vhd_blk_resize (control
+     * thread) changes it with an atomic store; workers load it atomically.
+     */
+    uint64_t capacity;
     uint32_t block_size;      /* logical block size, bytes */
     uint32_t block_sectors;   /* block_size / 512, a power of two */
     uint32_t max_dwz_sectors; /* per discard / write-zeroes segment, a multiple of block_sectors */
@@ -211,10 +215,11 @@ static bool range_ok(const struct vhd_blk *blk, uint64_t sector, uint64_t bytes)
 {
     uint64_t nsect = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
     uint64_t mask = blk->block_sectors - 1;
+    uint64_t cap = __atomic_load_n(&blk->capacity, __ATOMIC_ACQUIRE);
 
     if (bytes & (VIRTIO_BLK_SECTOR_SIZE - 1))
         return false;
-    if (sector > blk->capacity || nsect > blk->capacity - sector)
+    if (sector > cap || nsect > cap - sector)
         return false;
     return !((sector | nsect) & mask);
 }
@@ -482,7 +487,9 @@ static void blk_rw(struct blk_queue *bq, struct blk_req *r, uint64_t sector, boo
                    "%s: queue %u: %s of %llu bytes at sector %llu: outside the capacity (%llu) "
                    "or not aligned to the %u-byte block",
                    q->dev->name, q->index, write ? "write" : "read", (unsigned long long)len,
-                   (unsigned long long)sector, (unsigned long long)blk->capacity, blk->block_size);
+                   (unsigned long long)sector,
+                   (unsigned long long)__atomic_load_n(&blk->capacity, __ATOMIC_RELAXED),
+                   blk->block_size);
         return;
     }
     /* size_max (5.2.3), when the driver accepted it. seg_max is bounded by the iovec array. */
@@ -1275,6 +1282,36 @@ void vhd_blk_free(struct vhd_dev *dev)
 uint64_t vhd_blk_capacity(const struct vhd_dev *dev)
 {
     return to_cblk(dev)->capacity;
+}
+
+int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    uint64_t old = blk->be->size, old_cap = blk->capacity;
+
+    if (bytes == 0 || bytes % blk->block_size) {
+        snprintf(err, errlen, "size %llu is not a positive multiple of the %u-byte block",
+                 (unsigned long long)bytes, blk->block_size);
+        return -EINVAL;
+    }
+    if (!blk->be->ops->resize) {
+        snprintf(err, errlen, "the %s backend cannot be resized", blk->be->ops->name);
+        return -ENOTSUP;
+    }
+    uint64_t cap = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
+    /* Shrinking: requests past the new end are refused before the storage goes. */
+    if (bytes < old)
+        __atomic_store_n(&blk->capacity, cap, __ATOMIC_RELEASE);
+    int rc = blk->be->ops->resize(blk->be, bytes, force, err, errlen);
+    if (rc < 0) {
+        __atomic_store_n(&blk->capacity, old_cap, __ATOMIC_RELEASE);
+        return rc;
+    }
+    /* Growing: the storage is there before any request may reach it. */
+    __atomic_store_n(&blk->capacity, cap, __ATOMIC_RELEASE);
+    vhd_log(VHD_LOG_INFO, "%s: resized from %llu to %llu bytes (%llu sectors)", blk->dev.name,
+            (unsigned long long)old, (unsigned long long)bytes, (unsigned long long)cap);
+    return 0;
 }
 
 int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *out)

@@ -114,6 +114,16 @@ extern const struct vhd_dev_ops vhd_blk_ops;
 /* Capacity in 512-byte sectors (what config space reports). */
 uint64_t vhd_blk_capacity(const struct vhd_dev *dev);
 
+/*
+ * vhd_blk_resize - change the device's size to bytes (a multiple of the
+ * block size): the backend's storage first (growing) or the capacity first
+ * (shrinking), so no request reaches storage that is not there. Shrinking
+ * a file over data is -EBUSY unless force. The caller tells the front-end
+ * (config change). 0, or -errno with a one-line reason in err. Control
+ * thread; the queues may be running.
+ */
+int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen);
+
 /* Per-queue counters, kept by the owning worker without atomics. */
 struct vhd_blk_queue_stats {
     uint64_t completed; /* requests completed with a status byte */

@@ -16,6 +16,8 @@
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -653,4 +655,85 @@ VHD_TEST(guest_memory_limits)
     VHD_CHECK(mem_table_with_limits(REGION / 2, 0) < 0); /* above the device's */
     VHD_CHECK(mem_table_with_limits(0, REGION / 2) < 0); /* above the process's */
     VHD_CHECK_EQ(mem_table_with_limits(REGION, REGION), 0);
+}
+
+/*
+ * vhd_blk_device_resize: the config space's capacity changes and the
+ * front-end hears VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the back-end
+ * channel; an image file grows sparse; shrinking over data needs force; a
+ * net device or a bad size is refused.
+ */
+VHD_TEST(blk_resize_tells_the_front_end)
+{
+    char sock[128], img[128], err[256] = "";
+    struct loop l;
+    struct fe e;
+    uint64_t cap = 0;
+    int sv[2];
+
+    sock_path(sock, sizeof(sock), "resize");
+    snprintf(img, sizeof(img), "/tmp/vhd-test-api-%d-resize.img", (int)getpid());
+    unlink(img);
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_blk_config c = {
+        .dev = {.name = "rs", .endpoint = {.path = sock}}, .image = img, .size = 1 << 20};
+    struct vhd_device *dev = NULL;
+    VHD_CHECK_EQ(vhd_blk_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), 1 << 20);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    loop_start(&l, ctx);
+    fe_open(&e, sock,
+            (1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK) | (1ull << VHOST_USER_PROTOCOL_F_CONFIG) |
+                (1ull << VHOST_USER_PROTOCOL_F_BACKEND_REQ));
+    VHD_CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    VHD_CHECK_EQ(vhd_vuf_set_backend_req_fd(&e.f, sv[1]), 0);
+    close(sv[1]);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0);
+    VHD_CHECK_EQ(cap, (1 << 20) / 512);
+    loop_stop(&l);
+
+    /* Grow: the file, the config space, a CONFIG_CHANGE message. */
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 4 << 20, false, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), 4 << 20);
+    struct stat st;
+    VHD_CHECK(stat(img, &st) == 0);
+    VHD_CHECK_EQ(st.st_size, 4 << 20);
+    struct pollfd pf = {.fd = sv[0], .events = POLLIN};
+    VHD_CHECK_EQ(poll(&pf, 1, WAIT_MS), 1);
+    uint32_t hdr[3];
+    VHD_CHECK_EQ(read(sv[0], hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+    VHD_CHECK_EQ(hdr[0], VHOST_USER_BACKEND_CONFIG_CHANGE_MSG);
+    VHD_CHECK_EQ(hdr[2], 0);
+    loop_start(&l, ctx);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0);
+    VHD_CHECK_EQ(cap, (4 << 20) / 512);
+    loop_stop(&l);
+
+    /* Shrink over data: refused, nothing changed; forced: done. */
+    int fd = open(img, O_WRONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(pwrite(fd, "x", 1, 3 << 20), 1);
+    close(fd);
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 2 << 20, false, err, sizeof(err)), -EBUSY);
+    VHD_CHECK(strstr(err, "holds data past") != NULL);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), 4 << 20);
+    VHD_CHECK(stat(img, &st) == 0 && st.st_size == 4 << 20);
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 2 << 20, true, err, sizeof(err)), 0);
+    VHD_CHECK(stat(img, &st) == 0 && st.st_size == 2 << 20);
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 1000, false, err, sizeof(err)), -EINVAL);
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 0, false, err, sizeof(err)), -EINVAL);
+    loop_start(&l, ctx);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0);
+    VHD_CHECK_EQ(cap, (2 << 20) / 512);
+    loop_stop(&l);
+    fe_close(&e);
+    close(sv[0]);
+
+    struct vhd_net_config nc = {.dev = {.name = "n", .endpoint = {.path = sock}}};
+    struct vhd_device *net = NULL;
+    VHD_CHECK_EQ(vhd_net_device_new(ctx, &nc, &net, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_blk_device_resize(net, 1 << 20, false, err, sizeof(err)), -EINVAL);
+    VHD_CHECK_EQ(vhd_blk_device_size(net), 0);
+    vhd_ctx_destroy(ctx);
+    unlink(img);
 }
