@@ -376,6 +376,44 @@ static json_object *m_remove(struct call *c)
     return res;
 }
 
+/*
+ * resize: {"name", "size": bytes or "20G", "force"}: the device's size and
+ * config space change and its front-end is told (vhostd/blk.h).
+ */
+static json_object *m_resize(struct call *c)
+{
+    json_object *jn, *js, *jf = NULL;
+    uint64_t size = 0;
+    int rc;
+    if ((rc = param(c, "name", json_type_string, &jn)) <= 0)
+        return rc < 0 ? NULL : failf(c, VHD_RPC_E_PARAMS, "params.name is required");
+    if (param(c, "force", json_type_boolean, &jf) < 0)
+        return NULL;
+    if (!c->params || !json_object_object_get_ex(c->params, "size", &js) || !js)
+        return failf(c, VHD_RPC_E_PARAMS, "params.size is required");
+    if (json_object_is_type(js, json_type_int) && json_object_get_int64(js) > 0)
+        size = (uint64_t)json_object_get_int64(js);
+    else if (!json_object_is_type(js, json_type_string) ||
+             vhd_parse_size(json_object_get_string(js), &size) || !size)
+        return failf(c, VHD_RPC_E_PARAMS,
+                     "params.size must be a positive integer or a size like 20G");
+    struct rdev *d = find_dev(c->r, json_object_get_string(jn));
+    if (!d)
+        return failf(c, VHD_RPC_E_FAILED, "no device named %.64s", json_object_get_string(jn));
+    if (d->net)
+        return failf(c, VHD_RPC_E_FAILED, "device %s is not a blk device", d->name);
+    char err[256] = "";
+    uint64_t old = vhd_blk_device_size(d->dev);
+    rc = vhd_blk_device_resize(d->dev, size, jf && json_object_get_boolean(jf), err, sizeof(err));
+    if (rc < 0)
+        return failf(c, VHD_RPC_E_FAILED, "%s: resize: %s", d->name, err);
+    json_object *res = json_object_new_object();
+    json_object_object_add(res, "name", json_object_new_string(d->name));
+    json_object_object_add(res, "old_size", json_object_new_uint64(old));
+    json_object_object_add(res, "size", json_object_new_uint64(vhd_blk_device_size(d->dev)));
+    return res;
+}
+
 /* resume: retry what a blk device paused by werror/rerror=stop holds. */
 static json_object *m_resume(struct call *c)
 {
@@ -412,6 +450,8 @@ static json_object *device_json(const struct rdev *d)
         o, "connected",
         json_object_new_boolean(st == VHD_DEVICE_CONNECTED || st == VHD_DEVICE_BROKEN));
     json_object_object_add(o, "queues", json_object_new_int((int)nq));
+    if (!d->net)
+        json_object_object_add(o, "size", json_object_new_uint64(vhd_blk_device_size(d->dev)));
     if (!d->net) /* werror/rerror=stop: queues holding requests until a resume */
         json_object_object_add(o, "paused_queues",
                                json_object_new_int((int)vhd_blk_device_paused_queues(d->dev)));
@@ -504,8 +544,27 @@ static json_object *m_save_config(struct call *c)
         fprintf(f, "max-guest-mem %" PRIu64 "\n", o->max_guest_mem);
     if (c->r->path)
         fprintf(f, "rpc %s\n", c->r->path);
-    for (unsigned i = 0; i < c->r->ndevs; i++)
-        fprintf(f, "%s %s\n", c->r->devs[i].net ? "net" : "blk", c->r->devs[i].spec);
+    for (unsigned i = 0; i < c->r->ndevs; i++) {
+        const struct rdev *d = &c->r->devs[i];
+        fprintf(f, "%s ", d->net ? "net" : "blk");
+        /* A resized disk: its size= says the size it has now (an image must match it). */
+        const char *p = d->spec;
+        while (*p) {
+            size_t n = strcspn(p, ",");
+            char given[32] = "";
+            uint64_t was = 0;
+            if (!d->net && !strncmp(p, "size=", 5) && n - 5 < sizeof(given))
+                memcpy(given, p + 5, n - 5);
+            if (given[0] && (vhd_parse_size(given, &was) || was != vhd_blk_device_size(d->dev)))
+                fprintf(f, "size=%" PRIu64, vhd_blk_device_size(d->dev));
+            else
+                fwrite(p, 1, n, f);
+            p += n;
+            if (*p == ',')
+                fputc(*p++, f);
+        }
+        fputc('\n', f);
+    }
     if (fclose(f) != 0 || !buf) {
         free(buf);
         return failf(c, VHD_RPC_E_FAILED, "out of memory");
@@ -520,9 +579,9 @@ static const struct {
     const char *name;
     json_object *(*fn)(struct call *c);
 } methods[] = {
-    {"version", m_version},         {"device.add", m_add},       {"device.remove", m_remove},
-    {"device.list", m_list},        {"device.resume", m_resume}, {"device.stats", m_stats},
-    {"config.save", m_save_config},
+    {"version", m_version},    {"device.add", m_add},          {"device.remove", m_remove},
+    {"device.list", m_list},   {"device.resume", m_resume},    {"device.resize", m_resize},
+    {"device.stats", m_stats}, {"config.save", m_save_config},
 };
 
 /* ---- requests ---- */

@@ -669,3 +669,58 @@ VHD_TEST(rpc_resume)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/* resize: the image grows, a new session sees the capacity; shrinking over data needs force. */
+VHD_TEST(rpc_resize)
+{
+    struct daemon dm;
+    char params[1024], sock[300], out[4096];
+    struct stat st;
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock, sizeof(sock), "%s/z.sock", dm.dir);
+    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=8M\"}",
+             sock, dm.img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    snprintf(params, sizeof(params), "{\"kind\":\"net\",\"spec\":\"socket=%s/zn.sock\"}", dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    struct vhd_blkdrv *d = drv_connect(sock);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 8 * MB);
+    drv_rw(d, 6 * MB, 0x42);
+
+    CHECK_HAS(call(fd, "device.resize", "{\"name\":\"z.sock\",\"size\":\"16M\"}"),
+              "\"old_size\":8388608,\"size\":16777216");
+    VHD_CHECK(stat(dm.img, &st) == 0);
+    VHD_CHECK_EQ(st.st_size, 16 * MB);
+    CHECK_HAS(call(fd, "device.list", NULL), "\"size\":16777216");
+    drv_rw(d, 0, 0x43); /* the running session is not disturbed */
+    vhd_blkdrv_disconnect(d);
+    d = drv_connect(sock);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
+    drv_rw(d, 12 * MB, 0x44);
+
+    CHECK_HAS(call(fd, "device.resize", "{\"name\":\"z.sock\",\"size\":4194304}"),
+              "holds data past 4194304 bytes");
+    VHD_CHECK(stat(dm.img, &st) == 0 && st.st_size == 16 * MB);
+    CHECK_HAS(call(fd, "device.resize", "{\"name\":\"z.sock\",\"size\":\"lots\"}"),
+              "params.size must be");
+    CHECK_HAS(call(fd, "device.resize", "{\"name\":\"z.sock\",\"size\":1000}"),
+              "not a positive multiple");
+    CHECK_HAS(call(fd, "device.resize", "{\"name\":\"zn.sock\",\"size\":\"1M\"}"),
+              "not a blk device");
+    snprintf(params, sizeof(params), "blk socket=%s,image=%s,size=16777216\\n", sock, dm.img);
+    CHECK_HAS(call(fd, "config.save", NULL), params);
+    vhd_blkdrv_disconnect(d);
+    if (vhostctl_path()) {
+        VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "resize", "z.sock", "4M", NULL), 1);
+        CHECK_HAS(out, "vhostctl: z.sock: resize: the image holds data");
+        VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "resize", "z.sock", "4M", "--force"), 0);
+        CHECK_HAS(out, "z.sock: 4194304 bytes");
+        VHD_CHECK(stat(dm.img, &st) == 0 && st.st_size == 4 * MB);
+    }
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
