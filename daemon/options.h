@@ -13,7 +13,7 @@
 
 #include "util/parse.h" /* vhd_parse_size: the values of size keys */
 
-#define VHD_OPT_MAX_DEVICES 64
+#define VHD_OPT_MAX_DEVICES 1024 /* --blk and --net together (and the RPC's table) */
 #define VHD_OPT_MAX_WORKERS 64
 #define VHD_OPT_MAX_QUEUES  64
 

@@ -313,7 +313,7 @@ static json_object *m_add(struct call *c)
             goto out;
         }
     if (r->ndevs >= VHD_RPC_MAX_DEVICES) {
-        failf(c, VHD_RPC_E_FAILED, "too many devices (at most %u)", VHD_RPC_MAX_DEVICES);
+        failf(c, VHD_RPC_E_FAILED, "too many devices (at most %d)", VHD_RPC_MAX_DEVICES);
         goto out;
     }
     rc = net ? r->ops.new_net(r->ops.opaque, &o->net[0], &dev, err, sizeof(err))

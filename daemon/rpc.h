@@ -18,7 +18,7 @@
 #define VHD_RPC_MAX_DEPTH   16     /* JSON nesting */
 #define VHD_RPC_IDLE_MS     10000u /* a connection silent (or mid-request) this long is closed */
 #define VHD_RPC_MAX_CLIENTS 64u    /* concurrent connections; more are answered with an error */
-#define VHD_RPC_MAX_DEVICES 1024u  /* devices in the table */
+#define VHD_RPC_MAX_DEVICES VHD_OPT_MAX_DEVICES /* devices in the table */
 
 /* JSON-RPC 2.0 error codes; -32000: a device operation failed (the message says why). */
 #define VHD_RPC_E_PARSE   (-32700)

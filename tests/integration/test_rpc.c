@@ -451,11 +451,11 @@ VHD_TEST(rpc_many_clients)
     test_done();
 }
 
-/* Hundreds of devices added and removed at runtime, past the command line's 64. */
+/* 1024 devices (the cap) added at runtime, one more refused, all removed. */
 VHD_TEST(rpc_many_devices)
 {
     struct daemon dm;
-    enum { N = 256 };
+    enum { N = 1024 };
     char params[512], sock[300];
 
     start(&dm, NULL);
@@ -469,6 +469,9 @@ VHD_TEST(rpc_many_devices)
         CHECK_HAS(call(fd, "device.add", params), "\"result\"");
     }
     VHD_CHECK_EQ(count(call(fd, "device.list", NULL), "\"kind\":"), N);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/over.sock,backend=null,size=1M\"}", dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "too many devices (at most 1024)");
     /* One of them serves I/O among all the others. */
     snprintf(sock, sizeof(sock), "%s/d200.sock", dm.dir);
     struct vhd_blkdrv *d = drv_connect(sock);
