@@ -220,9 +220,9 @@ struct vhd_queue_counters {
  * vhd_device_queue_counters - q's counters. net and custom devices: any time
  * (the worker stores them with relaxed atomics: a snapshot may be a burst
  * old); they survive ring restarts within a session (net) or the device's
- * life (custom). blk: the counters of the ring's last run, available while
- * the queue is not running (-EBUSY while it is; -ENODATA before it ran).
- * -EINVAL for a bad index.
+ * life (custom). blk: the counters of the ring's current (or last) run,
+ * any time, also while it runs (relaxed atomics, as net); -ENODATA before
+ * it first ran. -EINVAL for a bad index.
  */
 int vhd_device_queue_counters(const struct vhd_device *dev, uint32_t q,
                               struct vhd_queue_counters *out);

@@ -528,15 +528,10 @@ int vhd_device_queue_counters(const struct vhd_device *d, uint32_t q,
         return 0;
     }
     case API_DEV_BLK: {
-        const struct vhd_queue *vq = &d->dev->queues[q];
-        struct vhd_blk_queue_stats st;
-        if (vq->attached)
-            return -EBUSY; /* the worker owns the counters */
-        if (vhd_blk_queue_stats(vq, &st) < 0)
+        /* any time: the worker stores these with relaxed atomics */
+        if (vhd_blk_queue_counters(&d->dev->queues[q], &out->requests, &out->bytes, &out->errors) <
+            0)
             return -ENODATA;
-        out->requests = st.completed;
-        out->bytes = st.bytes_read + st.bytes_written;
-        out->errors = st.status_ioerr + st.bad_chains;
         return 0;
     }
     case API_DEV_CUSTOM:

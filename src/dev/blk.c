@@ -266,18 +266,26 @@ static __attribute__((noinline)) void blk_log_written(struct blk_queue *bq, stru
  * Complete r with a status. `used` counts the bytes written into the
  * device-writable buffers including the status byte (2.7.8: used length).
  */
+/*
+ * The counters vhd_blk_queue_counters reads while the queue runs: the worker
+ * is their only writer (a plain load, a relaxed atomic store: a mov on x86);
+ * the control thread loads them atomically.
+ */
+#define STAT_ADD(bq, field, n) \
+    __atomic_store_n(&(bq)->st.field, (bq)->st.field + (n), __ATOMIC_RELAXED)
+
 static void blk_complete(struct blk_queue *bq, struct blk_req *r, uint8_t status, uint32_t used)
 {
     *r->status = status;
     if (vhd_unlikely(bq->q->vq.log != NULL))
         blk_log_written(bq, r);
-    bq->st.completed++;
+    STAT_ADD(bq, completed, 1);
     if (status == VIRTIO_BLK_S_OK)
         bq->st.status_ok++;
     else if (status == VIRTIO_BLK_S_UNSUPP)
         bq->st.status_unsupp++;
     else
-        bq->st.status_ioerr++;
+        STAT_ADD(bq, status_ioerr, 1);
     blk_push(bq, r, used);
 }
 
@@ -420,12 +428,12 @@ static void blk_io_done(struct vhd_blk_io *io, int res)
     }
     switch (r->type) {
     case VIRTIO_BLK_T_IN:
-        bq->st.bytes_read += r->data_len;
+        STAT_ADD(bq, bytes_read, r->data_len);
         /* data + status: all of the writable part (5.2.6: data then status) */
         blk_complete(bq, r, VIRTIO_BLK_S_OK, (uint32_t)r->data_len + 1);
         return;
     case VIRTIO_BLK_T_OUT:
-        bq->st.bytes_written += r->data_len;
+        STAT_ADD(bq, bytes_written, r->data_len);
         blk_complete(bq, r, VIRTIO_BLK_S_OK, 1);
         return;
     case VIRTIO_BLK_T_FLUSH:
@@ -661,7 +669,7 @@ static void blk_dwz(struct blk_queue *bq, struct blk_req *r)
  */
 static void blk_bad_chain(struct blk_queue *bq, struct blk_req *r)
 {
-    bq->st.bad_chains++;
+    STAT_ADD(bq, bad_chains, 1);
     bq->st.broken = true;
     VHD_LOG_RL(VHD_LOG_WARN,
                "%s: queue %u: request %u has no device-writable status byte; returned "
@@ -1311,6 +1319,20 @@ int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, s
     __atomic_store_n(&blk->capacity, cap, __ATOMIC_RELEASE);
     vhd_log(VHD_LOG_INFO, "%s: resized from %llu to %llu bytes (%llu sectors)", blk->dev.name,
             (unsigned long long)old, (unsigned long long)bytes, (unsigned long long)cap);
+    return 0;
+}
+
+int vhd_blk_queue_counters(const struct vhd_queue *q, uint64_t *completed, uint64_t *bytes,
+                           uint64_t *errors)
+{
+    const struct blk_queue *bq = q->priv;
+    if (!bq)
+        return -ENODEV;
+    *completed = __atomic_load_n(&bq->st.completed, __ATOMIC_RELAXED);
+    *bytes = __atomic_load_n(&bq->st.bytes_read, __ATOMIC_RELAXED) +
+             __atomic_load_n(&bq->st.bytes_written, __ATOMIC_RELAXED);
+    *errors = __atomic_load_n(&bq->st.status_ioerr, __ATOMIC_RELAXED) +
+              __atomic_load_n(&bq->st.bad_chains, __ATOMIC_RELAXED);
     return 0;
 }
 

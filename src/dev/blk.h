@@ -148,6 +148,15 @@ struct vhd_blk_queue_stats {
 int vhd_blk_queue_stats(const struct vhd_queue *q, struct vhd_blk_queue_stats *out);
 
 /*
+ * vhd_blk_queue_counters - requests completed, bytes read + written and
+ * errors (IOERR + bad chains) of q, any time, also while its worker runs it
+ * (relaxed atomic loads: a snapshot may be a burst old). -ENODEV when q has
+ * no blk state. Control thread.
+ */
+int vhd_blk_queue_counters(const struct vhd_queue *q, uint64_t *completed, uint64_t *bytes,
+                           uint64_t *errors);
+
+/*
  * vhd_blk_resume - retry what the device's paused queues hold (werror /
  * rerror stop policies): each queue that paused resubmits its held requests
  * in the order they were popped and takes new ones again; one that fails

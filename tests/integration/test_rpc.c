@@ -254,6 +254,9 @@ VHD_TEST(rpc_add_serve_remove)
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
     drv_rw(d, 4096, 0x5a);
     wait_connected(fd, "file.sock", true);
+    /* A running blk queue's counters: one write and one read of 4 KiB so far. */
+    CHECK_HAS(call(fd, "device.stats", "{\"name\":\"file.sock\"}"),
+              "\"available\":true,\"requests\":2,\"bytes\":8192,\"drops\":0,\"errors\":0");
     /* negotiated features: at least VIRTIO_F_VERSION_1 (bit 32) */
     l = strstr(call(fd, "device.list", NULL), "\"name\":\"file.sock\"");
     VHD_CHECK(l != NULL);
