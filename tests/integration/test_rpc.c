@@ -66,14 +66,14 @@ static void send_all(int fd, const char *s, size_t len)
     }
 }
 
-/* One answer line (without its newline) into out; false when the server closed first. */
-static bool read_line(int fd, char *out, size_t outlen)
+/* One answer line (without its newline) into out within wait_ms; false when the server closed. */
+static bool read_line_within(int fd, char *out, size_t outlen, uint64_t wait_ms)
 {
     size_t have = 0;
     uint64_t t0 = ms_now();
     while (have + 1 < outlen) {
         struct pollfd p = {.fd = fd, .events = POLLIN};
-        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(ms_now() - t0 < wait_ms);
         if (poll(&p, 1, 100) <= 0)
             continue;
         ssize_t n = recv(fd, out + have, 1, 0); /* byte by byte: never past the line */
@@ -87,6 +87,11 @@ static bool read_line(int fd, char *out, size_t outlen)
     }
     VHD_CHECK(!"answer too long");
     return false;
+}
+
+static bool read_line(int fd, char *out, size_t outlen)
+{
+    return read_line_within(fd, out, outlen, WAIT_MS);
 }
 
 /* Send a request line and return its answer (static buffer). */
@@ -728,5 +733,66 @@ VHD_TEST(rpc_resize)
     }
     close(fd);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * A client that sends half a request and goes silent gets an error after
+ * the idle timeout (10 s) and is closed; one that sends nothing is closed.
+ * Meanwhile others are served.
+ */
+VHD_TEST(rpc_idle_timeout)
+{
+    struct daemon dm;
+    char line[512];
+
+    start(&dm, NULL);
+    int half = rpc_connect(&dm), silent = rpc_connect(&dm), fd = rpc_connect(&dm);
+    send_all(half, "{\"jsonrpc\":\"2.0\",", 14);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    uint64_t t0 = ms_now();
+    VHD_CHECK(read_line_within(half, line, sizeof(line), 30000));
+    CHECK_HAS(line, "request not completed in time");
+    VHD_CHECK(ms_now() - t0 >= 5000); /* not before the timeout (10 s from the last byte) */
+    VHD_CHECK(!read_line_within(half, line, sizeof(line), 30000));
+    VHD_CHECK(!read_line_within(silent, line, sizeof(line), 30000)); /* closed, no answer */
+    close(half);
+    close(silent);
+    close(fd); /* idle too by now: reconnect */
+    fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* --user: the RPC socket is handed to that user (it may manage the daemon), mode 0600. */
+VHD_TEST(rpc_socket_owned_by_user)
+{
+    struct daemon dm;
+    struct stat st;
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found");
+    if (geteuid() != 0)
+        vhd_test_skip("needs root (--user)");
+    daemon_prepare_dir(&dm, "vhd-test-rpc-XXXXXX", "rpc.sock");
+    track(&dm);
+    VHD_CHECK_EQ(chmod(dm.dir, 0777), 0); /* nobody removes the socket at exit */
+    char *argv[] = {(char *)bin, "--rpc", dm.sock, "--user", "nobody", NULL};
+    daemon_spawn(&dm, argv);
+    uint64_t t0 = ms_now();
+    while (stat(dm.sock, &st) == 0 && st.st_uid != 65534) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
+    VHD_CHECK(stat(dm.sock, &st) == 0);
+    VHD_CHECK_EQ(st.st_uid, 65534);
+    VHD_CHECK_EQ(st.st_mode & 0777, 0600);
+    int fd = rpc_connect(&dm);
+    CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    VHD_CHECK(stat(dm.sock, &st) < 0);
     test_done();
 }
