@@ -785,15 +785,41 @@ static void client_fail(struct client *cl, int code, const char *msg)
     client_flush(cl);
 }
 
+/*
+ * Answer the complete requests in the buffer in order, the next only once
+ * the previous answer is written (a client that does not read is not fed;
+ * the rest waits for EPOLLOUT). 0, or -1 when the connection was closed.
+ */
+static int client_serve(struct client *cl)
+{
+    char *nl;
+    while (cl->outoff == cl->outlen && (nl = memchr(cl->in, '\n', cl->inlen))) {
+        size_t line = (size_t)(nl - cl->in);
+        char *resp = vhd_rpc_handle(cl->r, cl->in, line);
+        memmove(cl->in, nl + 1, cl->inlen - line - 1);
+        cl->inlen -= line + 1;
+        if (resp && client_queue(cl, resp) < 0) {
+            free(resp);
+            client_close(cl);
+            return -1;
+        }
+        free(resp);
+        if (client_flush(cl) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static void on_client(void *opaque, uint32_t events)
 {
     struct client *cl = opaque;
 
     if (events & EPOLLOUT) {
-        (void)client_flush(cl);
+        if (client_flush(cl) == 0)
+            (void)client_serve(cl);
         return;
     }
-    for (;;) {
+    while (cl->outoff == cl->outlen) {
         if (cl->inlen == sizeof(cl->in)) {
             client_fail(cl, VHD_RPC_E_REQUEST, "request larger than 65536 bytes");
             return;
@@ -802,33 +828,15 @@ static void on_client(void *opaque, uint32_t events)
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-            break;
+            return;
         if (n <= 0) { /* gone, possibly mid-request: nothing to answer */
             client_close(cl);
             return;
         }
         arm_idle(cl);
-        size_t scan = cl->inlen;
         cl->inlen += (size_t)n;
-        char *nl;
-        while ((nl = memchr(cl->in + scan, '\n', cl->inlen - scan))) {
-            size_t line = (size_t)(nl - cl->in);
-            char *resp = vhd_rpc_handle(cl->r, cl->in, line);
-            memmove(cl->in, nl + 1, cl->inlen - line - 1);
-            cl->inlen -= line + 1;
-            scan = 0;
-            if (resp && client_queue(cl, resp) < 0) {
-                free(resp);
-                client_close(cl);
-                return;
-            }
-            free(resp);
-            if (cl->outoff < cl->outlen) {
-                /* Answer before reading on: a client that does not read is not fed. */
-                (void)client_flush(cl);
-                return;
-            }
-        }
+        if (client_serve(cl) < 0)
+            return;
     }
 }
 

@@ -387,6 +387,19 @@ VHD_TEST(rpc_bad_requests)
     /* The connection still works after all that. */
     CHECK_HAS(call(fd, "version", NULL), "\"result\"");
 
+    /* Three requests in one write: three answers, in order, without more input. */
+    const char three[] = "{\"jsonrpc\":\"2.0\",\"id\":11,\"method\":\"version\"}\n"
+                         "{\"jsonrpc\":\"2.0\",\"id\":12,\"method\":\"device.list\"}\n"
+                         "{\"jsonrpc\":\"2.0\",\"id\":13,\"method\":\"nope\"}\n";
+    send_all(fd, three, sizeof(three) - 1);
+    char ans[4096];
+    VHD_CHECK(read_line(fd, ans, sizeof(ans)));
+    CHECK_HAS(ans, "\"id\":11");
+    VHD_CHECK(read_line(fd, ans, sizeof(ans)));
+    CHECK_HAS(ans, "\"id\":12");
+    VHD_CHECK(read_line(fd, ans, sizeof(ans)));
+    CHECK_HAS(ans, "\"id\":13");
+
     /* A notification (no id): run, not answered; the next answer is the next request's. */
     send_all(fd, "{\"jsonrpc\":\"2.0\",\"method\":\"version\"}\n", 37);
     CHECK_HAS(call(fd, "device.list", NULL), "\"devices\"");
