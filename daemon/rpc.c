@@ -483,6 +483,15 @@ static json_object *stats_json(const struct rdev *d)
     json_object_object_add(o, "sessions", json_object_new_uint64(dc.sessions));
     json_object_object_add(o, "connect_attempts", json_object_new_uint64(dc.connect_attempts));
     json_object_object_add(o, "broken", json_object_new_uint64(dc.broken));
+    enum vhd_device_state st = vhd_device_state(d->dev);
+    json_object_object_add(
+        o, "connected",
+        json_object_new_boolean(st == VHD_DEVICE_CONNECTED || st == VHD_DEVICE_BROKEN));
+    if (!d->net) {
+        json_object_object_add(o, "size", json_object_new_uint64(vhd_blk_device_size(d->dev)));
+        json_object_object_add(o, "paused_queues",
+                               json_object_new_int((int)vhd_blk_device_paused_queues(d->dev)));
+    }
     for (uint32_t q = 0; q < vhd_device_num_queues(d->dev); q++) {
         struct vhd_queue_counters qc = {0};
         int rc = vhd_device_queue_counters(d->dev, q, &qc);

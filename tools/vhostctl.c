@@ -258,21 +258,33 @@ static void prometheus(json_object *devs)
     static const struct {
         const char *key, *metric, *help;
         bool per_queue;
+        const char *type; /* counter or gauge */
     } m[] = {
-        {"sessions", "vhostd_device_sessions_total", "Front-end sessions started.", false},
+        {"connected", "vhostd_device_connected", "A front-end session is running (1) or not (0).",
+         false, "gauge"},
+        {"size", "vhostd_device_size_bytes", "A blk device's size.", false, "gauge"},
+        {"paused_queues", "vhostd_device_paused_queues",
+         "A blk device's queues paused by werror/rerror=stop.", false, "gauge"},
+        {"sessions", "vhostd_device_sessions_total", "Front-end sessions started.", false,
+         "counter"},
         {"connect_attempts", "vhostd_device_connect_attempts_total",
-         "Client mode: connect attempts made.", false},
-        {"broken", "vhostd_device_broken_total", "Times the device needed a reset.", false},
-        {"requests", "vhostd_queue_requests_total", "Requests completed (net: frames).", true},
-        {"bytes", "vhostd_queue_bytes_total", "Data moved, bytes.", true},
-        {"drops", "vhostd_queue_drops_total", "Frames dropped (net).", true},
-        {"errors", "vhostd_queue_errors_total", "Requests completed with an error.", true},
+         "Client mode: connect attempts made.", false, "counter"},
+        {"broken", "vhostd_device_broken_total", "Times the device needed a reset.", false,
+         "counter"},
+        {"requests", "vhostd_queue_requests_total", "Requests completed (net: frames).", true,
+         "counter"},
+        {"bytes", "vhostd_queue_bytes_total", "Data moved, bytes.", true, "counter"},
+        {"drops", "vhostd_queue_drops_total", "Frames dropped (net).", true, "counter"},
+        {"errors", "vhostd_queue_errors_total", "Requests completed with an error.", true,
+         "counter"},
     };
     for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
-        printf("# HELP %s %s\n# TYPE %s counter\n", m[k].metric, m[k].help, m[k].metric);
+        printf("# HELP %s %s\n# TYPE %s %s\n", m[k].metric, m[k].help, m[k].metric, m[k].type);
         for (size_t i = 0; i < json_object_array_length(devs); i++) {
-            json_object *d = json_object_array_get_idx(devs, i), *qs;
+            json_object *d = json_object_array_get_idx(devs, i), *qs, *v;
             if (!m[k].per_queue) {
+                if (!json_object_object_get_ex(d, m[k].key, &v))
+                    continue; /* not this kind's (size: blk only) */
                 printf("%s{device=\"", m[k].metric);
                 prom_label(get_str(d, "name"));
                 printf("\",kind=\"%s\"} %" PRIu64 "\n", get_str(d, "kind"), get_u64(d, m[k].key));

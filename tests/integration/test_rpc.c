@@ -592,6 +592,13 @@ VHD_TEST(vhostctl_commands)
     VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", "n.sock", "--prometheus", NULL), 0);
     CHECK_HAS(out, "# TYPE vhostd_queue_requests_total counter\n");
     CHECK_HAS(out, "vhostd_queue_requests_total{device=\"n.sock\",kind=\"net\",queue=\"4\"} 0\n");
+    CHECK_HAS(out, "# TYPE vhostd_device_connected gauge\n"
+                   "vhostd_device_connected{device=\"n.sock\",kind=\"net\"} 0\n");
+    VHD_CHECK(!strstr(out, "vhostd_device_size_bytes{")); /* a NIC has no size */
+    VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", "v.sock", "--prometheus", NULL), 0);
+    CHECK_HAS(out, "vhostd_device_connected{device=\"v.sock\",kind=\"blk\"} 1\n");
+    CHECK_HAS(out, "vhostd_device_size_bytes{device=\"v.sock\",kind=\"blk\"} 4194304\n");
+    CHECK_HAS(out, "vhostd_queue_requests_total{device=\"v.sock\",kind=\"blk\",queue=\"0\"} 2\n");
     VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", NULL, NULL, NULL), 0);
     CHECK_HAS(out, "DEVICE  QUEUE  WORKER  REQUESTS");
     VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", "v.sock", "--force", NULL), 0);
