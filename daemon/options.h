@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "util/parse.h" /* vhd_parse_size: the values of size keys */
+#include "vhostd/vhostd.h" /* vhd_parse_size: the values of size keys */
 
 #define VHD_OPT_MAX_DEVICES 1024 /* --blk and --net together (and the RPC's table) */
 #define VHD_OPT_MAX_WORKERS 64

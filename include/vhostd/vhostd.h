@@ -20,6 +20,8 @@
 #ifndef VHOSTD_VHOSTD_H
 #define VHOSTD_VHOSTD_H
 
+#include <stdint.h>
+
 /* The version of the headers in use; vhd_version() is that of the library that is linked. */
 #define VHD_VERSION_MAJOR  0
 #define VHD_VERSION_MINOR  1
@@ -47,6 +49,15 @@ const char *vhd_version(void);
 
 /* The linked library's version as VHD_VERSION_NUM(major, minor, patch). Any thread. */
 unsigned vhd_version_number(void);
+
+/*
+ * vhd_parse_size - parse a size the way vhostd's options take them: "512",
+ * "4K", "10M", "8G", "1T" (binary units, case-insensitive, "KiB" and "kb"
+ * too) or "0x1000". Stores it in *out and returns 0, or returns -1 (not a
+ * size, or above UINT64_MAX). For embedders whose own command lines should
+ * read sizes as vhostd does. Any thread.
+ */
+int vhd_parse_size(const char *s, uint64_t *out);
 
 #ifdef __cplusplus
 }

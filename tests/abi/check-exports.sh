@@ -7,7 +7,7 @@
 #   - nothing else is exported (no internal vhd_ function, no helper without the prefix);
 #   - each header compiles on its own, as C99 and as C++ (-Wall -Wextra -Werror -pedantic);
 #   - the daemon (INCLUDE_DIR/../daemon) is a client of the public API: it includes its own
-#     headers, public ones (vhostd/) and util/ helpers (the option parser's), nothing else.
+#     headers and public ones (vhostd/), nothing else.
 # One line per problem, then "abi: OK" or "abi: N problem(s)"; exit 0 only when OK.
 set -uo pipefail
 [ $# -eq 2 ] || { echo "usage: $0 LIBVHOSTD_SO INCLUDE_DIR" >&2; exit 2; }
@@ -60,7 +60,7 @@ daemon=$(dirname "$inc")/daemon
 if [ -d "$daemon" ]; then
     while IFS=: read -r file line inc_name; do
         case "$inc_name" in
-        vhostd/* | util/*) ;;
+        vhostd/*) ;;
         *) [ -f "$daemon/$inc_name" ] ||
             bad "$(basename "$file"):$line: the daemon includes \"$inc_name\", not a public header" ;;
         esac
