@@ -569,7 +569,11 @@ static void finish(struct nbd_conn *c, struct vhd_blk_io *io)
     if (io->res) {
         VHD_LOG_RL(VHD_LOG_WARN, "%s: server failed an operation (op %u, offset %llu): %s",
                    c->nb->be.desc, io->op, (unsigned long long)io->offset, strerror(-io->res));
-        io->complete(io, -EIO);
+        /*
+         * The server's errno as libnbd maps it, not a flat EIO: the device's
+         * error policy tells ENOSPC (werror=enospc pauses) from the rest.
+         */
+        io->complete(io, io->res);
         return;
     }
     if (io->stage == 0 && io->op == VHD_BLK_IO_WRITE && (io->flags & VHD_BLK_IO_F_DSYNC) &&

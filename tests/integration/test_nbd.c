@@ -494,6 +494,58 @@ VHD_TEST(nbd_server_error)
 }
 
 /*
+ * A server that answers ENOSPC (nbdkit's error filter while the trigger file
+ * exists): under the default werror=enospc the write is held, not failed,
+ * and the queue pauses; with the space back (trigger removed) SIGUSR2
+ * retries it and it succeeds, and the data reads back. An NBD error used to
+ * reach the device as a flat EIO, so the guest saw the error instead.
+ */
+VHD_TEST(nbd_server_enospc_pauses)
+{
+    struct daemon dm;
+    struct server s;
+    char trig[256], arg[300];
+    dir_prepare(&dm);
+    snprintf(trig, sizeof(trig), "%s/full-now", dm.dir);
+    snprintf(arg, sizeof(arg), "error-pwrite-file=%s", trig);
+    server_init(&s, &dm,
+                (const char *const[]){"--filter=error", "memory", "size=64M", "error=ENOSPC",
+                                      "error-pwrite-rate=100%", arg, NULL});
+    snprintf(s.files[0], sizeof(s.files[0]), "%s", trig);
+    server_start(&s);
+    vhostd_start(&dm, &s, "");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 8192);
+    VHD_CHECK(b != NULL);
+    fill(b, 0, 8192, 5);
+    VHD_CHECK_EQ(sync_write(q, 0, b, 4096), 0);
+
+    int fd = open(trig, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    close(fd);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_write(q, 4096, b + 4096, 4096, b), 0);
+    /* Held: no completion while the server is full. */
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK_EQ(vhd_blkdrv_wait(q, &c, 1, 1000), -ETIMEDOUT);
+    for (int i = 0; i < 100 && !daemon_log_has(&dm, "paused"); i++)
+        usleep(20000);
+    VHD_CHECK(daemon_log_has(&dm, "paused"));
+    VHD_CHECK_EQ(unlink(trig), 0);
+    VHD_CHECK_EQ(kill(dm.pid, SIGUSR2), 0);
+    c = wait_one(q);
+    VHD_CHECK(c.cookie == b);
+    VHD_CHECK_EQ(c.ret, 0);
+    memset(b, 0, 8192);
+    VHD_CHECK_EQ(sync_read(q, 0, b, 8192), 0);
+    VHD_CHECK(check(b, 0, 8192, 5));
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_end();
+}
+
+/*
  * A request libnbd refuses to send (a server with a 4 KiB minimum block
  * size, a 512-byte read) fails alone with IOERR, while another request is
  * in flight on the same connection (the delay filter keeps it there); the
