@@ -45,18 +45,28 @@
  *  RT_EVENTS: epoll events taken per wait; more just wait for the next turn.
  *  RT_CQE_BATCH: CQEs copied out per peek; the loop repeats until the CQ is
  *    empty, so this only sizes a stack array.
- *  RT_POLL_EPOLL_EVERY: while polling (no sleep) the rings and the CQ are
+ *  RT_CLOCK_EVERY: while polling, the clock is read once per 16 turns, not
+ *    every turn (a kvm-clock read was 26 % of a polling worker's CPU). An
+ *    idle polling turn is well under a microsecond, so the poll window and
+ *    the epoll interval below are late by a few microseconds at most; a turn
+ *    that did work is stamped at the next read, which makes the window a
+ *    few turns longer, never shorter. The same turns also look at passive
+ *    rings (dev.h), whose chains are not work by themselves. A power of two.
+ *  RT_POLL_EPOLL_NS: while polling (no sleep) the rings and the CQ are
  *    checked directly every turn and the mailbox through the `mail` flag, so
- *    epoll_wait(0) is needed only to drain kicks that raced with disabling
- *    notifications; once per 128 turns (tens of microseconds) keeps those
- *    from piling up without a syscall per turn.
+ *    epoll_wait(0) is needed only for kicks that raced with disabling
+ *    notifications and for the devices' wake fds (a TAP fd). Once per 50 us,
+ *    on the clock, not per turn count: the same order as the default poll
+ *    window, so a wake fd waits no longer than a sleeping worker would, and
+ *    one syscall (~1 us) per 50 us costs a polling worker about 2 %.
  *  RT_ATTACH_TIMEOUT_MS: an attach is taken at the worker's next loop turn,
  *    which is bounded by budget x queues; 5 s only trips when a worker is
  *    wedged inside a device callback, and then attach reports it.
  */
 #define RT_EVENTS            64
 #define RT_CQE_BATCH         32
-#define RT_POLL_EPOLL_EVERY  128
+#define RT_CLOCK_EVERY       16u
+#define RT_POLL_EPOLL_NS     50000u
 #define RT_ATTACH_TIMEOUT_MS 5000
 
 /* Distinct addresses tagging the non-queue epoll sources. */
@@ -126,9 +136,14 @@ struct vhd_worker {
     bool stopping;       /* RT_REQ_STOP taken */
     enum vhd_poll_mode mode;
     unsigned budget;
-    uint64_t poll_ns;      /* adaptive poll window */
-    uint64_t last_work_ns; /* adaptive: when work was last seen */
-    uint32_t turns;        /* loop turns, to space out epoll checks while polling */
+    bool windowed;         /* polls for a window after work (adaptive, or event mode spin) */
+    bool work_unstamped;   /* polling: work seen since the last clock read */
+    bool epoll_due;        /* polling: RT_POLL_EPOLL_NS passed since the last epoll_wait(0) */
+    bool slow_turn;        /* this turn also checks passive rings (every RT_CLOCK_EVERY) */
+    uint64_t poll_ns;      /* windowed: the poll window */
+    uint64_t last_work_ns; /* windowed: when work was last seen (to RT_CLOCK_EVERY turns) */
+    uint64_t last_epoll_ns;
+    uint32_t turns; /* polling turns, to space out clock reads */
     unsigned index;
     int epfd;
     int mbox_fd; /* eventfd: wakes the worker for the mailbox */
@@ -374,7 +389,7 @@ static void worker_entry_set_notify(struct vhd_worker *w, struct rt_entry *e)
 {
     struct vhd_vq *vq = &e->q->vq;
 
-    if (w->mode == VHD_POLL_ALWAYS || (w->mode == VHD_POLL_ADAPTIVE && w->polling)) {
+    if (w->mode == VHD_POLL_ALWAYS || w->polling) {
         vhd_vq_disable_notify(vq);
     } else if (vhd_vq_enable_notify(vq) && !e->q->passive) {
         /* Work slipped in before the enable became visible: do not wait for a kick. */
@@ -417,7 +432,14 @@ static bool worker_process_queues(struct vhd_worker *w)
             worker_queue_broke(w, e, -EIO);
             continue;
         }
-        if (!e->pending && !((poll || e->kickless) && vhd_vq_has_work(&q->vq)))
+        /*
+         * Polling looks at every ring each turn, except passive ones (their
+         * chains are not work: they run on kicks, wake fds or their pair),
+         * which it checks only on slow turns, for refills that came while
+         * kicks were off.
+         */
+        if (!e->pending &&
+            !(((poll && (w->slow_turn || !q->passive)) || e->kickless) && vhd_vq_has_work(&q->vq)))
             continue;
         int r = q->dev->ops->queue_process(q, w->budget);
         if (vhd_unlikely(r < 0)) {
@@ -448,7 +470,8 @@ static bool worker_process_queues(struct vhd_worker *w)
          * passive ring (dev.h) chains are not work: notifications are armed,
          * and what the ring holds does not keep us awake.
          */
-        if (w->mode == VHD_POLL_NEVER && vhd_vq_enable_notify(&q->vq) && !q->passive) {
+        if (!w->windowed && w->mode == VHD_POLL_NEVER && vhd_vq_enable_notify(&q->vq) &&
+            !q->passive) {
             e->pending = true;
             more = true;
         }
@@ -491,31 +514,64 @@ static bool worker_enable_notify_all(struct vhd_worker *w)
 }
 
 /*
+ * A polling turn's clock work, every RT_CLOCK_EVERY turns: stamp work seen
+ * since the last read, schedule an epoll_wait(0), and say whether the poll
+ * window (windowed modes) is over. The turn after a read is a slow turn.
+ */
+static bool worker_poll_tick(struct vhd_worker *w, bool work)
+{
+    w->slow_turn = false;
+    if (work)
+        w->work_unstamped = true;
+    if ((++w->turns & (RT_CLOCK_EVERY - 1)) != 0)
+        return false;
+    uint64_t now = vhd_now_ns();
+    w->slow_turn = true;
+    if (now - w->last_epoll_ns >= RT_POLL_EPOLL_NS) {
+        w->epoll_due = true;
+        w->last_epoll_ns = now;
+    }
+    if (w->work_unstamped) {
+        w->work_unstamped = false;
+        w->last_work_ns = now;
+        return false;
+    }
+    return w->polling && now - w->last_work_ns >= w->poll_ns;
+}
+
+/*
  * After a turn: how long may the next epoll_wait sleep? 0 (poll again) or
  * -1 (until a kick, a CQE, or mail). CQEs wake us through the ring fd in the
- * epoll set, so in-flight I/O needs no timeout. Reads the clock at most once.
+ * epoll set, so in-flight I/O needs no timeout. While polling the clock is
+ * read once per RT_CLOCK_EVERY turns (worker_poll_tick).
  */
 static int worker_next_timeout(struct vhd_worker *w, bool work)
 {
     if (w->stopping)
         return 0;
-    if (w->mode == VHD_POLL_ALWAYS)
+    if (w->mode == VHD_POLL_ALWAYS) {
+        (void)worker_poll_tick(w, work);
         return 0;
-    if (w->mode == VHD_POLL_ADAPTIVE) {
-        if (work) {
-            w->last_work_ns = vhd_now_ns();
-            if (!w->polling) {
-                w->polling = true;
-                worker_disable_notify_all(w);
-            }
-            return 0;
-        }
+    }
+    if (w->windowed) {
         if (w->polling) {
-            if (vhd_now_ns() - w->last_work_ns < w->poll_ns)
+            if (!worker_poll_tick(w, work))
                 return 0;
+            /* The window closed: notifications on, then look again (the race). */
             w->polling = false;
+            w->slow_turn = false;
             if (worker_enable_notify_all(w))
                 return 0;
+        } else if (work) {
+            /* Work after a sleep (or after a kick while awake): poll for a window. */
+            uint64_t now = vhd_now_ns();
+            w->last_work_ns = now;
+            w->last_epoll_ns = now;
+            w->work_unstamped = false;
+            w->turns = 0;
+            w->polling = true;
+            worker_disable_notify_all(w);
+            return 0;
         }
     }
     if (w->more || w->submit_pending || w->nkickless)
@@ -853,13 +909,14 @@ static void *worker_main(void *arg)
     while (!w->stopping) {
         /*
          * Sleep (timeout -1) or peek (0). While polling every ring, epoll is
-         * consulted only every RT_POLL_EPOLL_EVERY turns (see there) and the
-         * mailbox flag catches requests at once. Otherwise a turn that does
-         * not sleep still peeks, so kicks on other queues are seen at once.
+         * consulted only every RT_POLL_EPOLL_NS (see there) and the mailbox
+         * flag catches requests at once. Otherwise a turn that does not
+         * sleep still peeks, so kicks on other queues are seen at once.
          */
         bool poll_all = w->mode == VHD_POLL_ALWAYS || w->polling;
         bool mail = vhd_load_acquire(&w->mail) != 0;
-        if (timeout != 0 || !poll_all || mail || ++w->turns % RT_POLL_EPOLL_EVERY == 0) {
+        if (timeout != 0 || !poll_all || mail || w->epoll_due) {
+            w->epoll_due = false;
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
             for (int i = 0; i < n; i++)
                 mail |= worker_dispatch(w, &evs[i]);
@@ -976,6 +1033,7 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
     w->mode = rt->opts.poll_mode;
     w->budget = rt->opts.budget;
     w->poll_ns = (uint64_t)rt->opts.poll_us * 1000u;
+    w->windowed = w->mode == VHD_POLL_ADAPTIVE;
 
     if (pthread_mutex_init(&w->lock, NULL) != 0)
         return -ENOMEM;
