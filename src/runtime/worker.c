@@ -933,8 +933,17 @@ static void *worker_main(void *arg)
 
         bool work = w->uring_used && worker_reap(w) > 0;
         work |= worker_process_queues(w);
-        if (w->submit_pending)
+        if (w->submit_pending) {
             worker_submit(w);
+            /*
+             * What completed inside the submit (page-cache hits, NOPs) is
+             * reaped now and published below in this turn, not after the
+             * next epoll_wait. Its callbacks may queue SQEs: submitted next
+             * turn (submit_pending keeps the loop awake).
+             */
+            if (io_uring_cq_ready(&w->ring))
+                work |= worker_reap(w) > 0;
+        }
         if (w->dirty)
             worker_flush_dirty(w);
         if (w->ndetaching)
