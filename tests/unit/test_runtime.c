@@ -116,6 +116,19 @@ static struct {
     int fd;
     int entered;
 } gate = {.fd = -1};
+/*
+ * A stall inside a batch: when the worker has completed stall.after chains
+ * of stall.fq (FAKE_INLINE) within one queue_process call, it sets
+ * stall.entered and blocks reading stall.fd until the test writes a byte:
+ * a backend that completes slowly, caught mid-batch. Off (fq NULL) except
+ * in publish_before_batch_ends.
+ */
+static struct {
+    const struct fake_queue *fq;
+    unsigned after;
+    int fd;
+    int entered;
+} stall = {.fd = -1};
 
 static struct fake_queue *fq_of(struct vhd_queue *q)
 {
@@ -212,6 +225,12 @@ static int fake_queue_process(struct vhd_queue *q, unsigned budget)
         switch (fq->mode) {
         case FAKE_INLINE:
             fake_complete(r, 0);
+            if (fq == stall.fq && n + 1 == stall.after) {
+                char ch;
+                __atomic_store_n(&stall.entered, 1, __ATOMIC_RELEASE);
+                VHD_CHECK_EQ(read(stall.fd, &ch, 1), 1);
+                stall.fq = NULL;
+            }
             continue;
         case FAKE_NOP:
             io_uring_prep_nop(sqe);
@@ -1296,6 +1315,67 @@ VHD_TEST(pingpong_never)
 VHD_TEST(pingpong_always)
 {
     pingpong_run(VHD_POLL_ALWAYS);
+}
+
+/*
+ * Completions are published before the batch ends: a driver waiting for
+ * its interrupt sees used elements, and gets its call, while the worker is
+ * still in the middle of the batch (held there by a slow backend), so it
+ * can refill meanwhile. EVENT_IDX: the call comes because the driver asked
+ * for one (used_event at what it had seen).
+ */
+static void publish_early_run(bool packed)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+    const unsigned batch = 32;
+    int sp[2];
+
+    rt_opts(&ro, 1, VHD_POLL_NEVER);
+    env_init(&e, &ro);
+    struct qopts qo = {.packed = packed, .event_idx = true, .mode = FAKE_INLINE};
+    struct tq *t = env_add_queue(&e, &qo, batch);
+    VHD_CHECK_EQ(pipe2(sp, O_CLOEXEC), 0);
+    stall.fd = sp[0];
+    stall.after = batch / 2;
+    __atomic_store_n(&stall.entered, 0, __ATOMIC_RELAXED);
+    stall.fq = t->fq;
+    VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t->fq->q, 0), 0);
+
+    /* Interrupts wanted from the first completion on, then one kick for the whole batch. */
+    VHD_CHECK(!vhd_drv_vq_enable_cb(&t->dq));
+    VHD_CHECK_EQ(drv_submit(t, batch, batch), batch);
+    uint64_t t0 = mono_ms();
+    while (!__atomic_load_n(&stall.entered, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(mono_ms() - t0 < WAIT_MS);
+        usleep(200);
+    }
+    /* The worker is inside the batch, half of it completed: some must be visible. */
+    struct pollfd pfd = {.fd = t->call_fd, .events = POLLIN};
+    VHD_CHECK_EQ(poll(&pfd, 1, 0), 1);
+    unsigned seen = drv_collect(t);
+    fprintf(stderr, "  %u of %u completions visible mid-batch\n", seen, batch);
+    VHD_CHECK(seen >= batch / 4);
+    VHD_CHECK(seen <= batch / 2);
+
+    VHD_CHECK_EQ(write(sp[1], "x", 1), 1);
+    drv_drain(t);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
+    check_all_seen(t, batch);
+    stall.fd = -1;
+    close(sp[0]);
+    close(sp[1]);
+    env_fini(&e);
+}
+
+VHD_TEST(publish_before_batch_ends_split)
+{
+    publish_early_run(false);
+}
+
+VHD_TEST(publish_before_batch_ends_packed)
+{
+    publish_early_run(true);
 }
 
 /* Wait (bounded) for the runtime's event fd and for q->broken. */
