@@ -26,7 +26,17 @@ enum vhd_poll_mode {
 struct vhd_rt_opts {
     unsigned nworkers; /* 1..VHD_RT_MAX_WORKERS */
     enum vhd_poll_mode poll_mode;
-    unsigned poll_us;       /* adaptive: how long to keep polling after the last work */
+    unsigned poll_us; /* adaptive: the longest the worker keeps polling after the last work */
+    /*
+     * Event mode (VHD_POLL_NEVER): after work, poll the rings this long with
+     * notifications off before turning them back on (then the re-check) and
+     * sleeping; 0: pure event mode, notifications always on. Adaptive: the
+     * shortest poll window. The adaptive window starts at poll_us, doubles
+     * (up to poll_us) when work comes within poll_us of a window closing, and
+     * halves (down to spin_us) when it comes later; spin_us 0 (or >= poll_us)
+     * keeps it fixed at poll_us.
+     */
+    unsigned spin_us;
     unsigned uring_entries; /* io_uring SQ size per worker (power of two) */
     unsigned budget;        /* chains per queue per turn (fairness between queues) */
     /*
@@ -42,7 +52,7 @@ struct vhd_rt_opts {
 
 #define VHD_RT_MAX_WORKERS 64
 
-/* Fill defaults: 1 worker, adaptive, 50 us, 256 entries, budget 64. */
+/* Fill defaults: 1 worker, adaptive, 50 us, spin 10 us, 256 entries, budget 64. */
 void vhd_rt_opts_default(struct vhd_rt_opts *o);
 
 /* Start the workers. 0 and *out, or -errno. */
@@ -52,6 +62,13 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out);
 void vhd_rt_free(struct vhd_rt *rt);
 
 unsigned vhd_rt_nworkers(const struct vhd_rt *rt);
+
+/*
+ * vhd_rt_poll_window_ns - worker `worker`'s current poll window (adaptive
+ * or event-mode spin; 0 in pure event mode or for a bad index), as last
+ * published by the worker. For statistics and tests. Any thread.
+ */
+uint64_t vhd_rt_poll_window_ns(const struct vhd_rt *rt, unsigned worker);
 
 /*
  * vhd_rt_attach - hand queue q (its vq initialised and started, kick/call

@@ -152,7 +152,12 @@ struct vhd_worker {
     bool work_unstamped;   /* polling: work seen since the last clock read */
     bool epoll_due;        /* polling: RT_POLL_EPOLL_NS passed since the last epoll_wait(0) */
     bool slow_turn;        /* this turn also checks passive rings (every RT_CLOCK_EVERY) */
-    uint64_t poll_ns;      /* windowed: the poll window */
+    bool window_closed;    /* windowed: the window closed since polling last started */
+    uint64_t poll_ns;      /* windowed: the poll window, in [win_min_ns, win_max_ns] */
+    uint64_t win_min_ns;   /* adaptive: the window's floor (opts.spin_us; = max: fixed) */
+    uint64_t win_max_ns;   /* adaptive: the window's ceiling (opts.poll_us) */
+    uint64_t now_ns;       /* the last clock read while polling */
+    uint64_t closed_ns;    /* when the window last closed */
     uint64_t last_work_ns; /* windowed: when work was last seen (to RT_CLOCK_EVERY turns) */
     uint64_t last_epoll_ns;
     uint32_t turns; /* polling turns, to space out clock reads */
@@ -166,6 +171,7 @@ struct vhd_worker {
     pthread_cond_t cond;            /* broadcast when a request completes */
     struct rt_req *reqs;            /* outstanding requests, oldest first */
     uint64_t next_id;
+    uint64_t window_pub; /* poll_ns for vhd_rt_poll_window_ns (relaxed; written on change) */
     pthread_t thread;
     bool thread_started;
     bool lock_ready; /* lock and cond initialised */
@@ -544,6 +550,7 @@ static bool worker_poll_tick(struct vhd_worker *w, bool work)
     if ((++w->turns & (RT_CLOCK_EVERY - 1)) != 0)
         return false;
     uint64_t now = vhd_now_ns();
+    w->now_ns = now;
     w->slow_turn = true;
     if (now - w->last_epoll_ns >= RT_POLL_EPOLL_NS) {
         w->epoll_due = true;
@@ -555,6 +562,32 @@ static bool worker_poll_tick(struct vhd_worker *w, bool work)
         return false;
     }
     return w->polling && now - w->last_work_ns >= w->poll_ns;
+}
+
+/*
+ * Adaptive window (in the spirit of QEMU's poll-grow / poll-shrink): work
+ * came `gap` ns after the last window closed (after a sleep, or found by the
+ * re-check). Within the ceiling, a longer window would have caught it
+ * without the sleep and its wake-up: double it (up to the ceiling). Beyond
+ * the ceiling, polling could not have caught it and only burnt CPU: halve
+ * it (down to the floor). Once the window covers the gaps, it stops
+ * closing and stays where it is.
+ */
+static void worker_window_adapt(struct vhd_worker *w, uint64_t gap)
+{
+    uint64_t win = w->poll_ns;
+
+    w->window_closed = false;
+    if (w->win_min_ns >= w->win_max_ns)
+        return; /* fixed window (event-mode spin, or no floor given) */
+    if (gap > w->win_max_ns)
+        win = win / 2 > w->win_min_ns ? win / 2 : w->win_min_ns;
+    else
+        win = win * 2 < w->win_max_ns ? win * 2 : w->win_max_ns;
+    if (win != w->poll_ns) {
+        w->poll_ns = win;
+        vhd_store_relaxed(&w->window_pub, win);
+    }
 }
 
 /*
@@ -578,11 +611,15 @@ static int worker_next_timeout(struct vhd_worker *w, bool work)
             /* The window closed: notifications on, then look again (the race). */
             w->polling = false;
             w->slow_turn = false;
+            w->window_closed = true;
+            w->closed_ns = w->now_ns;
             if (worker_enable_notify_all(w))
                 return 0;
         } else if (work) {
             /* Work after a sleep (or after a kick while awake): poll for a window. */
             uint64_t now = vhd_now_ns();
+            if (w->window_closed)
+                worker_window_adapt(w, now - w->closed_ns);
             w->last_work_ns = now;
             w->last_epoll_ns = now;
             w->work_unstamped = false;
@@ -983,6 +1020,12 @@ void vhd_rt_opts_default(struct vhd_rt_opts *o)
     o->poll_mode = VHD_POLL_ADAPTIVE;
     /* Tens of microseconds: longer than a typical guest's gap between requests under load. */
     o->poll_us = 50;
+    /*
+     * About one wake-up's worth (a cross-CPU eventfd wake-up costs 10-20 us
+     * of CPU and latency on a quiet host, docs/PERFORMANCE.md): polling that
+     * long before sleeping costs no more than the sleep it may save.
+     */
+    o->spin_us = 10;
     o->uring_entries = 256;
     /* 64 chains: enough to batch notifications, small enough to keep other queues' latency low. */
     o->budget = 64;
@@ -1059,8 +1102,21 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
     w->index = index;
     w->mode = rt->opts.poll_mode;
     w->budget = rt->opts.budget;
-    w->poll_ns = (uint64_t)rt->opts.poll_us * 1000u;
-    w->windowed = w->mode == VHD_POLL_ADAPTIVE;
+    /*
+     * Adaptive: the window moves between the spin (floor) and poll_us
+     * (ceiling), starting at the ceiling. Event mode with a spin: a fixed
+     * window of spin_us (poll that long after work before notifications go
+     * back on and the worker sleeps); without one, pure event mode.
+     */
+    w->win_max_ns = (uint64_t)rt->opts.poll_us * 1000u;
+    w->win_min_ns = (uint64_t)rt->opts.spin_us * 1000u;
+    if (w->mode == VHD_POLL_NEVER)
+        w->win_max_ns = w->win_min_ns;
+    if (w->win_min_ns == 0 || w->win_min_ns > w->win_max_ns)
+        w->win_min_ns = w->win_max_ns;
+    w->poll_ns = w->win_max_ns;
+    w->window_pub = w->poll_ns;
+    w->windowed = (w->mode == VHD_POLL_ADAPTIVE || w->mode == VHD_POLL_NEVER) && w->poll_ns > 0;
 
     if (pthread_mutex_init(&w->lock, NULL) != 0)
         return -ENOMEM;
@@ -1261,6 +1317,13 @@ void vhd_rt_free(struct vhd_rt *rt)
 unsigned vhd_rt_nworkers(const struct vhd_rt *rt)
 {
     return rt->nworkers;
+}
+
+uint64_t vhd_rt_poll_window_ns(const struct vhd_rt *rt, unsigned worker)
+{
+    if (!rt || worker >= rt->nworkers)
+        return 0;
+    return vhd_load_relaxed(&rt->workers[worker].window_pub);
 }
 
 int vhd_rt_event_fd(const struct vhd_rt *rt)

@@ -610,6 +610,7 @@ VHD_TEST(opts_and_lifecycle)
     VHD_CHECK_EQ(o.nworkers, 1);
     VHD_CHECK_EQ(o.poll_mode, VHD_POLL_ADAPTIVE);
     VHD_CHECK_EQ(o.poll_us, 50);
+    VHD_CHECK_EQ(o.spin_us, 10);
     VHD_CHECK_EQ(o.uring_entries, 256);
     VHD_CHECK_EQ(o.budget, 64);
 
@@ -1215,7 +1216,7 @@ VHD_TEST(mode_never_kickless)
 }
 
 /* Sequential, latency-bound requests (window 1): the sleep/wake path of every mode. */
-static void pingpong_run(enum vhd_poll_mode mode)
+static void pingpong_run(enum vhd_poll_mode mode, unsigned spin_us)
 {
     struct vhd_rt_opts ro;
     struct env e;
@@ -1223,6 +1224,7 @@ static void pingpong_run(enum vhd_poll_mode mode)
 
     rt_opts(&ro, 1, mode);
     ro.poll_us = 5; /* a short window: exercises the enable/re-check/sleep path often */
+    ro.spin_us = spin_us;
     env_init(&e, &ro);
     struct qopts qo = {.event_idx = true, .mode = FAKE_NOP};
     struct tq *t = env_add_queue(&e, &qo, n);
@@ -1236,8 +1238,8 @@ static void pingpong_run(enum vhd_poll_mode mode)
     check_all_seen(t, n);
     if (mode == VHD_POLL_ALWAYS)
         VHD_CHECK(t->kicks <= 1);
-    if (mode == VHD_POLL_NEVER)
-        VHD_CHECK(t->kicks >= n / 2); /* event mode: (nearly) every request is kicked */
+    if (mode == VHD_POLL_NEVER && spin_us == 0)
+        VHD_CHECK(t->kicks >= n / 2); /* pure event mode: (nearly) every request is kicked */
     env_fini(&e);
 }
 
@@ -1304,17 +1306,27 @@ VHD_TEST(idle_always_polls)
 
 VHD_TEST(pingpong_adaptive)
 {
-    pingpong_run(VHD_POLL_ADAPTIVE);
+    pingpong_run(VHD_POLL_ADAPTIVE, 0);
+}
+
+VHD_TEST(pingpong_adaptive_window)
+{
+    pingpong_run(VHD_POLL_ADAPTIVE, 1); /* the window moves between 1 and 5 us */
 }
 
 VHD_TEST(pingpong_never)
 {
-    pingpong_run(VHD_POLL_NEVER);
+    pingpong_run(VHD_POLL_NEVER, 0);
+}
+
+VHD_TEST(pingpong_never_spin)
+{
+    pingpong_run(VHD_POLL_NEVER, 5); /* event mode, spinning 5 us before it sleeps */
 }
 
 VHD_TEST(pingpong_always)
 {
-    pingpong_run(VHD_POLL_ALWAYS);
+    pingpong_run(VHD_POLL_ALWAYS, 0);
 }
 
 /*
@@ -1376,6 +1388,67 @@ VHD_TEST(publish_before_batch_ends_split)
 VHD_TEST(publish_before_batch_ends_packed)
 {
     publish_early_run(true);
+}
+
+/*
+ * The adaptive window shrinks when work comes long after it closed
+ * (polling would have found nothing) and grows when work comes soon after
+ * it closed (a longer window would have saved the sleep); it stays within
+ * [spin_us, poll_us]. Event mode's spin is a fixed window; spin 0 is none.
+ */
+VHD_TEST(adaptive_window_grows_and_shrinks)
+{
+    struct vhd_rt_opts ro;
+    struct env e;
+    const uint64_t max = 20 * 1000 * 1000, min = 1000 * 1000; /* 20 ms, 1 ms */
+
+    rt_opts(&ro, 1, VHD_POLL_ADAPTIVE);
+    ro.poll_us = (unsigned)(max / 1000);
+    ro.spin_us = (unsigned)(min / 1000);
+    env_init(&e, &ro);
+    struct qopts qo = {.event_idx = true, .mode = FAKE_NOP};
+    struct tq *t = env_add_queue(&e, &qo, 200);
+    VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t->fq->q, 0), 0);
+    VHD_CHECK_EQ(vhd_rt_poll_window_ns(e.rt, 0), max); /* starts at the ceiling */
+
+    /*
+     * Requests 3 ceilings apart: the window closes, and the next work comes
+     * more than a ceiling later: halved each time (from the second request
+     * on), down to the floor and no further.
+     */
+    uint64_t prev = max;
+    for (int i = 0; i < 12 && vhd_rt_poll_window_ns(e.rt, 0) > min; i++) {
+        drv_run(t, 1, 1);
+        usleep((useconds_t)(3 * max / 1000));
+        uint64_t now = vhd_rt_poll_window_ns(e.rt, 0);
+        VHD_CHECK(now == prev || now == (prev / 2 > min ? prev / 2 : min));
+        prev = now;
+    }
+    VHD_CHECK_EQ(vhd_rt_poll_window_ns(e.rt, 0), min);
+
+    /* Requests 3 ms apart: 2 ms after a 1 ms window closes, within the ceiling: it grows. */
+    for (int i = 0; i < 40 && vhd_rt_poll_window_ns(e.rt, 0) < 4 * min; i++) {
+        drv_run(t, 1, 1);
+        usleep(3000);
+    }
+    uint64_t grown = vhd_rt_poll_window_ns(e.rt, 0);
+    fprintf(stderr, "  window grew to %llu us\n", (unsigned long long)grown / 1000);
+    VHD_CHECK(grown >= 4 * min && grown <= max);
+    VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
+    env_fini(&e);
+
+    /* Event mode: a fixed spin, or none. */
+    rt_opts(&ro, 2, VHD_POLL_NEVER);
+    ro.spin_us = 7;
+    struct vhd_rt *rt;
+    VHD_CHECK_EQ(vhd_rt_new(&ro, &rt), 0);
+    VHD_CHECK_EQ(vhd_rt_poll_window_ns(rt, 1), 7000);
+    VHD_CHECK_EQ(vhd_rt_poll_window_ns(rt, 2), 0); /* no such worker */
+    vhd_rt_free(rt);
+    ro.spin_us = 0;
+    VHD_CHECK_EQ(vhd_rt_new(&ro, &rt), 0);
+    VHD_CHECK_EQ(vhd_rt_poll_window_ns(rt, 0), 0);
+    vhd_rt_free(rt);
 }
 
 /* Wait (bounded) for the runtime's event fd and for q->broken. */
