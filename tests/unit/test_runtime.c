@@ -1412,14 +1412,15 @@ VHD_TEST(adaptive_window_grows_and_shrinks)
     VHD_CHECK_EQ(vhd_rt_poll_window_ns(e.rt, 0), max); /* starts at the ceiling */
 
     /*
-     * Requests 3 ceilings apart: the window closes, and the next work comes
-     * more than a ceiling later: halved each time (from the second request
-     * on), down to the floor and no further.
+     * Requests 5 ceilings apart: the window closes, and the next work comes
+     * more than a ceiling later (with room for a worker descheduled under
+     * load, which closes the window late): halved each time (from the
+     * second request on), down to the floor and no further.
      */
     uint64_t prev = max;
     for (int i = 0; i < 12 && vhd_rt_poll_window_ns(e.rt, 0) > min; i++) {
         drv_run(t, 1, 1);
-        usleep((useconds_t)(3 * max / 1000));
+        usleep((useconds_t)(5 * max / 1000));
         uint64_t now = vhd_rt_poll_window_ns(e.rt, 0);
         VHD_CHECK(now == prev || now == (prev / 2 > min ? prev / 2 : min));
         prev = now;
