@@ -827,6 +827,14 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         }
         if (vhd_unlikely(got == 0))
             break;
+        /*
+         * Publish what the previous run completed inline before popping
+         * again: should this pop meet a bad chain, the ring breaks and a
+         * broken ring publishes nothing (vq.h: the chains before a bad one
+         * complete normally). One release store per run.
+         */
+        if (n)
+            vhd_vq_flush(&q->vq);
         int rc = vhd_vq_pop_burstv(&q->vq, iovs, VHD_BLK_REQ_IOV, cs, got);
         uint32_t popped = rc > 0 ? (uint32_t)rc : 0, last = popped;
         for (uint32_t i = 0; i < popped; i++) {

@@ -989,6 +989,13 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
         net_tx_rarp(tq, self);
     while (n < budget) {
         uint32_t want = budget - n < TX_BURST ? budget - n : TX_BURST;
+        /*
+         * Publish the previous run before popping again: should this pop
+         * meet a bad chain, the ring breaks and a broken ring publishes
+         * nothing. One release store per run of TX_BURST.
+         */
+        if (n)
+            vhd_vq_flush(&q->vq);
         prc = vhd_vq_pop_burstv(&q->vq, tq->slot_iov, VHD_NET_CHAIN_IOV, tq->slot_c, want);
         if (prc <= 0)
             break; /* empty, or the engine broke the ring (reported below) */
@@ -1045,13 +1052,6 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
         rc = vhd_vq_push_burst(&q->vq, cs, NULL, k);
         if (vhd_unlikely(rc < 0))
             break;
-        /*
-         * A short run: the ring held no more, or a bad chain ended the pop
-         * before it, which the next pop meets and breaks the ring on. Publish
-         * the run first: a broken ring publishes nothing.
-         */
-        if (k < want)
-            vhd_vq_flush(&q->vq);
     }
     if (n)
         vhd_queue_mark_used(q);
