@@ -189,6 +189,18 @@ oom:
     return -1;
 }
 
+/* Whether the device listening on socket was given socket-group= (--user must not change it). */
+static bool socket_group_set(const struct vhd_options *o, const char *socket)
+{
+    for (int i = 0; i < o->nblk; i++)
+        if (o->blk[i].access.group && !strcmp(o->blk[i].socket, socket))
+            return true;
+    for (int i = 0; i < o->nnet; i++)
+        if (o->net[i].access.group && !strcmp(o->net[i].socket, socket))
+            return true;
+    return false;
+}
+
 /*
  * Sandbox (sandbox.h): the last step of setup, once every socket, image,
  * eventfd and thread exists. Drops to --user, then the seccomp filter.
@@ -198,13 +210,16 @@ static int enter_sandbox(struct daemon *d)
     /* Our listening sockets; a client-mode device's socket is the front-end's. */
     const char *socks[VHD_OPT_MAX_DEVICES + 1];
     int dirs[VHD_OPT_MAX_DEVICES + 1]; /* where they are removed at exit */
+    bool keep_group[VHD_OPT_MAX_DEVICES + 1];
     unsigned nsocks = 0;
     char err[512] = "";
 
     for (int i = 0; i < d->ndev; i++)
         if (!vhd_device_is_client(d->dev[i])) {
             dirs[nsocks] = vhd_device_socket_dir_fd(d->dev[i]);
-            socks[nsocks++] = vhd_device_socket_path(d->dev[i]);
+            socks[nsocks] = vhd_device_socket_path(d->dev[i]);
+            keep_group[nsocks] = socket_group_set(&d->opts, socks[nsocks]);
+            nsocks++;
         }
     bool client = nsocks < (unsigned)d->ndev; /* a device without a listening socket */
     enum vhd_sandbox_mode mode = d->opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
@@ -213,6 +228,7 @@ static int enter_sandbox(struct daemon *d)
     if (d->rpc) {
         /* The RPC socket is chowned to --user too (it may manage the daemon). */
         dirs[nsocks] = vhd_rpc_dir_fd(d->rpc);
+        keep_group[nsocks] = false;
         socks[nsocks++] = vhd_rpc_path(d->rpc);
         /*
          * Devices added at runtime open images, create sockets and io_urings:
@@ -228,6 +244,7 @@ static int enter_sandbox(struct daemon *d)
         .mode = mode,
         .user = d->opts.user,
         .chown_paths = socks,
+        .chown_keep_group = keep_group,
         .nchown = nsocks,
         .client_mode = client,
         .unlink_dirs = dirs,

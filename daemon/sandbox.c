@@ -548,8 +548,8 @@ static void warn_if_dir_not_writable(const char *path)
                 path, strerror(errno));
 }
 
-int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned npaths, char *err,
-                          size_t errlen)
+int vhd_sandbox_drop_user(const char *user, const char *const *paths, const bool *keep_group,
+                          unsigned npaths, char *err, size_t errlen)
 {
     uid_t uid;
     gid_t gid;
@@ -563,7 +563,9 @@ int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned n
 
     /* Sockets first, while we may still chown: the front-end may run as that user. */
     for (unsigned i = 0; i < npaths; i++)
-        if (paths[i] && fchownat(AT_FDCWD, paths[i], uid, gid, AT_SYMLINK_NOFOLLOW) < 0)
+        if (paths[i] &&
+            fchownat(AT_FDCWD, paths[i], uid, keep_group && keep_group[i] ? (gid_t)-1 : gid,
+                     AT_SYMLINK_NOFOLLOW) < 0)
             return set_err(err, errlen, -errno, "--user %s: chown %s: %s", user, paths[i],
                            strerror(errno));
 
@@ -905,7 +907,8 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
     int rc;
 
     if (o->user)
-        rc = vhd_sandbox_drop_user(o->user, o->chown_paths, o->nchown, err, errlen);
+        rc = vhd_sandbox_drop_user(o->user, o->chown_paths, o->chown_keep_group, o->nchown, err,
+                                   errlen);
     else
         rc = drop_root_caps(o, err, errlen);
     if (rc < 0)

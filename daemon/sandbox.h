@@ -26,6 +26,8 @@ struct vhd_sandbox_opts {
     const char *user;
     /* Files handed to that user first (our listening sockets, so its front-end can connect). */
     const char *const *chown_paths;
+    /* Per path (NULL: none): its group was set (socket-group=): chown the owner only. */
+    const bool *chown_keep_group;
     unsigned nchown;
     /* A device is in client mode: allow its rows (VHD_SANDBOX_F_CLIENT). */
     bool client_mode;
@@ -82,13 +84,14 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
 
 /*
  * vhd_sandbox_drop_user - resolve user (a name, or UID[:GID]), chown each of
- * paths to it (the links themselves, never their targets), then set the
+ * paths to it (the links themselves, never their targets; the owner only
+ * where keep_group[i] is set: a socket-group= the user must not undo), then set the
  * supplementary groups to just its group, the gid and the uid (real,
  * effective and saved), and check that the old ids cannot be taken back.
  * Returns 0, or -errno with a one-line reason in err.
  */
-int vhd_sandbox_drop_user(const char *user, const char *const *paths, unsigned npaths, char *err,
-                          size_t errlen);
+int vhd_sandbox_drop_user(const char *user, const char *const *paths, const bool *keep_group,
+                          unsigned npaths, char *err, size_t errlen);
 
 /*
  * vhd_sandbox_apply - install vhostd's filter on every thread of the process.

@@ -218,6 +218,43 @@ VHD_TEST(socket_mode_and_group_keys)
     test_done();
 }
 
+/*
+ * --user hands the sockets to that user, but a socket-group= stays: the
+ * chown used to set the user's group on every socket, locking the intended
+ * group out and letting the user's own group in.
+ */
+VHD_TEST(user_keeps_socket_group)
+{
+    struct daemon dm;
+    struct stat st;
+    char spec[600];
+
+    need_root();
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found (set VHD_VHOSTD or build build/vhostd)");
+    daemon_prepare_dir(&dm, "vhd-test-acc-XXXXXX", "d.sock");
+    track(&dm);
+    snprintf(spec, sizeof(spec), "socket=%s,backend=null,size=1M,socket-mode=0660,socket-group=%d",
+             dm.sock, OTHER_GID);
+    char user[32];
+    snprintf(user, sizeof(user), "%d:%d", OTHER_UID, OTHER_UID);
+    char *argv[] = {(char *)bin, "--user", user, "--blk", spec, NULL};
+    daemon_spawn(&dm, argv);
+    wait_log(&dm, "sandbox:");
+    VHD_CHECK_EQ(lstat(dm.sock, &st), 0);
+    if (st.st_gid != OTHER_GID || st.st_uid != OTHER_UID)
+        dump_log(&dm);
+    VHD_CHECK_EQ(st.st_uid, OTHER_UID); /* the user's: it may remove it at exit */
+    VHD_CHECK_EQ(st.st_gid, OTHER_GID); /* the group given, not the user's */
+    VHD_CHECK_EQ(st.st_mode & 07777, 0660);
+    VHD_CHECK_EQ(chmod(dm.dir, 0755), 0);
+    VHD_CHECK_EQ(as_user(OTHER_UID + 1, OTHER_GID, dm.sock), 0);  /* in the group: served */
+    VHD_CHECK_EQ(as_user(OTHER_UID + 1, OTHER_UID, dm.sock), 11); /* the user's group: not */
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
 /* A directory anyone may write to without the sticky bit: anyone could replace the socket. */
 VHD_TEST(open_directory_is_warned_about)
 {

@@ -1063,7 +1063,7 @@ static void drop_child(void *arg)
     char err[256] = "";
     const char *paths[] = {a->sock};
 
-    int rc = vhd_sandbox_drop_user(a->user, paths, 1, err, sizeof(err));
+    int rc = vhd_sandbox_drop_user(a->user, paths, NULL, 1, err, sizeof(err));
     if (rc < 0)
         child_fail(__FILE__, __LINE__, err);
     uid_t r, e, s;
@@ -1110,10 +1110,11 @@ static void unknown_user_child(void *arg)
 {
     (void)arg;
     char err[256] = "";
-    CHILD_CHECK(vhd_sandbox_drop_user("vhd-no-such-user", NULL, 0, err, sizeof(err)) == -ENOENT);
+    CHILD_CHECK(vhd_sandbox_drop_user("vhd-no-such-user", NULL, NULL, 0, err, sizeof(err)) ==
+                -ENOENT);
     CHILD_CHECK(strstr(err, "no such user") != NULL);
-    CHILD_CHECK(vhd_sandbox_drop_user("12:x", NULL, 0, err, sizeof(err)) < 0);
-    CHILD_CHECK(vhd_sandbox_drop_user("", NULL, 0, err, sizeof(err)) == -EINVAL);
+    CHILD_CHECK(vhd_sandbox_drop_user("12:x", NULL, NULL, 0, err, sizeof(err)) < 0);
+    CHILD_CHECK(vhd_sandbox_drop_user("", NULL, NULL, 0, err, sizeof(err)) == -EINVAL);
 }
 
 VHD_TEST(drop_to_unknown_user_fails)
