@@ -585,6 +585,15 @@ static int parse_device(struct vhd_options *o, const char *spec, const struct de
 
     if (!s)
         return fail(err, errlen, "out of memory");
+    /*
+     * A device spec must read back as the same one line of a config file
+     * (the management API saves running devices as such lines): no control
+     * character (a newline would start a line of its own, with any option
+     * in it) and no '#' (the rest of the line would be a comment).
+     */
+    for (const char *p = spec; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f || *p == '#')
+            return fail(err, errlen, "%s: control characters and '#' are not allowed in keys", opt);
     for (char *save = NULL, *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(tok, '=');
         if (!eq) {

@@ -373,6 +373,21 @@ VHD_TEST(rpc_bad_requests)
     CHECK_HAS(call(fd, "device.add", "{\"kind\":\"blk\",\"keys\":{\"socket\":[1]}}"),
               "params.keys.socket must be");
     CHECK_HAS(call(fd, "device.add", "{\"kind\":\"blk\"}"), "give either params.spec or");
+    /*
+     * A newline in a value would become a line of its own in config.save's
+     * output (a config file root may start from): "sandbox off", "user root".
+     */
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/x.sock,backend=null,size=1M,"
+             "name=x\\nsandbox off\\nuser root\"}",
+             dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "control characters and '#' are not allowed");
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"keys\":{\"socket\":\"%s/y.sock\",\"backend\":\"null\","
+             "\"size\":\"1M\",\"name\":\"y#z\"}}",
+             dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "control characters and '#' are not allowed");
+    VHD_CHECK(!strstr(call(fd, "config.save", NULL), "sandbox off"));
     /* nesting beyond the cap */
     char deep[256] = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"version\",\"params\":{\"a\":";
     for (int i = 0; i < 30; i++)

@@ -625,6 +625,27 @@ VHD_TEST(guest_mem_caps)
 
 /* ---- socket access: socket-mode=, socket-group=, allow-uid=, allow-gid= ---- */
 
+/* A device spec reads back as one config line: no control character, no '#'. */
+VHD_TEST(no_control_characters_in_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    static const char *const bad[] = {
+        "--blk=socket=/a.sock,image=a.img,name=x\nuser root",
+        "--blk=socket=/a.sock\r,image=a.img",
+        "--net=socket=/a.sock,name=a#b",
+        "--net=socket=/a.sock,name=a\x7f",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = 0;
+        VHD_CHECK(parse(&o, err, bad[i], NULL, NULL, NULL) < 0);
+        VHD_CHECK(strstr(err, "control characters and '#' are not allowed in keys"));
+        vhd_options_free(&o);
+    }
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/a b.sock,image=my disk.img", NULL, NULL, NULL), 0);
+    vhd_options_free(&o);
+}
+
 VHD_TEST(socket_access_keys)
 {
     struct vhd_options o;
