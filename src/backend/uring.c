@@ -289,7 +289,13 @@ static int image_lock(int fd, bool ro, enum vhd_blk_locking mode, const char *im
 static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend **out, char *err,
                       size_t errlen)
 {
-    int flags = (o->ro ? O_RDONLY : O_RDWR) | O_CLOEXEC | (o->direct ? O_DIRECT : 0);
+    /*
+     * O_NONBLOCK for the open only: a FIFO (or a device node that waits for
+     * a partner) would otherwise block the control thread in open(), holding
+     * up every other device's messages; such files are refused below, and
+     * the flag is cleared on what is kept.
+     */
+    int flags = (o->ro ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_NONBLOCK | (o->direct ? O_DIRECT : 0);
     bool created = false;
     struct stat st;
     uint64_t size = 0;
@@ -347,6 +353,10 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
     } else {
         rc = fail(err, errlen, -EINVAL, "image %s is neither a regular file nor a block device",
                   o->image);
+        goto err_close;
+    }
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
+        rc = fail(err, errlen, -errno, "image %s: fcntl: %s", o->image, strerror(errno));
         goto err_close;
     }
     rc = image_lock(fd, o->ro, o->locking, o->image, err, errlen);

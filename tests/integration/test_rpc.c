@@ -388,6 +388,14 @@ VHD_TEST(rpc_bad_requests)
              dm.dir);
     CHECK_HAS(call(fd, "device.add", params), "control characters and '#' are not allowed");
     VHD_CHECK(!strstr(call(fd, "config.save", NULL), "sandbox off"));
+    /* A FIFO as image: refused at once (its open() used to wait for a writer, for ever). */
+    char fifo[300];
+    snprintf(fifo, sizeof(fifo), "%s/fifo.img", dm.dir);
+    VHD_CHECK_EQ(mkfifo(fifo, 0600), 0);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/f.sock,image=%s,ro=on\"}", dm.dir, fifo);
+    CHECK_HAS(call(fd, "device.add", params), "is neither a regular file nor a block device");
+    unlink(fifo);
     /* nesting beyond the cap */
     char deep[256] = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"version\",\"params\":{\"a\":";
     for (int i = 0; i < 30; i++)
