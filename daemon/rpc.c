@@ -855,10 +855,21 @@ static void on_idle(void *opaque, uint32_t events)
     uint64_t ticks;
     (void)events;
     (void)!read(cl->tfd, &ticks, sizeof(ticks));
-    if (cl->inlen)
-        client_fail(cl, VHD_RPC_E_REQUEST, "request not completed in time");
-    else
+    /*
+     * Quiet for a whole period with answers still unread (a client that
+     * does not read), or after its error answer: closed outright, else it
+     * would hold its connection slot for ever waiting for EPOLLOUT.
+     */
+    if (cl->closing || cl->outoff < cl->outlen) {
         client_close(cl);
+        return;
+    }
+    if (cl->inlen) {
+        arm_idle(cl); /* the error answer gets one more period to be read */
+        client_fail(cl, VHD_RPC_E_REQUEST, "request not completed in time");
+    } else {
+        client_close(cl);
+    }
 }
 
 static void on_accept(void *opaque, uint32_t events)

@@ -793,12 +793,42 @@ VHD_TEST(rpc_idle_timeout)
     int half = rpc_connect(&dm), silent = rpc_connect(&dm), fd = rpc_connect(&dm);
     send_all(half, "{\"jsonrpc\":\"2.0\",", 14);
     CHECK_HAS(call(fd, "version", NULL), "\"result\"");
+    /*
+     * A client that sends and never reads: once its answers fill the socket,
+     * it is closed at the timeout (it used to keep its slot for ever).
+     */
+    int flood = rpc_connect(&dm);
+    VHD_CHECK_EQ(fcntl(flood, F_SETFL, O_NONBLOCK), 0);
+    static const char req[] = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"device.list\"}\n";
+    size_t off = 0;
+    for (int i = 0; i < 200000; i++) {
+        ssize_t n = send(flood, req + off, sizeof(req) - 1 - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EAGAIN) {
+            struct pollfd pw = {.fd = flood, .events = POLLOUT};
+            if (poll(&pw, 1, 500) == 0)
+                break; /* the daemon stopped reading: its answers are unread */
+            continue;
+        }
+        VHD_CHECK(n > 0);
+        off = (off + (size_t)n) % (sizeof(req) - 1);
+    }
     uint64_t t0 = ms_now();
     VHD_CHECK(read_line_within(half, line, sizeof(line), 30000));
     CHECK_HAS(line, "request not completed in time");
     VHD_CHECK(ms_now() - t0 >= 5000); /* not before the timeout (10 s from the last byte) */
     VHD_CHECK(!read_line_within(half, line, sizeof(line), 30000));
     VHD_CHECK(!read_line_within(silent, line, sizeof(line), 30000)); /* closed, no answer */
+    /*
+     * The flooder, its answers left unread: the daemon has closed its end
+     * (POLLRDHUP shows it without reading) within the timeout.
+     */
+    bool hup = false;
+    for (uint64_t t1 = ms_now(); !hup && ms_now() - t1 < 30000;) {
+        struct pollfd pr = {.fd = flood, .events = POLLRDHUP};
+        hup = poll(&pr, 1, 1000) > 0 && (pr.revents & (POLLRDHUP | POLLHUP));
+    }
+    VHD_CHECK(hup);
+    close(flood);
     close(half);
     close(silent);
     close(fd); /* idle too by now: reconnect */
