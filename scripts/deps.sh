@@ -5,17 +5,20 @@
 set -euo pipefail
 
 what=${1:-test}
-build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev libnbd-dev libjson-c-dev)
+# librbd-dev: the Ceph RBD backend (src/backend/rbd.c)
+build_pkgs=(gcc make meson ninja-build pkg-config liburing-dev libseccomp-dev libnbd-dev libjson-c-dev librbd-dev)
 # dpdk-dev: dpdk-testpmd; its virtio-user PMD and mempool driver are plugins (interop tests)
 # nbdkit: the NBD server of test_nbd (its memory and file plugins, delay and error filters)
 test_pkgs=(clang libclang-rt-14-dev valgrind dpdk-dev librte-net-virtio23 librte-mempool-ring23 nbdkit)
+# A throwaway single-node Ceph cluster for the RBD tests (tests/ceph/cluster.sh)
+ceph_pkgs=(ceph-mon ceph-mgr ceph-osd ceph-common)
 guest_pkgs=(qemu-system-x86 qemu-utils qemu-system-common busybox-static cpio xz-utils kmod)
 
 pkgs=("${build_pkgs[@]}")
 case "$what" in
 build) ;;
 demo) pkgs+=("${guest_pkgs[@]}") ;;
-test) pkgs+=("${test_pkgs[@]}" "${guest_pkgs[@]}") ;;
+test) pkgs+=("${test_pkgs[@]}" "${ceph_pkgs[@]}" "${guest_pkgs[@]}") ;;
 *) echo "deps.sh: unknown set '$what' (build|test|demo)" >&2; exit 2 ;;
 esac
 here=$(cd "$(dirname "$0")/.." && pwd)
