@@ -123,7 +123,18 @@ static int new_blk(void *opaque, const struct vhd_opt_blk *b, struct vhd_device 
         .locking = b->locking,
         .werror = b->werror,
         .rerror = b->rerror,
+        .pool = b->pool,
+        .conf = b->conf,
+        .user = b->user,
+        .snap = b->snap,
     };
+    /* The command line is checked as a whole (options.c); an RPC add comes here alone. */
+    if (!strcmp(b->backend, "rbd") && d->opts.sandbox != VHD_OPT_SANDBOX_OFF) {
+        snprintf(err, errlen,
+                 "backend=rbd needs --sandbox off (librados connects to the Ceph "
+                 "cluster from its own threads at any time)");
+        return -EPERM;
+    }
     int rc = vhd_sandbox_resolve_access(&b->access, &c.dev.endpoint.access, err, errlen);
     if (rc == 0)
         rc = vhd_blk_device_new(d->ctx, &c, out, err, errlen);

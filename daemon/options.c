@@ -43,11 +43,17 @@ const char vhd_usage[] =
     "--blk keys:\n"
     "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
     "                       front-end's socket to connect to\n"
-    "  image=PATH           backing file or block device (uring backend)\n"
-    "  backend=uring|null|nbd  io_uring file backend (default), null (no storage, reads\n"
-    "                       zeroes) or nbd (an NBD server, see uri=)\n"
+    "  image=PATH           backing file or block device (uring backend); backend=rbd: the\n"
+    "                       RBD image's name\n"
+    "  backend=uring|null|nbd|rbd  io_uring file backend (default), null (no storage, reads\n"
+    "                       zeroes), nbd (an NBD server, see uri=) or rbd (a Ceph RBD image\n"
+    "                       through librbd; needs --sandbox off)\n"
     "  uri=URI              backend=nbd: nbd://HOST[:PORT]/EXPORT or\n"
     "                       nbd+unix:///EXPORT?socket=PATH\n"
+    "  pool=NAME            backend=rbd: the RADOS pool (required)\n"
+    "  conf=FILE            backend=rbd: ceph.conf (default: librados' search path)\n"
+    "  user=ID              backend=rbd: Ceph client id, e.g. admin (default: librados')\n"
+    "  snap=NAME            backend=rbd: serve this snapshot, read-only\n"
     "  size=SIZE            bytes (K/M/G/T suffixes): null device size; for uring, create a\n"
     "                       sparse image of this size when the file does not exist (an\n"
     "                       existing image must then have exactly this size)\n"
@@ -256,7 +262,7 @@ _Static_assert(offsetof(struct vhd_opt_net, allow_packed) ==
                    offsetof(struct vhd_opt_net, allow_split) + sizeof(bool),
                "net rings fields");
 
-static const char *const blk_backends[] = {"uring", "null", "nbd", NULL};
+static const char *const blk_backends[] = {"uring", "null", "nbd", "rbd", NULL};
 static const char *const blk_locking[] = {"auto", "on", "off", NULL};
 static const char *const blk_werror[] = {"report", "stop", "enospc", NULL};
 static const char *const blk_rerror[] = {"report", "stop", NULL};
@@ -274,7 +280,7 @@ static const struct dev_key dev_keys[] = {
      0,
      0,
      blk_backends,
-     "expected uring, null or nbd",
+     "expected uring, null, nbd or rbd",
      BLK_AT(backend),
      {0, 0}},
     {"backend",
@@ -380,6 +386,11 @@ static const struct dev_key dev_keys[] = {
      "expected report or stop",
      BLK_AT(rerror),
      {0, 0}},
+    /* backend=rbd */
+    {"pool", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(pool), {0, 0}},
+    {"conf", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(conf), {0, 0}},
+    {"user", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(user), {0, 0}},
+    {"snap", NULL, DEV_BLK, KEY_STR, 0, 0, NULL, NULL, BLK_AT(snap), {0, 0}},
     {"mac", NULL, DEV_NET, KEY_MAC, 0, 0, NULL, "expected a unicast address like 52:54:00:12:34:56",
      NET_AT(mac), NET_AT(mac_set)},
     {"mtu", NULL, DEV_NET, KEY_UINT, 68, 65535, NULL, "", NET_AT(mtu), {0, 0}},
@@ -660,6 +671,11 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
     b->spec = own(o, spec);
     if (parse_device(o, spec, &sp, err, errlen))
         return -1;
+    bool rbd = !strcmp(b->backend, "rbd");
+    if (!rbd && (b->pool || b->conf || b->user || b->snap))
+        return fail(err, errlen, "--blk: pool=, conf=, user= and snap= go with backend=rbd");
+    if (rbd && (!b->pool || !b->image))
+        return fail(err, errlen, "--blk: backend=rbd needs pool=NAME and image=NAME");
     if (!strcmp(b->backend, "nbd") != (b->uri != NULL))
         return fail(err, errlen, "--blk: uri=URI goes with backend=nbd, and only with it");
     if (!strcmp(b->backend, "nbd")) {
@@ -898,6 +914,16 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
                         "device %s: an NBD URI with TLS (%s) needs --sandbox off: workers read "
                         "certificates when they connect",
                         o->blk[i].name, o->blk[i].uri);
+    /*
+     * librados' threads open sockets to the monitors and OSDs whenever they
+     * need them, long after setup: the syscall filter would kill vhostd.
+     */
+    for (int i = 0; i < o->nblk; i++)
+        if (!strcmp(o->blk[i].backend, "rbd") && o->sandbox != VHD_OPT_SANDBOX_OFF)
+            return fail(err, errlen,
+                        "device %s: backend=rbd needs --sandbox off (librados connects to the "
+                        "Ceph cluster from its own threads at any time)",
+                        o->blk[i].name);
     /* ---- net: sockets unique across --blk and --net; worker lists within --workers ---- */
     for (int i = 0; i < o->nnet; i++) {
         for (int j = 0; j < i; j++)

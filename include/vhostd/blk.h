@@ -2,8 +2,9 @@
 /*
  * libvhostd virtio-blk devices (virtio 1.2 section 5.2, virtio 1.x only):
  * a disk backed by a file or block device through the workers' io_urings,
- * an NBD server (libnbd, driven by the same io_urings), or a null disk that
- * reads zeroes and discards writes (benchmarks).
+ * an NBD server (libnbd, driven by the same io_urings), a Ceph RBD image
+ * through librbd, or a null disk that reads zeroes and discards writes
+ * (benchmarks).
  * Multi-queue, discard, write-zeroes, flush with a guest-switchable cache
  * mode, read-only disks, inflight tracking (a restarted back-end resumes the
  * requests a crash interrupted) and dirty logging (live migration).
@@ -38,9 +39,10 @@ extern "C" {
 
 struct vhd_blk_config {
     struct vhd_device_config dev;
-    /* "uring" (default): image through io_uring; "null": no storage; "nbd": an NBD server (uri) */
+    /* "uring" (default): image through io_uring; "null": no storage; "nbd": an NBD server (uri);
+       "rbd": a Ceph RBD image (librbd: pool, image, conf, user, snap) */
     const char *backend;
-    const char *image; /* uring: the file or block device */
+    const char *image; /* uring: the file or block device; rbd: the RBD image's name */
     /*
      * Bytes. null: the device size (required). uring: the size of a sparse
      * image to create when image does not exist; an existing image must
@@ -48,7 +50,7 @@ struct vhd_blk_config {
      */
     uint64_t size;
     bool read_only;      /* VIRTIO_BLK_F_RO; writes complete with IOERR */
-    bool direct;         /* uring: O_DIRECT (bypass the host page cache) */
+    bool direct;         /* uring: O_DIRECT (bypass the host page cache); rbd: librbd's cache off */
     bool writethrough;   /* start in writethrough mode (default: writeback until the guest says) */
     const char *serial;  /* GET_ID answer, at most 20 bytes; NULL: empty */
     uint32_t block_size; /* logical block size, a power of two in 512..4096; 0: 512 */
@@ -80,6 +82,16 @@ struct vhd_blk_config {
      * from the server, num_queues must be 1.
      */
     const char *uri;
+    /*
+     * rbd: the image is opened (cluster connected) by vhd_blk_device_new, on
+     * the caller's thread: up to 30 s when the cluster does not answer.
+     * librados' threads open sockets at any time: no seccomp filter that
+     * forbids them may be in force.
+     */
+    const char *pool; /* rbd: the RADOS pool (required) */
+    const char *conf; /* rbd: ceph.conf path; NULL: librados' default search */
+    const char *user; /* rbd: the client id, e.g. "admin"; NULL: librados' default */
+    const char *snap; /* rbd: serve this snapshot, read-only; NULL: the image itself */
 };
 
 /*

@@ -103,7 +103,7 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
                                                      : VHD_POLL_ADAPTIVE;
     /* Only what the block backends submit: the kernel refuses other opcodes (rt.h). */
     ro.uring_ops = vhd_blk_backend_uring.uring_ops | vhd_blk_backend_null.uring_ops |
-                   vhd_blk_backend_nbd.uring_ops;
+                   vhd_blk_backend_nbd.uring_ops | vhd_blk_backend_rbd.uring_ops;
     rc = vhd_rt_new(&ro, &ctx->rt);
     if (rc < 0)
         goto free_ctl;

@@ -150,6 +150,10 @@ int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
         .locking = cfg->locking,
         .werror = cfg->werror,
         .rerror = cfg->rerror,
+        .pool = cfg->pool,
+        .conf = cfg->conf,
+        .user = cfg->user,
+        .snap = cfg->snap,
     };
     int rc = vhd_blk_new(&bo, &dev, err, errlen);
     if (rc < 0)

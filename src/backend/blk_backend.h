@@ -4,8 +4,9 @@
  * needs from storage — open/close, and asynchronous read, write, flush,
  * discard and write-zeroes operations that complete on the worker that
  * submitted them. Backends: "uring" (uring.c, io_uring on a file or block
- * device), "null" (null.c, completes inline, no storage) and "nbd" (nbd.c,
- * an NBD server through libnbd, driven by the worker's io_uring).
+ * device), "null" (null.c, completes inline, no storage), "nbd" (nbd.c,
+ * an NBD server through libnbd, driven by the worker's io_uring) and "rbd"
+ * (rbd.c, a Ceph RBD image through librbd's asynchronous API).
  */
 #ifndef VHD_BLK_BACKEND_H
 #define VHD_BLK_BACKEND_H
@@ -80,6 +81,8 @@ struct vhd_blk_io {
     int res;                    /* nbd: first error of this attempt (-errno), 0 */
     struct vhd_blk_io *next;    /* nbd: link in a connection's waiting or retired list */
     void *conn;                 /* nbd: the connection it runs on */
+    void *be_priv;              /* rbd: the completion channel of the submitting worker */
+    struct vhd_blk_io *be_next; /* rbd: link in the worker's backlog */
 };
 
 /* Image locking (vhd_blk_backend_opts.locking). */
@@ -97,17 +100,22 @@ struct vhd_blk_backend_opts {
                             create when absent, or the size the existing one must have; 0: any */
     uint32_t block_size; /* the device's logical block size (512..4096) */
     bool ro;             /* open read-only; writes fail with -EROFS */
-    bool direct;         /* uring: O_DIRECT */
+    bool direct;         /* uring: O_DIRECT; rbd: librbd's cache off */
     /*
      * uring: take QEMU's image locks (byte-range OFD locks, see uring.c) on
      * the fd for the device's lifetime, and refuse an image another process
      * (QEMU, qemu-storage-daemon, another vhostd) uses in a conflicting way.
      */
     enum vhd_blk_locking locking;
+    /* rbd: image is the RBD image's name */
+    const char *pool; /* rbd: the RADOS pool (required) */
+    const char *conf; /* rbd: ceph.conf path (NULL: librados' default search) */
+    const char *user; /* rbd: the client id, e.g. "admin" (NULL: librados' default) */
+    const char *snap; /* rbd: open this snapshot, read-only (NULL: the image itself) */
 };
 
 struct vhd_blk_backend_ops {
-    const char *name; /* "uring", "null", "nbd" */
+    const char *name; /* "uring", "null", "nbd", "rbd" */
 
     /*
      * open - create a backend instance. Returns 0 and *out, or -errno with a
@@ -178,8 +186,9 @@ struct vhd_blk_backend {
 extern const struct vhd_blk_backend_ops vhd_blk_backend_uring;
 extern const struct vhd_blk_backend_ops vhd_blk_backend_null;
 extern const struct vhd_blk_backend_ops vhd_blk_backend_nbd;
+extern const struct vhd_blk_backend_ops vhd_blk_backend_rbd;
 
-/* The backend called name ("uring", "null", "nbd"), or NULL. */
+/* The backend called name ("uring", "null", "nbd", "rbd"), or NULL. */
 const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name);
 
 static inline void vhd_blk_be_submit(struct vhd_blk_backend *be, struct vhd_worker *w,

@@ -146,7 +146,7 @@ static const struct vhd_blk *to_cblk(const struct vhd_dev *dev)
 const struct vhd_blk_backend_ops *vhd_blk_backend_find(const char *name)
 {
     static const struct vhd_blk_backend_ops *const all[] = {
-        &vhd_blk_backend_uring, &vhd_blk_backend_null, &vhd_blk_backend_nbd};
+        &vhd_blk_backend_uring, &vhd_blk_backend_null, &vhd_blk_backend_nbd, &vhd_blk_backend_rbd};
     for (size_t i = 0; i < VHD_ARRAY_SIZE(all); i++)
         if (!strcmp(all[i]->name, name))
             return all[i];
@@ -1138,7 +1138,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
                     VIRTIO_BLK_ID_BYTES);
     bops = vhd_blk_backend_find(o->backend ? o->backend : "uring");
     if (!bops)
-        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring, null or nbd)",
+        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring, null, nbd or rbd)",
                     o->backend);
     if (o->no_split && !o->allow_packed)
         return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
@@ -1190,6 +1190,10 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
         .ro = o->ro,
         .direct = o->direct,
         .locking = (enum vhd_blk_locking)locking,
+        .pool = o->pool,
+        .conf = o->conf,
+        .user = o->user,
+        .snap = o->snap,
     };
     rc = bops->open(&bo, &blk->be, err, errlen);
     if (rc < 0)
@@ -1218,7 +1222,8 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     blk->block_sectors = bs / VIRTIO_BLK_SECTOR_SIZE;
     blk->capacity = blocks * blk->block_sectors;
     blk->max_dwz_sectors = VHD_BLK_MAX_DWZ_SECTORS & ~(blk->block_sectors - 1);
-    blk->ro = o->ro || blk->be->ro; /* an NBD server may export read-only */
+    /* The backend may open read-only on its own: an NBD server's export, an RBD snapshot. */
+    blk->ro = o->ro || blk->be->ro;
     blk->no_split = o->no_split;
     blk->serial_len = (uint8_t)serial_len;
     if (serial_len)

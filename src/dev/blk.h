@@ -57,9 +57,9 @@
 /* Options of vhd_blk_new(). Zero-initialise, then set what you need. */
 struct vhd_blk_opts {
     const char *name;    /* for logs (dev->name); default "blk" */
-    const char *image;   /* uring: the file or block device */
+    const char *image;   /* uring: the file or block device; rbd: the RBD image's name */
     const char *uri;     /* nbd: the server (nbd://..., nbd+unix://...) */
-    const char *backend; /* "uring" (default) | "null" | "nbd" */
+    const char *backend; /* "uring" (default) | "null" | "nbd" | "rbd" */
     /*
      * Bytes. null: the device size (required). uring: the size of a sparse
      * image to create when image does not exist; an existing image must have
@@ -87,6 +87,10 @@ struct vhd_blk_opts {
     const char *werror;
     const char *rerror;
     const char *locking; /* uring: "auto" (NULL), "on" or "off": enum vhd_blk_locking */
+    const char *pool;    /* rbd: RADOS pool */
+    const char *conf;    /* rbd: ceph.conf (NULL: librados' default search) */
+    const char *user;    /* rbd: client id (NULL: librados' default) */
+    const char *snap;    /* rbd: snapshot to open read-only (NULL: the image) */
 };
 
 /*

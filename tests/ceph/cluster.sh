@@ -9,6 +9,8 @@
 #                                   (default "rbd") exists and takes I/O
 #   cluster.sh stop DIR          -> kill the daemons by pid, remove DIR
 # Exit status non-zero (and a reason on stderr) when the cluster cannot start.
+# CEPH_CLUSTER_OWNER=PID (start): a watchdog stops the cluster and removes DIR
+# once PID is gone, so a test program killed by SIGKILL leaves nothing behind.
 set -euo pipefail
 
 usage() {
@@ -168,5 +170,12 @@ timeout 60 rbd -c "$conf" pool init "$pool" || fail "rbd pool init $pool failed"
 probe="cluster-probe-$$"
 timeout 60 rbd -c "$conf" create --size 1M "$pool/$probe" || fail "rbd create failed"
 timeout 60 rbd -c "$conf" rm --no-progress "$pool/$probe" >/dev/null || fail "rbd rm failed"
+if [ -n "${CEPH_CLUSTER_OWNER:-}" ]; then
+    owner=$CEPH_CLUSTER_OWNER
+    self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+    setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -f "$2/pids" ]; do sleep 1; done
+        [ -f "$2/pids" ] && exec "$3" stop "$2"' watchdog "$owner" "$dir" "$self" \
+        >/dev/null 2>&1 </dev/null &
+fi
 end_ns=$(date +%s%N)
 echo "ready conf=$conf pool=$pool port=$port start_ms=$(((end_ns - start_ns) / 1000000))"

@@ -86,6 +86,30 @@ VHD_TEST(blk_nbd_keys)
     vhd_options_free(&o);
 }
 
+VHD_TEST(blk_rbd_keys)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    VHD_CHECK_EQ(parse(&o, err, "--sandbox", "off",
+                       "--blk=socket=/run/vm1.sock,backend=rbd,pool=vms,image=vm1,"
+                       "conf=/etc/ceph/c.conf,user=vhostd,snap=base",
+                       NULL),
+                 0);
+    VHD_CHECK(!strcmp(o.blk[0].backend, "rbd"));
+    VHD_CHECK(!strcmp(o.blk[0].pool, "vms"));
+    VHD_CHECK(!strcmp(o.blk[0].image, "vm1"));
+    VHD_CHECK(!strcmp(o.blk[0].conf, "/etc/ceph/c.conf"));
+    VHD_CHECK(!strcmp(o.blk[0].user, "vhostd"));
+    VHD_CHECK(!strcmp(o.blk[0].snap, "base"));
+    vhd_options_free(&o);
+    /* The sandbox check sees --sandbox wherever it stands on the line. */
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=/run/vm1.sock,backend=rbd,pool=vms,image=vm1",
+                       "--sandbox", "off", NULL),
+                 0);
+    VHD_CHECK(o.blk[0].conf == NULL && o.blk[0].user == NULL && o.blk[0].snap == NULL);
+    vhd_options_free(&o);
+}
+
 /* Each bad command line fails with a message naming the problem. */
 VHD_TEST(blk_rejects)
 {
@@ -95,11 +119,16 @@ VHD_TEST(blk_rejects)
         {"image=a.img", "socket=PATH is required"},
         {"socket=s", "image=PATH is required"},
         {"socket=s,backend=null", "needs size="},
-        {"socket=s,backend=ceph,image=x", "expected uring, null or nbd"},
+        {"socket=s,backend=ceph,image=x", "expected uring, null, nbd or rbd"},
         {"socket=s,backend=nbd", "uri=URI goes with backend=nbd"},
         {"socket=s,image=x,uri=nbd://h/", "uri=URI goes with backend=nbd"},
         {"socket=s,backend=nbd,uri=nbd://h/,image=x", "takes uri=, not image="},
         {"socket=s,backend=nbd,uri=nbds://h/", "needs --sandbox off"},
+        {"socket=s,image=x,pool=p", "go with backend=rbd"},
+        {"socket=s,image=x,snap=s1", "go with backend=rbd"},
+        {"socket=s,backend=rbd,image=x", "backend=rbd needs pool=NAME and image=NAME"},
+        {"socket=s,backend=rbd,pool=p", "backend=rbd needs pool=NAME and image=NAME"},
+        {"socket=s,backend=rbd,pool=p,image=x", "backend=rbd needs --sandbox off"},
         {"socket=s,image=x,queues=0", "queues=0"},
         {"socket=s,image=x,queues=65", "queues=65"},
         {"socket=s,image=x,block-size=1000", "power of two"},
@@ -144,6 +173,7 @@ VHD_TEST(device_key_messages)
         {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null or nbd"},
         {"--blk=socket=s,backend=nbd", "--blk: uri=URI goes with backend=nbd, and only with it"},
         {"--blk=socket=s,backend=nbd,uri=u,image=x", "--blk: backend=nbd takes uri=, not image="},
+        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null or rbd"},
         {"--blk=socket=s,image=x,size=0", "--blk: size=0: expected a size like 512M or 8G"},
         {"--blk=socket=s,image=x,size=12Q", "--blk: size=12Q: expected a size like 512M or 8G"},
         {"--blk=socket=s,image=x,queues=0", "--blk: queues=0: expected 1..64"},
