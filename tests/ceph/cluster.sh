@@ -111,6 +111,9 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon warn on insecure global id reclaim allowed = false
 osd crush chooseleaf type = 0
+# A client killed with SIGKILL keeps its watch on an image header this long
+# (default 30 s); RBD's exclusive lock passes to the next client only then.
+osd client watch timeout = 5
 # Few threads: the machine is small and shared.
 osd op num shards = 1
 osd op num threads per shard = 2
@@ -134,8 +137,15 @@ spawn() {
 }
 
 fail() {
+    local f
     echo "cluster.sh: $*" >&2
-    echo "cluster.sh: logs in $dir/log; stopping what was started" >&2
+    # The caller usually removes DIR: the end of each log goes with the message.
+    for f in "$dir"/log/*; do
+        [ -s "$f" ] || continue
+        echo "--- $f (last lines) ---" >&2
+        tail -n 15 "$f" >&2
+    done
+    echo "cluster.sh: stopping what was started" >&2
     stop_all
     exit 1
 }

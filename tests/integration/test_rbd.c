@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -38,7 +39,7 @@
 
 static char g_cluster_dir[160];
 static char g_conf[256];
-static char g_cluster_err[512];
+static char g_cluster_err[16384];
 static pid_t g_cluster_owner;
 static char g_script[PATH_MAX];
 
@@ -163,33 +164,33 @@ static void make_image(char *name, size_t len, const char *tag)
 
 /* ======================= daemon and driver ======================= */
 
+/* The last daemon's command line, for restarts on the same socket. */
+static char g_spec[1024], g_nworkers[16];
+
+/* (Re)start vhostd with g_spec on dm's socket; returns when it listens. */
+static void spawn_daemon(struct daemon *dm)
+{
+    char *argv[] = {(char *)vhostd_path(), "--log-level", "info",  "--sandbox", "off",
+                    "--workers",           g_nworkers,    "--blk", g_spec,      NULL};
+    VHD_CHECK(argv[0] != NULL);
+    daemon_spawn(dm, argv);
+}
+
 /* Start vhostd serving POOL/image; extra: more --blk keys (",snap=s1"). */
 static void start_daemon(struct daemon *dm, const char *image, unsigned queues, unsigned workers,
                          const char *extra)
 {
-    static char spec[1024], nw[16];
-
     daemon_prepare_dir(dm, "vhd-rbd-XXXXXX", "blk.sock");
-    snprintf(spec, sizeof(spec), "socket=%s,backend=rbd,pool=" POOL ",image=%s,conf=%s,queues=%u%s",
-             dm->sock, image, g_conf, queues, extra ? extra : "");
-    snprintf(nw, sizeof(nw), "%u", workers);
-    char *argv[] = {(char *)vhostd_path(),
-                    "--log-level",
-                    "info",
-                    "--sandbox",
-                    "off",
-                    "--workers",
-                    nw,
-                    "--blk",
-                    spec,
-                    NULL};
-    VHD_CHECK(argv[0] != NULL);
+    snprintf(g_spec, sizeof(g_spec),
+             "socket=%s,backend=rbd,pool=" POOL ",image=%s,conf=%s,queues=%u%s", dm->sock, image,
+             g_conf, queues, extra ? extra : "");
+    snprintf(g_nworkers, sizeof(g_nworkers), "%u", workers);
     bool tracked = false;
     for (int i = 0; i < MAX_DAEMONS; i++)
         tracked |= g_daemons[i] == dm;
     if (!tracked)
         track(dm);
-    daemon_spawn(dm, argv);
+    spawn_daemon(dm);
 }
 
 static struct vhd_blkdrv *connect_drv(struct daemon *dm, unsigned queues)
@@ -667,6 +668,255 @@ VHD_TEST(rbd_open_errors)
     snprintf(tail, sizeof(tail), ",pool=" POOL ",image=%s", img);
     expect_refusal(tail, "on", "backend=rbd needs --sandbox off");
     expect_refusal(",image=x", "off", "backend=rbd needs pool=NAME and image=NAME");
+    VHD_CHECK_EQ(rbd_cmd("rm " POOL "/%s", img), 0);
+    test_done();
+}
+
+/*
+ * Restart without loss on RBD: the daemon is killed with SIGKILL while
+ * requests are in flight, again and again, and restarted on the same socket
+ * and image; the driver reconnects and the new daemon resubmits what the
+ * dead one had taken (inflight area). Every request completes exactly once
+ * and successfully, and every acknowledged write reads back through the
+ * driver and in `rbd export`. The new daemon takes RBD's exclusive lock
+ * over from the dead one: its writes wait until the OSD drops the dead
+ * client's watch (osd_client_watch_timeout; cluster.sh sets 5 s), reads
+ * go on meanwhile: the longest time without a write completing is printed.
+ */
+#define K_NQ      2u
+#define K_DEPTH   16u
+#define K_QBLOCKS 256u
+#define K_BLOCKS  (K_NQ * K_QBLOCKS)
+#define K_BS      4096u
+#define K_KILLS   4u
+#define K_TAIL    500u /* requests after the last restart */
+#define K_MAX_IDS (1u << 20)
+#define K_STALL   60000u /* no completion for this long with requests in flight: stuck */
+
+struct kreq {
+    uint32_t id, blk, gen;
+    bool write, busy;
+    uint8_t *buf;
+};
+
+struct kwl {
+    struct vhd_blkdrv *d;
+    struct vhd_blkdrv_queue *q[K_NQ];
+    struct kreq r[K_NQ][K_DEPTH];
+    uint32_t inflight[K_NQ];
+    uint32_t acked[K_BLOCKS], gen[K_BLOCKS];
+    bool blk_busy[K_BLOCKS];
+    uint8_t done[K_MAX_IDS];
+    uint32_t next_id;
+    unsigned seed;
+    uint64_t writes, reads, errors, reconnects;
+    uint64_t last_write_ms, max_write_gap_ms; /* longest time without a write completing */
+};
+
+static void k_submit(struct kwl *w, uint32_t qi)
+{
+    while (w->inflight[qi] < K_DEPTH && w->next_id < K_MAX_IDS) {
+        uint32_t k = 0;
+        while (w->r[qi][k].busy)
+            k++;
+        uint32_t blk = qi * K_QBLOCKS + (uint32_t)rand_r(&w->seed) % K_QBLOCKS;
+        for (unsigned tries = 0; w->blk_busy[blk] && tries < K_QBLOCKS; tries++)
+            blk = qi * K_QBLOCKS + (blk + 1) % K_QBLOCKS;
+        if (w->blk_busy[blk])
+            return;
+        struct kreq *r = &w->r[qi][k];
+        r->write = rand_r(&w->seed) % 4 != 0;
+        r->blk = blk;
+        r->id = w->next_id;
+        int rc;
+        if (r->write) {
+            r->gen = w->gen[blk] + 1;
+            fill(r->buf, (uint64_t)blk * K_BS, K_BS, r->gen);
+            rc = vhd_blkdrv_submit_write(w->q[qi], (uint64_t)blk * K_BS, r->buf, K_BS, r);
+        } else {
+            r->gen = w->acked[blk];
+            memset(r->buf, 0xa5, K_BS);
+            rc = vhd_blkdrv_submit_read(w->q[qi], (uint64_t)blk * K_BS, r->buf, K_BS, r);
+        }
+        if (rc == -EAGAIN)
+            return;
+        VHD_CHECK_EQ(rc, 0);
+        if (r->write)
+            w->gen[blk] = r->gen;
+        r->busy = true;
+        w->blk_busy[blk] = true;
+        w->inflight[qi]++;
+        w->next_id++;
+    }
+}
+
+/* Block content of generation gen (0: never written, zeroes). */
+static bool k_holds(const uint8_t *p, uint32_t blk, uint32_t gen)
+{
+    return gen ? is_pat(p, (uint64_t)blk * K_BS, K_BS, gen) : all_zero(p, K_BS);
+}
+
+static int k_reap(struct kwl *w, uint32_t qi)
+{
+    struct vhd_blkdrv_completion c[K_DEPTH];
+    int n = vhd_blkdrv_poll(w->q[qi], c, K_DEPTH);
+    VHD_CHECK(n >= 0);
+    for (int i = 0; i < n; i++) {
+        struct kreq *r = c[i].cookie;
+        VHD_CHECK(r >= &w->r[qi][0] && r < &w->r[qi][K_DEPTH] && r->busy);
+        VHD_CHECK_EQ(++w->done[r->id], 1); /* exactly once */
+        if (c[i].ret != 0) {
+            if (w->errors++ < 5)
+                fprintf(stderr, "  %s of block %u: ret %d\n", r->write ? "write" : "read", r->blk,
+                        c[i].ret);
+        } else if (r->write) {
+            uint64_t now = ms_now();
+            w->acked[r->blk] = r->gen;
+            w->writes++;
+            if (w->last_write_ms && now - w->last_write_ms > w->max_write_gap_ms)
+                w->max_write_gap_ms = now - w->last_write_ms;
+            w->last_write_ms = now;
+        } else {
+            if (!k_holds(r->buf, r->blk, r->gen))
+                fprintf(stderr, "  read of block %u: generation %u expected\n", r->blk, r->gen);
+            VHD_CHECK(k_holds(r->buf, r->blk, r->gen));
+            w->reads++;
+        }
+        r->busy = false;
+        w->blk_busy[r->blk] = false;
+        w->inflight[qi]--;
+    }
+    return n;
+}
+
+VHD_TEST(rbd_kill9_restart)
+{
+    struct daemon dm;
+    char img[64];
+    need_cluster();
+    alarm(400); /* this test's own bound: each takeover of the lock waits for the OSD */
+    make_image(img, sizeof(img), "kill");
+    start_daemon(&dm, img, K_NQ, 1, NULL);
+    struct kwl *w = calloc(1, sizeof(*w));
+    VHD_CHECK(w != NULL);
+    const char *s = getenv("VHD_CRASH_SEED");
+    w->seed = s && *s ? (unsigned)strtoul(s, NULL, 0) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    unsigned seed = w->seed;
+    struct vhd_blkdrv_opts o = {
+        .socket_path = dm.sock, .num_queues = K_NQ, .queue_size = 64, .timeout_ms = 20000};
+    char err[256] = "";
+    int rc = vhd_blkdrv_connect(&o, &w->d, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  connect: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK(vhd_blkdrv_get_info(w->d)->inflight);
+    for (uint32_t qi = 0; qi < K_NQ; qi++) {
+        w->q[qi] = vhd_blkdrv_get_queue(w->d, qi);
+        for (uint32_t k = 0; k < K_DEPTH; k++) {
+            w->r[qi][k].buf = vhd_blkdrv_buf_alloc(w->q[qi], K_BS);
+            VHD_CHECK(w->r[qi][k].buf != NULL);
+        }
+    }
+
+    unsigned kills = 0, since = 0, kill_at = 100 + (unsigned)rand_r(&w->seed) % 300;
+    uint32_t tail_start = 0;
+    uint64_t last = ms_now(), killed_at = 0, max_stall = 0;
+    w->last_write_ms = last;
+    for (;;) {
+        bool more = kills < K_KILLS || w->next_id - tail_start < K_TAIL;
+        uint32_t busy = 0;
+        int got = 0;
+        for (uint32_t qi = 0; qi < K_NQ; qi++) {
+            if (more)
+                k_submit(w, qi);
+            got += k_reap(w, qi);
+            busy += w->inflight[qi];
+        }
+        uint64_t now = ms_now();
+        if (got) {
+            if (killed_at) {
+                /* First completion after a restart: the takeover's cost. */
+                if (now - killed_at > max_stall)
+                    max_stall = now - killed_at;
+                killed_at = 0;
+            }
+            last = now;
+            since += (unsigned)got;
+        }
+        if (!more && busy == 0)
+            break;
+        if (busy && now - last > K_STALL) {
+            fprintf(stderr, "  stuck: %u in flight, %u kills, seed %u\n", busy, kills, seed);
+            VHD_CHECK(!"progress");
+        }
+        /* Kill with requests in flight (just submitted: some are surely at librbd). */
+        if (kills < K_KILLS && since >= kill_at && busy) {
+            kill(dm.pid, SIGKILL);
+            waitpid(dm.pid, NULL, 0);
+            dm.pid = 0;
+            unlink(dm.sock);
+            spawn_daemon(&dm);
+            kills++;
+            since = 0;
+            kill_at = 100 + (unsigned)rand_r(&w->seed) % 300;
+            killed_at = ms_now();
+            last = killed_at;
+            if (kills == K_KILLS)
+                tail_start = w->next_id;
+            continue;
+        }
+        if (got == 0) {
+            if (!vhd_blkdrv_session_alive(w->d)) {
+                uint64_t t0 = ms_now();
+                while (vhd_blkdrv_reconnect(w->d) != 0) {
+                    VHD_CHECK(ms_now() - t0 < 60000);
+                    sleep_ms(5);
+                }
+                VHD_CHECK(vhd_blkdrv_get_info(w->d)->inflight);
+                w->reconnects++;
+            } else {
+                usleep(200);
+            }
+        }
+    }
+    if (w->errors)
+        fprintf(stderr, "  %llu requests failed (seed %u)\n", (unsigned long long)w->errors, seed);
+    VHD_CHECK_EQ(w->errors, 0);
+    for (uint32_t id = 0; id < w->next_id; id++)
+        VHD_CHECK_EQ(w->done[id], 1);
+    VHD_CHECK(w->reconnects >= K_KILLS);
+    uint64_t carried = 0;
+    for (uint32_t qi = 0; qi < K_NQ; qi++) {
+        struct vhd_blkdrv_queue_stats st;
+        vhd_blkdrv_queue_stats(w->q[qi], &st);
+        carried += st.carried;
+    }
+    VHD_CHECK(carried > 0); /* some kill caught requests in flight */
+
+    /* Every acknowledged write is on the device ... */
+    uint8_t *buf = w->r[0][0].buf;
+    for (uint32_t blk = 0; blk < K_BLOCKS; blk++) {
+        struct vhd_blkdrv_queue *q = w->q[blk / K_QBLOCKS];
+        VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, (uint64_t)blk * K_BS, buf, K_BS, NULL), 0);
+        VHD_CHECK_EQ(wait_one(q), 0);
+        if (!k_holds(buf, blk, w->acked[blk]))
+            fprintf(stderr, "  device block %u: generation %u expected\n", blk, w->acked[blk]);
+        VHD_CHECK(k_holds(buf, blk, w->acked[blk]));
+    }
+    vhd_blkdrv_disconnect(w->d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    /* ... and in the image. */
+    uint8_t *b = export_image(&dm, img);
+    for (uint32_t blk = 0; blk < K_BLOCKS; blk++)
+        VHD_CHECK(k_holds(b + (uint64_t)blk * K_BS, blk, w->acked[blk]));
+    free(b);
+    printf("  %u kills survived, %llu reconnects, %u requests (%llu writes, %llu reads verified), "
+           "%llu carried over a crash, first completion after a kill within %llu ms, longest "
+           "time without a write completing %llu ms, seed %u\n",
+           kills, (unsigned long long)w->reconnects, w->next_id, (unsigned long long)w->writes,
+           (unsigned long long)w->reads, (unsigned long long)carried, (unsigned long long)max_stall,
+           (unsigned long long)w->max_write_gap_ms, seed);
+    free(w);
     VHD_CHECK_EQ(rbd_cmd("rm " POOL "/%s", img), 0);
     test_done();
 }

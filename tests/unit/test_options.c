@@ -170,7 +170,7 @@ VHD_TEST(device_key_messages)
         {"--blk=socket=s", "--blk: image=PATH is required (or backend=null,size=...)"},
         {"--blk=socket=s,backend=null", "--blk: backend=null needs size="},
         {"--blk=socket=s,backend=null,size=1M,image=x", "--blk: backend=null takes no image="},
-        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null or nbd"},
+        {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null, nbd or rbd"},
         {"--blk=socket=s,backend=nbd", "--blk: uri=URI goes with backend=nbd, and only with it"},
         {"--blk=socket=s,backend=nbd,uri=u,image=x", "--blk: backend=nbd takes uri=, not image="},
         {"--blk=socket=s,backend=ceph,image=x", "--blk: backend=ceph: expected uring, null or rbd"},
