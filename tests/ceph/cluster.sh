@@ -111,6 +111,11 @@ mon allow pool delete = true
 mon warn on pool no redundancy = false
 mon warn on insecure global id reclaim allowed = false
 osd crush chooseleaf type = 0
+# The OSD's start-up commands to the monitor (crush location, device class)
+# can leave before it has the monmap and fail with 'wrong fsid' (Ceph 16):
+# the OSD then never boots. This script places it in the crush map itself.
+osd crush update on start = false
+osd class update on start = false
 # A client killed with SIGKILL keeps its watch on an image header this long
 # (default 30 s); RBD's exclusive lock passes to the next client only then.
 osd client watch timeout = 5
@@ -165,6 +170,7 @@ osd_id=$(cephc osd create "$osd_uuid") || fail "ceph osd create failed"
 [ "$osd_id" = 0 ] || fail "expected osd id 0, got $osd_id"
 ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" >"$dir/log/osd-mkfs.out" 2>&1 ||
     fail "ceph-osd --mkfs failed"
+cephc osd crush add osd.0 1.0 root=default >/dev/null 2>&1 || fail "ceph osd crush add failed"
 spawn osd.0 ceph-osd -c "$conf" -i 0
 
 for i in $(seq 1 600); do
