@@ -81,34 +81,29 @@ static void cluster_stop(void)
     g_cluster_dir[0] = 0;
 }
 
-/* Runs once in the harness's parent before any test: every test uses this cluster. */
-__attribute__((constructor)) static void cluster_start(void)
+/* One start of the cluster in g_cluster_dir (created here). true: g_conf is set. */
+static bool cluster_try_start(void)
 {
     const char *t = getenv("TMPDIR");
     char cmd[PATH_MAX + 512], line[512];
     FILE *p;
 
-    g_cluster_owner = getpid();
-    if (!find_script()) {
-        snprintf(g_cluster_err, sizeof(g_cluster_err), "tests/ceph/cluster.sh not found");
-        return;
-    }
+    g_conf[0] = 0;
+    g_cluster_err[0] = 0;
     snprintf(g_cluster_dir, sizeof(g_cluster_dir), "%s/vhd-ceph-XXXXXX", t && *t ? t : "/tmp");
     if (!mkdtemp(g_cluster_dir)) {
         snprintf(g_cluster_err, sizeof(g_cluster_err), "mkdtemp: %s", strerror(errno));
         g_cluster_dir[0] = 0;
-        return;
+        return false;
     }
-    atexit(cluster_stop);
     /* The watchdog stops it if this program dies without running atexit. */
     snprintf(cmd, sizeof(cmd), "CEPH_CLUSTER_OWNER=%d '%s' start '%s' " POOL " 2>&1", (int)getpid(),
              g_script, g_cluster_dir);
     p = popen(cmd, "r");
     if (!p) {
         snprintf(g_cluster_err, sizeof(g_cluster_err), "popen: %s", strerror(errno));
-        return;
+        return false;
     }
-    g_cluster_err[0] = 0;
     while (fgets(line, sizeof(line), p)) {
         if (!strncmp(line, "ready ", 6)) {
             char *c = strstr(line, "conf="), *sp;
@@ -116,8 +111,7 @@ __attribute__((constructor)) static void cluster_start(void)
                 *sp = 0;
                 snprintf(g_conf, sizeof(g_conf), "%s", c + 5);
             }
-            printf("test_rbd: cluster %s", line + 6);
-            printf("\n");
+            printf("test_rbd: cluster %s\n", line + 6);
         } else if (strlen(g_cluster_err) + strlen(line) < sizeof(g_cluster_err)) {
             strcat(g_cluster_err, line);
         }
@@ -127,6 +121,33 @@ __attribute__((constructor)) static void cluster_start(void)
         g_conf[0] = 0;
         if (!g_cluster_err[0])
             snprintf(g_cluster_err, sizeof(g_cluster_err), "cluster.sh exited with 0x%x", st);
+        return false;
+    }
+    return true;
+}
+
+/*
+ * Runs once in the harness's parent before any test: every test uses this
+ * cluster. A start that fails is reported and tried once more (a fresh
+ * directory and port): the cluster is the tests' infrastructure, not what
+ * they check; a second failure fails every test.
+ */
+__attribute__((constructor)) static void cluster_start(void)
+{
+    g_cluster_owner = getpid();
+    if (!find_script()) {
+        snprintf(g_cluster_err, sizeof(g_cluster_err), "tests/ceph/cluster.sh not found");
+        return;
+    }
+    atexit(cluster_stop);
+    for (int attempt = 1; attempt <= 2; attempt++) {
+        if (cluster_try_start())
+            return;
+        char *nl = strchr(g_cluster_err, '\n');
+        fprintf(stderr, "test_rbd: cluster start %d failed: %.*s\n", attempt,
+                nl ? (int)(nl - g_cluster_err) : (int)strlen(g_cluster_err), g_cluster_err);
+        if (attempt == 1)
+            cluster_stop(); /* removes the directory; the next try makes a new one */
     }
 }
 
