@@ -113,7 +113,8 @@ mon warn on insecure global id reclaim allowed = false
 osd crush chooseleaf type = 0
 # The OSD's start-up commands to the monitor (crush location, device class)
 # can leave before it has the monmap and fail with 'wrong fsid' (Ceph 16):
-# the OSD then never boots. This script places it in the crush map itself.
+# the OSD then never boots. This script places it in the crush map itself
+# (and retries its own commands: see cephr).
 osd crush update on start = false
 osd class update on start = false
 # A client killed with SIGKILL keeps its watch on an image header this long
@@ -156,6 +157,17 @@ fail() {
 }
 
 cephc() { timeout 30 ceph -c "$conf" "$@"; }
+# A client's first command can leave before it has the monmap: the monitor
+# refuses it ('wrong fsid', Ceph 16), now and then under load. One-shot
+# commands (all idempotent here) are retried.
+cephr() {
+    local i
+    for i in 1 2 3 4 5; do
+        cephc "$@" && return 0
+        sleep 0.5
+    done
+    return 1
+}
 
 spawn mon.a ceph-mon -c "$conf" -i a
 for i in $(seq 1 300); do
@@ -166,11 +178,11 @@ done
 spawn mgr.x ceph-mgr -c "$conf" -i x
 
 osd_uuid=$(cat /proc/sys/kernel/random/uuid)
-osd_id=$(cephc osd create "$osd_uuid") || fail "ceph osd create failed"
+osd_id=$(cephr osd create "$osd_uuid") || fail "ceph osd create failed"
 [ "$osd_id" = 0 ] || fail "expected osd id 0, got $osd_id"
 ceph-osd -c "$conf" -i 0 --mkfs --osd-uuid "$osd_uuid" >"$dir/log/osd-mkfs.out" 2>&1 ||
     fail "ceph-osd --mkfs failed"
-cephc osd crush add osd.0 1.0 root=default >/dev/null 2>&1 || fail "ceph osd crush add failed"
+cephr osd crush add osd.0 1.0 root=default >/dev/null 2>&1 || fail "ceph osd crush add failed"
 spawn osd.0 ceph-osd -c "$conf" -i 0
 
 for i in $(seq 1 600); do
@@ -180,8 +192,12 @@ for i in $(seq 1 600); do
     [ "$i" = 600 ] && fail "the OSD did not come up within 60 s"
     sleep 0.1
 done
-cephc osd pool create "$pool" 8 8 >/dev/null 2>&1 || fail "cannot create pool $pool"
-timeout 60 rbd -c "$conf" pool init "$pool" || fail "rbd pool init $pool failed"
+cephr osd pool create "$pool" 8 8 >/dev/null 2>&1 || fail "cannot create pool $pool"
+for i in 1 2 3 4 5; do
+    timeout 60 rbd -c "$conf" pool init "$pool" && break
+    [ "$i" = 5 ] && fail "rbd pool init $pool failed"
+    sleep 0.5
+done
 # Usable: an image can be created, written and removed.
 probe="cluster-probe-$$"
 timeout 60 rbd -c "$conf" create --size 1M "$pool/$probe" || fail "rbd create failed"
