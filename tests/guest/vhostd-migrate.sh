@@ -21,7 +21,9 @@
 # QEMU (qemu-system-x86_64), OPS_4K (8000: 4 KiB writes per guest thread, sized so that the
 # workload outlasts the migration), GUEST_TIMEOUT (180 s per case), CASES ("split packed"),
 # MIGRATE_AFTER (3: seconds between the guest driver's start and the migration), ATTEMPTS (2: see
-# below).
+# below), BLK_KEYS (the --blk keys naming the disk; default image=<case dir>/disk.img: a file both
+# daemons open; tests/guest/rbd-migrate.sh passes an RBD image), VHOSTD_ARGS (more daemon
+# options, e.g. --sandbox off).
 #
 # QEMU 7.2 under TCG can itself corrupt the migrated guest's memory: its dirty bitmap sync clears
 # bits without flushing the TCG TLB, so later vCPU stores are not tracked (fixed upstream in QEMU
@@ -142,12 +144,16 @@ run_case() {
     local src_log=$LOG_DIR/$tag-vhostd-src.log dst_log=$LOG_DIR/$tag-vhostd-dst.log
     local src_con=$LOG_DIR/$tag-console-src.log dst_con=$LOG_DIR/$tag-console-dst.log
     rm -f "$src_log" "$dst_log" "$src_con" "$dst_con" "$src_con.qemu" "$dst_con.qemu"
-    "$VHOSTD" --log-level info --blk "socket=$dir/src.sock,image=$dir/disk.img" >"$src_log" 2>&1 &
+    local keys=${BLK_KEYS:-image=$dir/disk.img}
+    # shellcheck disable=SC2086 # VHOSTD_ARGS: words
+    "$VHOSTD" --log-level info ${VHOSTD_ARGS:-} --blk "socket=$dir/src.sock,$keys" >"$src_log" 2>&1 &
     local src_pid=$!
     pids+=("$src_pid")
     # Both serve the same image at once (shared storage): the source holds the image locks
-    # (USER-GUIDE "Image locking"), so the destination runs with locking=off.
-    "$VHOSTD" --log-level info --blk "socket=$dir/dst.sock,image=$dir/disk.img,locking=off" \
+    # (USER-GUIDE "Image locking"), so the destination runs with locking=off (files only).
+    local dst_keys=${BLK_KEYS:-image=$dir/disk.img,locking=off}
+    # shellcheck disable=SC2086
+    "$VHOSTD" --log-level info ${VHOSTD_ARGS:-} --blk "socket=$dir/dst.sock,$dst_keys" \
         >"$dst_log" 2>&1 &
     local dst_pid=$!
     pids+=("$dst_pid")
