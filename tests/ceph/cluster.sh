@@ -205,6 +205,7 @@ timeout 60 rbd -c "$conf" rm --no-progress "$pool/$probe" >/dev/null || fail "rb
 if [ -n "${CEPH_CLUSTER_OWNER:-}" ]; then
     owner=$CEPH_CLUSTER_OWNER
     self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+    # shellcheck disable=SC2016 # expanded by the inner bash
     setsid bash -c 'while kill -0 "$1" 2>/dev/null && [ -f "$2/pids" ]; do sleep 1; done
         [ -f "$2/pids" ] && exec "$3" stop "$2"' watchdog "$owner" "$dir" "$self" \
         >/dev/null 2>&1 </dev/null &
