@@ -64,7 +64,12 @@ run_case() {
     [ -n "$reason" ] || rbd -c "$CONF" import --no-progress "$dir/rw.img" "rbd/$name" >/dev/null ||
         reason="rbd import failed"
     if [ -z "$reason" ]; then
-        "$VHOSTD" --workers "$workers" --log-level info --sandbox off \
+        # --user: librados's threads block signals, so dropping capabilities without a user
+        # change cannot reach them (vhostd warns); a user change (setresuid) reaches every thread.
+        # The socket's directory is the user's, so that vhostd removes the socket at exit.
+        chmod 711 "$WORK"
+        chown nobody "$dir"
+        "$VHOSTD" --workers "$workers" --log-level info --sandbox off --user nobody \
             --blk "socket=$dir/rw.sock,backend=rbd,pool=rbd,image=$name,conf=$CONF,queues=$queues,serial=$name-rw" \
             >"$LOG_DIR/$name.vhostd.log" 2>&1 &
         vhostd_pid=$!
