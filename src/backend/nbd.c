@@ -21,6 +21,7 @@
 #include "util/clock.h"
 #include "util/compiler.h"
 #include "runtime/log.h"
+#include "util/errmsg.h"
 
 /*
  * Largest data command: NBD servers must accept 32 MiB (NBD spec, "Block
@@ -95,20 +96,6 @@ static void conn_drive(struct nbd_conn *c);
 static struct nbd_be *to_nb(struct vhd_blk_backend *be)
 {
     return vhd_container_of(be, struct nbd_be, be);
-}
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
 }
 
 /* A libnbd error in a sentence (libnbd keeps it per thread). */
@@ -194,8 +181,8 @@ static int uri_resolve(const char *uri, char **out, char *err, size_t errlen)
     hints.ai_flags = AI_ADDRCONFIG;
     int rc = getaddrinfo(host, NULL, &hints, &ai);
     if (rc != 0)
-        return fail(err, errlen, -EINVAL, "nbd: %s: cannot resolve %s: %s", uri, host,
-                    gai_strerror(rc));
+        return vhd_errf(err, errlen, -EINVAL, "nbd: %s: cannot resolve %s: %s", uri, host,
+                        gai_strerror(rc));
     const void *a = ai->ai_family == AF_INET6
                         ? (const void *)&((struct sockaddr_in6 *)(void *)ai->ai_addr)->sin6_addr
                         : (const void *)&((struct sockaddr_in *)(void *)ai->ai_addr)->sin_addr;
@@ -203,17 +190,17 @@ static int uri_resolve(const char *uri, char **out, char *err, size_t errlen)
     const char *ok = inet_ntop(ai->ai_family, a, addr, sizeof(addr));
     freeaddrinfo(ai);
     if (!ok)
-        return fail(err, errlen, -EINVAL, "nbd: %s: cannot print the address of %s", uri, host);
+        return vhd_errf(err, errlen, -EINVAL, "nbd: %s: cannot print the address of %s", uri, host);
     size_t len = strlen(uri) + sizeof(addr) + 4;
     *out = malloc(len);
     if (!*out)
-        return fail(err, errlen, -ENOMEM, "out of memory");
+        return vhd_errf(err, errlen, -ENOMEM, "out of memory");
     snprintf(*out, len, "%s%s%s%s%s", scheme, v6 ? "[" : "", addr, v6 ? "]" : "", h + n);
     vhd_log(VHD_LOG_INFO, "nbd: %s: %s is %s (connections go to this address)", uri, host, addr);
     return 0;
 keep:
     *out = strdup(uri);
-    return *out ? 0 : fail(err, errlen, -ENOMEM, "out of memory");
+    return *out ? 0 : vhd_errf(err, errlen, -ENOMEM, "out of memory");
 }
 
 /* A new handle for uri, connecting (asynchronously). NULL with the reason in libnbd's error. */
@@ -243,9 +230,9 @@ static int nbd_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend
     int rc;
 
     if (!o->uri || !o->uri[0])
-        return fail(err, errlen, -EINVAL, "the nbd backend needs uri=");
+        return vhd_errf(err, errlen, -EINVAL, "the nbd backend needs uri=");
     if (o->image)
-        return fail(err, errlen, -EINVAL, "the nbd backend takes uri=, not image=");
+        return vhd_errf(err, errlen, -EINVAL, "the nbd backend takes uri=, not image=");
 
     /*
      * The probe: size and capabilities come from the server now, so the
@@ -261,33 +248,33 @@ static int nbd_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend
     h = nbd_create();
     if (!h) {
         free(uri);
-        return fail(err, errlen, -ENOMEM, "nbd: %s", nbd_msg());
+        return vhd_errf(err, errlen, -ENOMEM, "nbd: %s", nbd_msg());
     }
     if (nbd_aio_connect_uri(h, uri) < 0) {
-        rc = fail(err, errlen, -EINVAL, "nbd: cannot connect to %s: %s", o->uri, nbd_msg());
+        rc = vhd_errf(err, errlen, -EINVAL, "nbd: cannot connect to %s: %s", o->uri, nbd_msg());
         goto err_close;
     }
     rc = sync_run(h, 0, true);
     if (rc < 0) {
-        rc = fail(err, errlen, rc == -ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED,
-                  "nbd: cannot connect to %s: %s", o->uri,
-                  rc == -ETIMEDOUT ? "timed out" : nbd_msg());
+        rc = vhd_errf(err, errlen, rc == -ETIMEDOUT ? -ETIMEDOUT : -ECONNREFUSED,
+                      "nbd: cannot connect to %s: %s", o->uri,
+                      rc == -ETIMEDOUT ? "timed out" : nbd_msg());
         goto err_close;
     }
     size = nbd_get_size(h);
     if (size < 0) {
-        rc = fail(err, errlen, -EIO, "nbd: %s: no export size: %s", o->uri, nbd_msg());
+        rc = vhd_errf(err, errlen, -EIO, "nbd: %s: no export size: %s", o->uri, nbd_msg());
         goto err_close;
     }
     if (o->size && (uint64_t)size != o->size) {
-        rc = fail(err, errlen, -EINVAL, "nbd: %s has %lld bytes, not the %llu requested", o->uri,
-                  (long long)size, (unsigned long long)o->size);
+        rc = vhd_errf(err, errlen, -EINVAL, "nbd: %s has %lld bytes, not the %llu requested",
+                      o->uri, (long long)size, (unsigned long long)o->size);
         goto err_close;
     }
 
     nb = calloc(1, sizeof(*nb));
     if (!nb) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_close;
     }
     nb->uri = uri;

@@ -38,6 +38,7 @@
 #include "blk_backend.h"
 #include "util/compiler.h"
 #include "runtime/log.h"
+#include "util/errmsg.h"
 
 /* Slots per channel: the most operations one worker has at librbd per image at once. */
 #define RBD_CHAN_SLOTS 1024u
@@ -99,20 +100,6 @@ static struct rbd_be *to_rb(struct vhd_blk_backend *be)
     return vhd_container_of(be, struct rbd_be, be);
 }
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* ---- open / close (control thread) ---- */
 
 static int rbd_be_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend **out,
@@ -124,23 +111,24 @@ static int rbd_be_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_back
     int rc;
 
     if (!o->pool || !o->pool[0])
-        return fail(err, errlen, -EINVAL, "the rbd backend needs pool=");
+        return vhd_errf(err, errlen, -EINVAL, "the rbd backend needs pool=");
     if (!o->image || !o->image[0])
-        return fail(err, errlen, -EINVAL, "the rbd backend needs image= (the RBD image's name)");
+        return vhd_errf(err, errlen, -EINVAL,
+                        "the rbd backend needs image= (the RBD image's name)");
     rb = calloc(1, sizeof(*rb));
     if (!rb)
-        return fail(err, errlen, -ENOMEM, "out of memory");
+        return vhd_errf(err, errlen, -ENOMEM, "out of memory");
 
     rc = rados_create(&rb->cluster, o->user && o->user[0] ? o->user : NULL);
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "rados_create(%s): %s", o->user ? o->user : "default",
-                  strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "rados_create(%s): %s", o->user ? o->user : "default",
+                      strerror(-rc));
         goto err_free;
     }
     rc = rados_conf_read_file(rb->cluster, o->conf && o->conf[0] ? o->conf : NULL);
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "cannot read Ceph configuration %s: %s",
-                  o->conf ? o->conf : "(default search path)", strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot read Ceph configuration %s: %s",
+                      o->conf ? o->conf : "(default search path)", strerror(-rc));
         goto err_shutdown;
     }
     /*
@@ -152,18 +140,18 @@ static int rbd_be_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_back
     rb->cache = !o->direct;
     if ((rc = rados_conf_set(rb->cluster, "rbd_cache", rb->cache ? "true" : "false")) < 0 ||
         (rc = rados_conf_set(rb->cluster, "client_mount_timeout", "30")) < 0) {
-        rc = fail(err, errlen, rc, "cannot set librados options: %s", strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot set librados options: %s", strerror(-rc));
         goto err_shutdown;
     }
     rc = rados_connect(rb->cluster);
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "cannot connect to the Ceph cluster (%s): %s",
-                  o->conf ? o->conf : "default configuration", strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot connect to the Ceph cluster (%s): %s",
+                      o->conf ? o->conf : "default configuration", strerror(-rc));
         goto err_shutdown;
     }
     rc = rados_ioctx_create(rb->cluster, o->pool, &rb->ioctx);
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "cannot open pool %s: %s", o->pool, strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot open pool %s: %s", o->pool, strerror(-rc));
         goto err_shutdown;
     }
     if (ro)
@@ -171,21 +159,22 @@ static int rbd_be_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_back
     else
         rc = rbd_open(rb->ioctx, o->image, &rb->image, NULL);
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "cannot open RBD image %s/%s%s%s: %s", o->pool, o->image,
-                  o->snap ? "@" : "", o->snap ? o->snap : "", strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot open RBD image %s/%s%s%s: %s", o->pool, o->image,
+                      o->snap ? "@" : "", o->snap ? o->snap : "", strerror(-rc));
         goto err_ioctx;
     }
     rc = rbd_stat(rb->image, &info, sizeof(info));
     if (rc < 0) {
-        rc = fail(err, errlen, rc, "cannot stat RBD image %s/%s: %s", o->pool, o->image,
-                  strerror(-rc));
+        rc = vhd_errf(err, errlen, rc, "cannot stat RBD image %s/%s: %s", o->pool, o->image,
+                      strerror(-rc));
         goto err_image;
     }
     if (o->size && info.size != o->size) {
-        rc = fail(err, errlen, -EINVAL,
-                  "RBD image %s/%s has %llu bytes, not the %llu requested (the rbd backend takes "
-                  "its size from the image)",
-                  o->pool, o->image, (unsigned long long)info.size, (unsigned long long)o->size);
+        rc = vhd_errf(
+            err, errlen, -EINVAL,
+            "RBD image %s/%s has %llu bytes, not the %llu requested (the rbd backend takes "
+            "its size from the image)",
+            o->pool, o->image, (unsigned long long)info.size, (unsigned long long)o->size);
         goto err_image;
     }
     rb->be.ops = &vhd_blk_backend_rbd;

@@ -24,6 +24,7 @@
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "runtime/log.h"
+#include "util/errmsg.h"
 
 /*
  * -EAGAIN / -EINTR from a CQE are retried this many times per operation
@@ -94,20 +95,6 @@ static bool flag_get(const uint8_t *f)
 static void flag_set(uint8_t *f)
 {
     __atomic_store_n(f, 1, __ATOMIC_RELAXED);
-}
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
 }
 
 static bool is_pow2(uint64_t v)
@@ -202,20 +189,21 @@ static int lock_conflict(int fd, unsigned perm, unsigned unshared, const char *i
         if (perm & (1u << n)) {
             t = byte_taken(fd, LOCK_SHARED_BASE + n);
             if (t > 0)
-                return fail(err, errlen, -EBUSY,
-                            "image %s: Failed to get \"%s\" lock: another process (QEMU, "
-                            "qemu-storage-daemon, vhostd) uses it and does not share \"%s\" "
-                            "(locking=off overrides)",
-                            image, perm_names[n], perm_names[n]);
+                return vhd_errf(err, errlen, -EBUSY,
+                                "image %s: Failed to get \"%s\" lock: another process (QEMU, "
+                                "qemu-storage-daemon, vhostd) uses it and does not share \"%s\" "
+                                "(locking=off overrides)",
+                                image, perm_names[n], perm_names[n]);
         }
         if (t == 0 && (unshared & (1u << n))) {
             t = byte_taken(fd, LOCK_PERM_BASE + n);
             if (t > 0)
-                return fail(err, errlen, -EBUSY,
-                            "image %s: Failed to get shared \"%s\" lock: another process (QEMU, "
-                            "qemu-storage-daemon, vhostd) has it open for \"%s\" "
-                            "(locking=off overrides)",
-                            image, perm_names[n], perm_names[n]);
+                return vhd_errf(
+                    err, errlen, -EBUSY,
+                    "image %s: Failed to get shared \"%s\" lock: another process (QEMU, "
+                    "qemu-storage-daemon, vhostd) has it open for \"%s\" "
+                    "(locking=off overrides)",
+                    image, perm_names[n], perm_names[n]);
         }
         if (t < 0)
             return t;
@@ -244,10 +232,11 @@ static int image_lock(int fd, bool ro, enum vhd_blk_locking mode, const char *im
         if (rc == 0 && (unshared & (1u << n)))
             rc = lock_byte(fd, LOCK_SHARED_BASE + n, F_RDLCK);
         if (rc == -EAGAIN || rc == -EACCES) /* someone holds an exclusive lock there */
-            return fail(err, errlen, -EBUSY,
-                        "image %s: Failed to lock byte %d: another process holds it exclusively "
-                        "(locking=off overrides)",
-                        image, (perm & (1u << n) ? LOCK_PERM_BASE : LOCK_SHARED_BASE) + n);
+            return vhd_errf(
+                err, errlen, -EBUSY,
+                "image %s: Failed to lock byte %d: another process holds it exclusively "
+                "(locking=off overrides)",
+                image, (perm & (1u << n) ? LOCK_PERM_BASE : LOCK_SHARED_BASE) + n);
     }
     /*
      * A process that just died (a crash, kill -9, a restart) keeps its locks
@@ -279,8 +268,8 @@ static int image_lock(int fd, bool ro, enum vhd_blk_locking mode, const char *im
                         .l_len = LOCK_SHARED_BASE + PERM_COUNT - LOCK_PERM_BASE};
     (void)fcntl(fd, F_OFD_SETLK, &all);
     if (mode == VHD_BLK_LOCK_ON)
-        return fail(err, errlen, rc, "image %s: cannot lock it (locking=on): %s", image,
-                    strerror(-rc));
+        return vhd_errf(err, errlen, rc, "image %s: cannot lock it (locking=on): %s", image,
+                        strerror(-rc));
     vhd_log(VHD_LOG_WARN, "image %s: file locks unsupported there (%s): served without locks",
             image, strerror(-rc));
     return 0;
@@ -303,34 +292,35 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
     int fd, rc;
 
     if (!o->image || !o->image[0])
-        return fail(err, errlen, -EINVAL, "the uring backend needs an image path");
+        return vhd_errf(err, errlen, -EINVAL, "the uring backend needs an image path");
 
     fd = open(o->image, flags);
     if (fd < 0 && errno == ENOENT) {
         if (o->size == 0)
-            return fail(err, errlen, -ENOENT,
-                        "image %s does not exist (give a size to create a sparse one)", o->image);
+            return vhd_errf(err, errlen, -ENOENT,
+                            "image %s does not exist (give a size to create a sparse one)",
+                            o->image);
         if (o->ro)
-            return fail(err, errlen, -ENOENT,
-                        "image %s does not exist (a read-only image is not created)", o->image);
+            return vhd_errf(err, errlen, -ENOENT,
+                            "image %s does not exist (a read-only image is not created)", o->image);
         fd = open(o->image, flags | O_CREAT | O_EXCL, 0644);
         created = fd >= 0;
     }
     if (fd < 0) {
         rc = -errno;
         if (rc == -EINVAL && o->direct)
-            return fail(err, errlen, rc, "cannot open image %s with O_DIRECT: not supported there",
-                        o->image);
-        return fail(err, errlen, rc, "cannot open image %s: %s", o->image, strerror(-rc));
+            return vhd_errf(err, errlen, rc,
+                            "cannot open image %s with O_DIRECT: not supported there", o->image);
+        return vhd_errf(err, errlen, rc, "cannot open image %s: %s", o->image, strerror(-rc));
     }
     if (fstat(fd, &st) < 0) {
-        rc = fail(err, errlen, -errno, "cannot stat image %s: %s", o->image, strerror(errno));
+        rc = vhd_errf(err, errlen, -errno, "cannot stat image %s: %s", o->image, strerror(errno));
         goto err_close;
     }
     if (S_ISREG(st.st_mode)) {
         if (created && ftruncate(fd, (off_t)o->size) < 0) {
-            rc = fail(err, errlen, -errno, "cannot size new image %s to %llu bytes: %s", o->image,
-                      (unsigned long long)o->size, strerror(errno));
+            rc = vhd_errf(err, errlen, -errno, "cannot size new image %s to %llu bytes: %s",
+                          o->image, (unsigned long long)o->size, strerror(errno));
             goto err_close;
         }
         size = created ? o->size : (uint64_t)st.st_size;
@@ -342,8 +332,8 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
         int ssz = 0;
         unsigned int psz = 0;
         if (ioctl(fd, BLKGETSIZE64, &size) < 0) {
-            rc = fail(err, errlen, -errno, "cannot get the size of block device %s: %s", o->image,
-                      strerror(errno));
+            rc = vhd_errf(err, errlen, -errno, "cannot get the size of block device %s: %s",
+                          o->image, strerror(errno));
             goto err_close;
         }
         if (ioctl(fd, BLKSSZGET, &ssz) == 0 && ssz > 0)
@@ -351,27 +341,28 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
         if (ioctl(fd, BLKPBSZGET, &psz) == 0)
             pbs = psz;
     } else {
-        rc = fail(err, errlen, -EINVAL, "image %s is neither a regular file nor a block device",
-                  o->image);
+        rc = vhd_errf(err, errlen, -EINVAL, "image %s is neither a regular file nor a block device",
+                      o->image);
         goto err_close;
     }
     if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0) {
-        rc = fail(err, errlen, -errno, "image %s: fcntl: %s", o->image, strerror(errno));
+        rc = vhd_errf(err, errlen, -errno, "image %s: fcntl: %s", o->image, strerror(errno));
         goto err_close;
     }
     rc = image_lock(fd, o->ro, o->locking, o->image, err, errlen);
     if (rc < 0)
         goto err_close;
     if (o->size && size != o->size) {
-        rc = fail(err, errlen, -EINVAL,
-                  "image %s has %llu bytes, not the %llu requested (size= only sizes a new image)",
-                  o->image, (unsigned long long)size, (unsigned long long)o->size);
+        rc = vhd_errf(
+            err, errlen, -EINVAL,
+            "image %s has %llu bytes, not the %llu requested (size= only sizes a new image)",
+            o->image, (unsigned long long)size, (unsigned long long)o->size);
         goto err_close;
     }
 
     struct uring_be *ub = calloc(1, sizeof(*ub));
     if (!ub) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_close;
     }
     ub->fd = fd;
@@ -379,14 +370,14 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
     ub->direct = o->direct;
     if (o->direct) {
         if (dio_alignment(fd, ub->blkdev, lbs, &ub->dio_mem_align, &ub->dio_len_align) < 0) {
-            rc = fail(err, errlen, -EINVAL, "image %s does not support O_DIRECT", o->image);
+            rc = vhd_errf(err, errlen, -EINVAL, "image %s does not support O_DIRECT", o->image);
             goto err_free;
         }
         if (ub->dio_len_align > o->block_size || !is_pow2(ub->dio_len_align) ||
             !is_pow2(ub->dio_mem_align)) {
-            rc = fail(err, errlen, -EINVAL,
-                      "block size %u is smaller than the O_DIRECT alignment %u of image %s",
-                      o->block_size, ub->dio_len_align, o->image);
+            rc = vhd_errf(err, errlen, -EINVAL,
+                          "block size %u is smaller than the O_DIRECT alignment %u of image %s",
+                          o->block_size, ub->dio_len_align, o->image);
             goto err_free;
         }
     }
@@ -805,21 +796,21 @@ static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, c
     struct uring_be *ub = to_ub(be);
 
     if (ub->blkdev)
-        return fail(err, errlen, -ENOTSUP, "%s is a block device: resize it, not the disk",
-                    be->desc);
+        return vhd_errf(err, errlen, -ENOTSUP, "%s is a block device: resize it, not the disk",
+                        be->desc);
     if (be->ro)
-        return fail(err, errlen, -EROFS, "the image is read-only");
+        return vhd_errf(err, errlen, -EROFS, "the image is read-only");
     if (size < be->size && !force) {
         off_t data = lseek(ub->fd, (off_t)size, SEEK_DATA);
         if (data >= 0 && (uint64_t)data < be->size)
-            return fail(err, errlen, -EBUSY,
-                        "the image holds data past %llu bytes (at %lld): shrinking would lose "
-                        "it (force to do it anyway)",
-                        (unsigned long long)size, (long long)data);
+            return vhd_errf(err, errlen, -EBUSY,
+                            "the image holds data past %llu bytes (at %lld): shrinking would lose "
+                            "it (force to do it anyway)",
+                            (unsigned long long)size, (long long)data);
     }
     if (ftruncate(ub->fd, (off_t)size) < 0)
-        return fail(err, errlen, -errno, "cannot resize the image to %llu bytes: %s",
-                    (unsigned long long)size, strerror(errno));
+        return vhd_errf(err, errlen, -errno, "cannot resize the image to %llu bytes: %s",
+                        (unsigned long long)size, strerror(errno));
     be->size = size;
     return 0;
 }

@@ -24,6 +24,7 @@
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "spec/virtio_blk.h"
+#include "util/errmsg.h"
 
 /*
  * Feature bits that belong to the vhost-user transport rather than to the
@@ -1074,20 +1075,6 @@ const struct vhd_dev_ops vhd_blk_ops = {
 
 /* ---- creation ---- */
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 /* "report" | "stop" | "enospc" (allow_enospc) -> enum blk_err_policy; NULL: def. -1 when unknown.
  */
 static int blk_parse_policy(const char *s, int def, bool allow_enospc)
@@ -1123,49 +1110,50 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     if (err && errlen)
         err[0] = '\0';
     if (!o || !out)
-        return fail(err, errlen, -EINVAL, "no options");
+        return vhd_errf(err, errlen, -EINVAL, "no options");
     *out = NULL;
     bs = o->block_size ? o->block_size : VIRTIO_BLK_SECTOR_SIZE;
     if (bs < 512 || bs > 4096 || (bs & (bs - 1)))
-        return fail(err, errlen, -EINVAL, "block size %u: expected a power of two in 512..4096",
-                    o->block_size);
+        return vhd_errf(err, errlen, -EINVAL, "block size %u: expected a power of two in 512..4096",
+                        o->block_size);
     nq = o->num_queues ? o->num_queues : 1;
     if (nq > VHD_BLK_MAX_QUEUES)
-        return fail(err, errlen, -EINVAL, "%u queues: expected 1..%u", nq, VHD_BLK_MAX_QUEUES);
+        return vhd_errf(err, errlen, -EINVAL, "%u queues: expected 1..%u", nq, VHD_BLK_MAX_QUEUES);
     serial_len = o->serial ? strlen(o->serial) : 0;
     if (serial_len > VIRTIO_BLK_ID_BYTES)
-        return fail(err, errlen, -EINVAL, "serial '%s' is longer than %u bytes", o->serial,
-                    VIRTIO_BLK_ID_BYTES);
+        return vhd_errf(err, errlen, -EINVAL, "serial '%s' is longer than %u bytes", o->serial,
+                        VIRTIO_BLK_ID_BYTES);
     bops = vhd_blk_backend_find(o->backend ? o->backend : "uring");
     if (!bops)
-        return fail(err, errlen, -EINVAL, "unknown backend '%s' (expected uring, null, nbd or rbd)",
-                    o->backend);
+        return vhd_errf(err, errlen, -EINVAL,
+                        "unknown backend '%s' (expected uring, null, nbd or rbd)", o->backend);
     if (o->no_split && !o->allow_packed)
-        return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
+        return vhd_errf(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
     /* QEMU's defaults: a full disk pauses writes, a read error is reported. */
     int werror = blk_parse_policy(o->werror, BLK_ERR_ENOSPC, true);
     int rerror = blk_parse_policy(o->rerror, BLK_ERR_REPORT, false);
     int locking = blk_parse_locking(o->locking);
     if (werror < 0)
-        return fail(err, errlen, -EINVAL, "werror=%s: expected report, stop or enospc", o->werror);
+        return vhd_errf(err, errlen, -EINVAL, "werror=%s: expected report, stop or enospc",
+                        o->werror);
     if (rerror < 0)
-        return fail(err, errlen, -EINVAL, "rerror=%s: expected report or stop", o->rerror);
+        return vhd_errf(err, errlen, -EINVAL, "rerror=%s: expected report or stop", o->rerror);
     if (locking < 0)
-        return fail(err, errlen, -EINVAL, "locking=%s: expected auto, on or off", o->locking);
+        return vhd_errf(err, errlen, -EINVAL, "locking=%s: expected auto, on or off", o->locking);
 
     blk = calloc(1, sizeof(*blk));
     if (!blk)
-        return fail(err, errlen, -ENOMEM, "out of memory");
+        return vhd_errf(err, errlen, -ENOMEM, "out of memory");
     blk->dev.queues = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct vhd_queue));
     if (!blk->dev.queues) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_free;
     }
     memset(blk->dev.queues, 0, (size_t)nq * sizeof(struct vhd_queue));
     blk->dev.num_queues = nq; /* vhd_blk_free's bound for qctl (set again below) */
     blk->qctl = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct blk_qctl));
     if (!blk->qctl) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_queues;
     }
     memset(blk->qctl, 0, (size_t)nq * sizeof(struct blk_qctl));
@@ -1175,7 +1163,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     for (uint32_t i = 0; i < nq; i++) {
         blk->qctl[i].resume_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         if (blk->qctl[i].resume_fd < 0) {
-            rc = fail(err, errlen, -errno, "eventfd: %s", strerror(errno));
+            rc = vhd_errf(err, errlen, -errno, "eventfd: %s", strerror(errno));
             goto err_qctl;
         }
     }
@@ -1199,16 +1187,16 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
     if (rc < 0)
         goto err_qctl;
     if (blk->be->single_conn && nq > 1) {
-        rc = fail(err, errlen, -EINVAL,
-                  "%s serves one connection only (the NBD server does not offer multi-conn): "
-                  "use queues=1",
-                  blk->be->desc);
+        rc = vhd_errf(err, errlen, -EINVAL,
+                      "%s serves one connection only (the NBD server does not offer multi-conn): "
+                      "use queues=1",
+                      blk->be->desc);
         goto err_backend;
     }
     uint64_t blocks = blk->be->size / bs;
     if (blocks == 0) {
-        rc = fail(err, errlen, -EINVAL, "size %llu bytes is smaller than the block size %u",
-                  (unsigned long long)blk->be->size, bs);
+        rc = vhd_errf(err, errlen, -EINVAL, "size %llu bytes is smaller than the block size %u",
+                      (unsigned long long)blk->be->size, bs);
         goto err_backend;
     }
 

@@ -22,6 +22,7 @@
 #include "runtime/log.h"
 #include "runtime/rt.h"
 #include "spec/virtio_net.h"
+#include "util/errmsg.h"
 
 /*
  * Feature bits that belong to the vhost-user transport rather than to the
@@ -1526,20 +1527,6 @@ bool vhd_dev_is_net(const struct vhd_dev *dev)
 
 /* ---- creation, worker map, counters ---- */
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(char *err, size_t errlen, int rc, const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return rc;
-}
-
 int vhd_net_assign_workers(struct vhd_dev *dev, const int *list, unsigned nlist, unsigned nworkers,
                            unsigned *next_rr)
 {
@@ -1578,42 +1565,42 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     if (err && errlen)
         err[0] = '\0';
     if (!o || !out)
-        return fail(err, errlen, -EINVAL, "no options");
+        return vhd_errf(err, errlen, -EINVAL, "no options");
     *out = NULL;
     pairs = o->pairs ? o->pairs : 1;
     if (pairs > VHD_NET_MAX_PAIRS)
-        return fail(err, errlen, -EINVAL, "%u queue pairs: expected 1..%u", pairs,
-                    VHD_NET_MAX_PAIRS);
+        return vhd_errf(err, errlen, -EINVAL, "%u queue pairs: expected 1..%u", pairs,
+                        VHD_NET_MAX_PAIRS);
     mtu = o->mtu ? o->mtu : VHD_NET_DEFAULT_MTU;
     if (mtu < VIRTIO_NET_MIN_MTU || mtu > VIRTIO_NET_MAX_MTU)
-        return fail(err, errlen, -EINVAL, "mtu %u: expected %u..%u", mtu, VIRTIO_NET_MIN_MTU,
-                    VIRTIO_NET_MAX_MTU);
+        return vhd_errf(err, errlen, -EINVAL, "mtu %u: expected %u..%u", mtu, VIRTIO_NET_MIN_MTU,
+                        VIRTIO_NET_MAX_MTU);
     if (o->mac) {
         memcpy(mac, o->mac, 6);
         if ((mac[0] & 1) || !(mac[0] | mac[1] | mac[2] | mac[3] | mac[4] | mac[5]))
-            return fail(err, errlen, -EINVAL,
-                        "mac %02x:%02x:%02x:%02x:%02x:%02x is not a unicast "
-                        "address",
-                        mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
+            return vhd_errf(err, errlen, -EINVAL,
+                            "mac %02x:%02x:%02x:%02x:%02x:%02x is not a unicast "
+                            "address",
+                            mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]);
     } else {
         vhd_net_default_mac(o->name && *o->name ? o->name : "net", mac);
     }
     bops = vhd_net_backend_find(o->backend ? o->backend : "loopback");
     if (!bops)
-        return fail(err, errlen, -EINVAL,
-                    "unknown backend '%s' (expected loopback, switch, tap or gen)", o->backend);
+        return vhd_errf(err, errlen, -EINVAL,
+                        "unknown backend '%s' (expected loopback, switch, tap or gen)", o->backend);
     if (o->no_split && !o->allow_packed)
-        return fail(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
+        return vhd_errf(err, errlen, -EINVAL, "split rings refused and packed rings not allowed");
 
     nq = 2 * pairs + 1;
     net = calloc(1, sizeof(*net));
     if (!net)
-        return fail(err, errlen, -ENOMEM, "out of memory");
+        return vhd_errf(err, errlen, -ENOMEM, "out of memory");
     net->dev.queues = aligned_alloc(VHD_CACHELINE, (size_t)nq * sizeof(struct vhd_queue));
     net->totals = calloc(nq, sizeof(*net->totals));
     net->roles = calloc(nq, 1);
     if (!net->dev.queues || !net->totals || !net->roles) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_free;
     }
     memset(net->dev.queues, 0, (size_t)nq * sizeof(struct vhd_queue));
@@ -1635,7 +1622,7 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     /* Default map: queue q on worker q / 2 (the transport takes it modulo the worker count). */
     net->dev.queue_worker = calloc(nq, sizeof(int));
     if (!net->dev.queue_worker) {
-        rc = fail(err, errlen, -ENOMEM, "out of memory");
+        rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
         goto err_free;
     }
     for (uint32_t i = 0; i < nq; i++)
