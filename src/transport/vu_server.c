@@ -138,12 +138,21 @@ static void on_accept_timer(void *opaque, uint32_t events)
         vhd_log(VHD_LOG_ERROR, "%s: cannot watch %s again", srv->dev->name, srv->path);
 }
 
+/*
+ * Connections taken per wake-up of the listening socket. It is watched
+ * level-triggered, so what is left is taken at the control loop's next turn,
+ * after the other devices' messages: local users that connect and get
+ * refused (allow-lists, an active session) in a tight loop cannot keep the
+ * control thread here. 16: more than a front-end's reconnects ever queue.
+ */
+#define VU_ACCEPT_PER_WAKE 16
+
 static void on_accept(void *opaque, uint32_t events)
 {
     struct vhd_vu_server *srv = opaque;
 
     (void)events;
-    for (;;) {
+    for (unsigned n = 0; n < VU_ACCEPT_PER_WAKE; n++) {
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             int err = errno;
