@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "net.h"
 #include "backend/net_backend.h"
@@ -123,6 +124,14 @@ struct vhd_net {
     bool ctrl_seen;    /* control thread: the control queue started in this session */
     bool resumed;      /* control thread: a data ring of this session started where an
                           earlier session left it (a front-end or vhostd reconnect) */
+    /*
+     * Per pair, for a backend whose receive buffers are work (gen) and that
+     * has no wake fd of its own: an eventfd the runtime watches for the
+     * pair's receive queue (queue_wake_fd). VQ_PAIRS_SET rings the pairs it
+     * brings back into use, whose (passive) rings may sit on a sleeping
+     * worker of their own. NULL otherwise.
+     */
+    int *rx_doorbell;
     struct vhd_net_queue_stats *totals; /* per queue: finished ring runs (control thread) */
     uint8_t *roles;                     /* per queue: enum net_role at its last start (logs) */
 };
@@ -1143,7 +1152,11 @@ static uint8_t net_ctrl_handle(struct vhd_queue *q, struct net_queue *cq,
             uint16_t n = vhd_le16(mq.virtqueue_pairs);
             if (n < VIRTIO_NET_CTRL_MQ_VQ_PAIRS_MIN || n > net->pairs)
                 break;
+            uint32_t old = vhd_load_relaxed(&net->curr_pairs);
             vhd_store_relaxed(&net->curr_pairs, (uint32_t)n);
+            /* Wake the pairs back in use (an edge each; nobody reads the counter). */
+            for (uint32_t p = old; net->rx_doorbell && p < n; p++)
+                (void)!eventfd_write(net->rx_doorbell[p], 1);
             return VIRTIO_NET_OK;
         }
         break;
@@ -1236,7 +1249,11 @@ static int net_queue_wake_fd(struct vhd_queue *q)
     struct vhd_net *net = to_net(q->dev);
     struct net_queue *nq = q->priv;
 
-    if (!nq || nq->role != NET_Q_RX || !net->be->ops->rx_wake_fd)
+    if (!nq || nq->role != NET_Q_RX)
+        return -1;
+    if (net->rx_doorbell)
+        return net->rx_doorbell[nq->pair];
+    if (!net->be->ops->rx_wake_fd)
         return -1;
     return net->be->ops->rx_wake_fd(net->be, nq->pair);
 }
@@ -1554,6 +1571,18 @@ int vhd_net_assign_workers(struct vhd_dev *dev, const int *list, unsigned nlist,
     return 0;
 }
 
+/* Close and free the receive doorbells (rx_doorbell), if any. Control thread. */
+static void net_doorbells_free(struct vhd_net *net, uint32_t pairs)
+{
+    if (!net->rx_doorbell)
+        return;
+    for (uint32_t p = 0; p < pairs; p++)
+        if (net->rx_doorbell[p] >= 0)
+            close(net->rx_doorbell[p]);
+    free(net->rx_doorbell);
+    net->rx_doorbell = NULL;
+}
+
 int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, size_t errlen)
 {
     const struct vhd_net_backend_ops *bops;
@@ -1635,6 +1664,20 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     rc = bops->open(&bo, &net->dev, &net->be, err, errlen);
     if (rc < 0)
         goto err_free;
+    if (net->be->ops->rx_buffers_are_work && !net->be->ops->rx_wake_fd) {
+        net->rx_doorbell = malloc(pairs * sizeof(int));
+        for (uint32_t p = 0; net->rx_doorbell && p < pairs; p++)
+            net->rx_doorbell[p] = -1;
+        for (uint32_t p = 0; net->rx_doorbell && p < pairs; p++)
+            if ((net->rx_doorbell[p] = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+                rc = vhd_errf(err, errlen, -errno, "eventfd: %s", strerror(errno));
+                goto err_close;
+            }
+        if (!net->rx_doorbell) {
+            rc = vhd_errf(err, errlen, -ENOMEM, "out of memory");
+            goto err_close;
+        }
+    }
 
     net->pairs = pairs;
     net->no_split = o->no_split;
@@ -1674,6 +1717,9 @@ int vhd_net_new(const struct vhd_net_opts *o, struct vhd_dev **out, char *err, s
     *out = &net->dev;
     return 0;
 
+err_close:
+    net_doorbells_free(net, pairs);
+    net->be->ops->close(net->be);
 err_free:
     free(net->dev.queue_worker);
     free(net->dev.queues);
@@ -1692,6 +1738,7 @@ void vhd_net_free(struct vhd_dev *dev)
         net_queue_fini(dev, &dev->queues[i]);
     if (net->be)
         net->be->ops->close(net->be);
+    net_doorbells_free(net, net->pairs);
     free(dev->queue_worker);
     free(dev->queues);
     free(net->totals);
