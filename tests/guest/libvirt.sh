@@ -130,8 +130,10 @@ done
 KERNEL=$GUEST_DIR/vmlinuz
 [ -s "$GUEST_DIR/vmlinux" ] && KERNEL=$GUEST_DIR/vmlinux
 
-rm -rf "$LOG_DIR"
 mkdir -p "$LOG_DIR"
+# A console left from an earlier run would show its markers: only this run's files.
+rm -rf "$LOG_DIR/libvirt-log"
+rm -f "$LOG_DIR"/*.log "$LOG_DIR"/*.xml
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-libvirt.XXXXXX")
 LV=$WORK/lv
 mkdir -p "$LOG_DIR/libvirt-log" "$LV"
