@@ -387,13 +387,14 @@ case_hotplug() {
 
     local t_dom
     t_dom=$(date +%s)
+    # Known before create, so that an interrupt during it still stops what it started.
+    dom_made=1
+    qemu_pidfile=$LV/run/qemu/$dom.pid
     if ! virsh_ create "$LOG_DIR/domain.xml" >"$LOG_DIR/virsh-create.log" 2>&1; then
         sed 's/^/   | /' "$LOG_DIR/virsh-create.log"
         case_end hotplug "virsh create failed"
         return
     fi
-    dom_made=1
-    qemu_pidfile=$LV/run/qemu/$dom.pid
     say "domain $dom running; console $LOG_DIR/console.log"
 
     if ! wait_console '^LV-WAIT-VDB' "$GUEST_TIMEOUT"; then
