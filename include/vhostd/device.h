@@ -75,6 +75,20 @@ struct vhd_endpoint {
      * with exponential back-off whenever a connect fails or a session ends.
      */
     bool client;
+    /*
+     * Server mode with a listening socket made by someone else (a management
+     * layer, systemd socket activation, the vhost-user spec's --fd): when
+     * listen_fd_set, the device accepts on listen_fd (an AF_UNIX SOCK_STREAM
+     * socket in the listening state, else vhd_device_start fails with
+     * -ENOTSOCK or -EINVAL) instead of binding path. path is then only the
+     * endpoint's name (logs, vhd_device_socket_path, the default MAC of a
+     * net device): no file is created, checked or removed. The caller keeps
+     * listen_fd and must keep it open while the device exists; the device
+     * accepts on a duplicate it closes at stop. access.mode and access.gid
+     * do not apply (-EINVAL); the allow-lists do.
+     */
+    bool listen_fd_set;
+    int listen_fd;
     unsigned reconnect_min_ms;         /* client: first retry delay (0: 50 ms) */
     unsigned reconnect_max_ms;         /* client: the delay doubles up to this (0: 2000 ms) */
     struct vhd_endpoint_access access; /* who may connect (zero: the defaults) */

@@ -46,6 +46,7 @@ struct vhd_device {
     /* endpoint (copied from the config) */
     char *path;
     bool client;
+    int listen_fd; /* endpoint.listen_fd when listen_fd_set; else -1 */
     unsigned reconnect_min_ms, reconnect_max_ms;
     struct vhd_endpoint_access access;
     struct vhd_vu_server *srv; /* started server, or */

@@ -82,6 +82,11 @@ int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type
     if (ep->access.nuids > VHD_ENDPOINT_MAX_IDS || ep->access.ngids > VHD_ENDPOINT_MAX_IDS)
         return api_fail(err, errlen, -EINVAL, "more than %d ids in an allow-list",
                         VHD_ENDPOINT_MAX_IDS);
+    if (ep->listen_fd_set &&
+        (ep->client || ep->listen_fd < 0 || ep->access.mode || ep->access.gid_set))
+        return api_fail(err, errlen, -EINVAL,
+                        "an inherited listening socket goes without client mode, socket mode "
+                        "and socket group");
     if (cfg->nworkers && !cfg->workers)
         return api_fail(err, errlen, -EINVAL, "nworkers without a worker list");
     for (unsigned i = 0; i < cfg->nworkers; i++)
@@ -101,6 +106,7 @@ int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type
     d->type = type;
     d->dev = dev;
     d->client = ep->client;
+    d->listen_fd = ep->listen_fd_set ? ep->listen_fd : -1;
     d->reconnect_min_ms = ep->reconnect_min_ms;
     d->reconnect_max_ms = ep->reconnect_max_ms;
     d->access = ep->access;
@@ -299,6 +305,9 @@ int vhd_device_start(struct vhd_device *d, char *err, size_t errlen)
                                         .reconnect_max_ms = d->reconnect_max_ms,
                                         .access = acc};
         d->cli = vhd_vu_client_new(d->ctx->ctl, d->dev, d->path, &co, err, errlen);
+    } else if (d->listen_fd >= 0) {
+        d->srv =
+            vhd_vu_server_new_fd(d->ctx->ctl, d->dev, d->path, d->listen_fd, &acc, err, errlen);
     } else {
         d->srv = vhd_vu_server_new_access(d->ctx->ctl, d->dev, d->path, &acc, err, errlen);
     }

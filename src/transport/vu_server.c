@@ -412,6 +412,84 @@ free_srv:
     return NULL;
 }
 
+struct vhd_vu_server *vhd_vu_server_new_fd(struct vhd_ctl *ctl, struct vhd_dev *dev,
+                                           const char *path, int listen_fd,
+                                           const struct vhd_vu_sock_access *acc, char *err,
+                                           size_t errlen)
+{
+    int domain = 0, type = 0, listening = 0, rc;
+    socklen_t sl = sizeof(int);
+
+    if (!ctl || !dev || !path || listen_fd < 0 || (acc && (acc->mode || acc->gid_set))) {
+        vhd_vu_set_err(err, errlen, "invalid arguments");
+        errno = EINVAL;
+        return NULL;
+    }
+    if (getsockopt(listen_fd, SOL_SOCKET, SO_DOMAIN, &domain, &sl) < 0 || domain != AF_UNIX ||
+        getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &sl) < 0 || type != SOCK_STREAM) {
+        rc = errno == EBADF ? EBADF : ENOTSOCK;
+        vhd_vu_set_err(err, errlen, "fd %d: %s", listen_fd,
+                       rc == EBADF ? "not an open file descriptor"
+                                   : "not a Unix domain stream socket");
+        errno = rc;
+        return NULL;
+    }
+    if (getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &sl) < 0 || !listening) {
+        vhd_vu_set_err(err, errlen, "fd %d: the socket is not listening", listen_fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    struct vhd_vu_server *srv = calloc(1, sizeof(*srv));
+    if (!srv || !(srv->path = strdup(path))) {
+        free(srv);
+        vhd_vu_set_err(err, errlen, "out of memory");
+        errno = ENOMEM;
+        return NULL;
+    }
+    srv->ctl = ctl;
+    srv->dev = dev;
+    srv->dir_fd = -1; /* and sock_ino 0: unlink_own leaves the file alone */
+    if (acc)
+        srv->acc = *acc;
+    srv->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
+    srv->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (srv->listen_fd < 0 || srv->timer_fd < 0) {
+        rc = errno;
+        vhd_vu_set_err(err, errlen, "fd %d: %s", listen_fd, strerror(rc));
+        goto close_fds;
+    }
+    int fl = fcntl(srv->listen_fd, F_GETFL);
+    if (fl < 0 || fcntl(srv->listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+        rc = errno;
+        vhd_vu_set_err(err, errlen, "fd %d: O_NONBLOCK: %s", listen_fd, strerror(rc));
+        goto close_fds;
+    }
+    rc = vhd_ctl_add(ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
+    if (rc == 0) {
+        rc = vhd_ctl_add(ctl, srv->timer_fd, EPOLLIN, on_accept_timer, srv, &srv->timer_src);
+        if (rc < 0)
+            vhd_ctl_del(srv->listen_src);
+    }
+    if (rc < 0) {
+        rc = -rc;
+        vhd_vu_set_err(err, errlen, "fd %d: cannot watch the socket: %s", listen_fd, strerror(rc));
+        goto close_fds;
+    }
+    vhd_log(VHD_LOG_INFO, "%s: listening on inherited fd %d (%s)%s", dev->name, listen_fd, path,
+            srv->acc.nuids || srv->acc.ngids ? ", peers checked against allow-uid/allow-gid" : "");
+    return srv;
+
+close_fds:
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    if (srv->timer_fd >= 0)
+        close(srv->timer_fd);
+    free(srv->path);
+    free(srv);
+    errno = rc;
+    return NULL;
+}
+
 void vhd_vu_server_free(struct vhd_vu_server *srv)
 {
     if (!srv)
@@ -422,7 +500,8 @@ void vhd_vu_server_free(struct vhd_vu_server *srv)
     close(srv->listen_fd);
     close(srv->timer_fd);
     unlink_own(srv);
-    close(srv->dir_fd);
+    if (srv->dir_fd >= 0)
+        close(srv->dir_fd);
     free(srv->path);
     free(srv);
 }

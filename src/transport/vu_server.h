@@ -49,6 +49,21 @@ struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_d
                                                size_t errlen);
 
 /*
+ * vhd_vu_server_new_fd - serve dev's front-ends on listen_fd, a listening
+ * AF_UNIX stream socket made by someone else (the vhost-user spec's --fd):
+ * nothing is bound, chmod'ed or unlinked; path only names the endpoint.
+ * The server accepts on a duplicate of listen_fd (close-on-exec,
+ * non-blocking: the flag is shared with listen_fd) and closes it at free;
+ * the caller keeps listen_fd. acc's allow-lists apply, its mode and gid
+ * must be 0. NULL with errno ENOTSOCK (not a Unix stream socket), EINVAL
+ * (not listening, or mode/gid given) or another errno, and err.
+ */
+struct vhd_vu_server *vhd_vu_server_new_fd(struct vhd_ctl *ctl, struct vhd_dev *dev,
+                                           const char *path, int listen_fd,
+                                           const struct vhd_vu_sock_access *acc, char *err,
+                                           size_t errlen);
+
+/*
  * vhd_vu_server_free - end the session if any (queues stopped, device
  * reset), stop listening, and unlink the socket (only if the path still
  * names the socket we created). NULL is fine.
@@ -71,6 +86,7 @@ const char *vhd_vu_server_path(const struct vhd_vu_server *srv);
 /*
  * The O_PATH fd of the socket's directory, through which the socket is
  * removed at free (unlinkat): a sandbox may allow unlinkat on it only.
+ * -1 for a server on an inherited socket (vhd_vu_server_new_fd).
  */
 int vhd_vu_server_dir_fd(const struct vhd_vu_server *srv);
 
