@@ -5,7 +5,8 @@
  * headers only: include/vhostd/), enters the sandbox and runs the library's
  * control loop. On SIGINT/SIGTERM the library drains in-flight I/O,
  * flushes, removes the sockets, and vhostd exits 0. SIGUSR1 logs the
- * devices' counters; SIGUSR2 resumes paused blk devices (werror=stop).
+ * devices' counters; SIGUSR2 resumes paused blk devices (werror=stop);
+ * SIGHUP (with --rpc) reloads the configuration (reload.h).
  */
 #include <errno.h>
 #include <signal.h>
@@ -16,7 +17,9 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include "conventions.h"
 #include "options.h"
+#include "reload.h"
 #include "rpc.h"
 #include "sandbox.h"
 #include "vhostd/vhostd.h"
@@ -26,6 +29,8 @@ struct daemon {
     struct vhd_ctx *ctx;
     struct vhd_rpc *rpc; /* --rpc: the management API and the device table */
     int sigfd;
+    int argc; /* the command line, parsed again at SIGHUP */
+    char **argv;
     int ndev;
     struct vhd_device *dev[VHD_OPT_MAX_DEVICES];
 };
@@ -52,6 +57,13 @@ static void on_signal(void *opaque, uint32_t events)
             else
                 for (int i = 0; i < d->ndev; i++)
                     (void)vhd_blk_device_resume(d->dev[i]); /* -EINVAL for net devices */
+        } else if (si.ssi_signo == SIGHUP) {
+            struct vhd_reload_result res;
+            if (d->rpc) /* the table adds and removes devices at runtime */
+                (void)vhd_reload(d->rpc, &d->opts, d->argc, d->argv, &res);
+            else
+                vhd_log(VHD_LOG_WARN, "SIGHUP: reloading the configuration needs --rpc "
+                                      "(devices are added at runtime): ignored");
         }
     }
 }
@@ -102,6 +114,8 @@ static unsigned worker_count(const struct vhd_options *o)
         .allow_packed = (o)->allow_packed,                       \
         .no_split = !(o)->allow_split,                           \
         .max_guest_mem = (o)->max_guest_mem,                     \
+        .endpoint.listen_fd_set = (o)->fd > 0,                   \
+        .endpoint.listen_fd = (o)->fd,                           \
     })
 
 /* Create and start one --blk device (also the RPC's add). 0, or -errno with a reason in err. */
@@ -226,13 +240,16 @@ static int enter_sandbox(struct daemon *d)
     char err[512] = "";
 
     for (int i = 0; i < d->ndev; i++)
-        if (!vhd_device_is_client(d->dev[i])) {
+        /* A client's socket is the front-end's, an inherited one (--fd) its creator's. */
+        if (!vhd_device_is_client(d->dev[i]) && vhd_device_socket_dir_fd(d->dev[i]) >= 0) {
             dirs[nsocks] = vhd_device_socket_dir_fd(d->dev[i]);
             socks[nsocks] = vhd_device_socket_path(d->dev[i]);
             keep_group[nsocks] = socket_group_set(&d->opts, socks[nsocks]);
             nsocks++;
         }
-    bool client = nsocks < (unsigned)d->ndev; /* a device without a listening socket */
+    bool client = false; /* a device that connects (the filter allows connect) */
+    for (int i = 0; i < d->ndev; i++)
+        client |= vhd_device_is_client(d->dev[i]);
     enum vhd_sandbox_mode mode = d->opts.sandbox == VHD_OPT_SANDBOX_OFF   ? VHD_SANDBOX_OFF
                                  : d->opts.sandbox == VHD_OPT_SANDBOX_LOG ? VHD_SANDBOX_LOG
                                                                           : VHD_SANDBOX_ON;
@@ -288,6 +305,12 @@ int main(int argc, char **argv)
     static struct daemon d = {.sigfd = -1};
     char err[512] = "";
 
+    /* The vhost-user spec: print them and exit, whatever else the command line says. */
+    int caps = vhd_conv_print_capabilities(argc, argv, stdout);
+    if (caps != 0)
+        return caps > 0 ? 0 : 2;
+    d.argc = argc;
+    d.argv = argv;
     if (vhd_options_parse(&d.opts, argc, argv, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: %s\n", err);
         vhd_options_free(&d.opts);
@@ -321,6 +344,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
     sigaddset(&set, SIGUSR2);
+    sigaddset(&set, SIGHUP);
     sigprocmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
 

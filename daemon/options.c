@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 #include "options.h"
 
@@ -39,6 +41,17 @@ const char vhd_usage[] =
     "                       (e.g. 'workers 2', 'blk socket=/run/vm1.sock,image=vm1.img'); '#' "
     "comments\n"
     "  --help, --version\n"
+    "\n"
+    "One device the vhost-user way (the spec's backend program conventions):\n"
+    "  --print-capabilities print the backend's capabilities as JSON and exit (only --type\n"
+    "                       is looked at)\n"
+    "  --socket-path PATH   serve one device on a socket vhostd creates at PATH, or\n"
+    "  --fd N               on the inherited listening Unix socket N (N >= 3)\n"
+    "  --type blk|net       its kind (default blk; net when run as vhostd-net)\n"
+    "  --blk-file PATH      blk: the image (image=PATH)\n"
+    "  --read-only          blk: a read-only device (ro=on)\n"
+    "  --keys KEY=VALUE,... more keys of --blk or --net (not socket=), e.g.\n"
+    "                       backend=null,size=1G or backend=tap,tap=tap0\n"
     "\n"
     "--blk keys:\n"
     "  socket=PATH          vhost-user socket to listen on (required); with client=on, the\n"
@@ -738,6 +751,121 @@ int vhd_options_parse_net(struct vhd_options *o, const char *spec, struct vhd_op
 static int parse_global(struct vhd_options *o, const char *k, const char *v, char *err,
                         size_t errlen, int depth);
 
+/* ---- the vhost-user spec's backend program conventions (struct vhd_opt_conv) ---- */
+
+/* Whether option k takes no value. */
+static bool is_flag(const char *k)
+{
+    return !strcmp(k, "help") || !strcmp(k, "version") || !strcmp(k, "read-only") ||
+           !strcmp(k, "print-capabilities");
+}
+
+/* One of --socket-path, --fd, --type, --blk-file, --read-only, --keys, --print-capabilities. */
+static int parse_conv(struct vhd_options *o, const char *k, const char *v, char *err, size_t errlen)
+{
+    struct vhd_opt_conv *c = &o->conv;
+    uint64_t n;
+
+    if (!strcmp(k, "read-only")) {
+        c->read_only = true;
+        return 0;
+    }
+    if (!strcmp(k, "print-capabilities")) {
+        c->print_capabilities = true;
+        return 0;
+    }
+    if (!strcmp(k, "fd")) {
+        if (parse_uint(v, INT32_MAX, &n) || n < 3)
+            return fail(err, errlen, "--fd %s: expected a file descriptor number >= 3", v);
+        c->fd = (int)n;
+        return 0;
+    }
+    if (!strcmp(k, "type") && strcmp(v, "blk") && strcmp(v, "net"))
+        return fail(err, errlen, "--type %s: expected blk or net", v);
+    if (!*v)
+        return fail(err, errlen, "--%s needs a value", k);
+    const char *s = own(o, v);
+    if (!s)
+        return fail(err, errlen, "out of memory");
+    if (!strcmp(k, "socket-path"))
+        c->socket_path = s;
+    else if (!strcmp(k, "type"))
+        c->type = s;
+    else if (!strcmp(k, "blk-file"))
+        c->blk_file = s;
+    else
+        c->keys = s;
+    return 0;
+}
+
+/*
+ * The name of the --fd socket: the path it is bound to, or "fd:N" (an
+ * unnamed or abstract socket). Reads the address only; opens nothing.
+ */
+static void conv_fd_name(int fd, char *out, size_t outlen)
+{
+    struct sockaddr_un sa;
+    socklen_t sl = sizeof(sa);
+    memset(&sa, 0, sizeof(sa));
+    if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0 && sa.sun_family == AF_UNIX &&
+        sl > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] == '/')
+        snprintf(out, outlen, "%.*s", (int)sizeof(sa.sun_path), sa.sun_path);
+    else
+        snprintf(out, outlen, "fd:%d", fd);
+}
+
+/*
+ * The --socket-path / --fd device, appended to blk[] or net[] through the
+ * --blk / --net parser (one parser, one set of messages). argv0 picks the
+ * kind without --type. 0, or -1 with a message in err.
+ */
+static int conv_device(struct vhd_options *o, const char *argv0, char *err, size_t errlen)
+{
+    struct vhd_opt_conv *c = &o->conv;
+    bool dev = c->socket_path || c->fd;
+
+    if (!dev) {
+        if (c->type || c->blk_file || c->read_only || c->keys)
+            return fail(err, errlen,
+                        "--type, --blk-file, --read-only and --keys go with --socket-path or --fd");
+        return 0;
+    }
+    if (c->socket_path && c->fd)
+        return fail(err, errlen, "--socket-path and --fd are incompatible: give one");
+    const char *base = argv0 ? strrchr(argv0, '/') : NULL;
+    base = base ? base + 1 : argv0;
+    bool net = c->type ? !strcmp(c->type, "net") : base && !strcmp(base, "vhostd-net");
+    if (net && (c->blk_file || c->read_only))
+        return fail(err, errlen, "--blk-file and --read-only are for --type blk");
+    char name[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
+    if (c->fd)
+        conv_fd_name(c->fd, name, sizeof(name));
+    const char *sock = c->fd ? name : c->socket_path;
+    if (c->keys && (!strncmp(c->keys, "socket=", 7) || strstr(c->keys, ",socket=")))
+        return fail(err, errlen, "--keys: socket= is --socket-path (or --fd)");
+    if (o->nblk + o->nnet >= VHD_OPT_MAX_DEVICES)
+        return fail(err, errlen, "too many devices (at most %d)", VHD_OPT_MAX_DEVICES);
+    char *spec = NULL;
+    if (asprintf(&spec, "socket=%s%s%s%s%s%s", sock, c->blk_file ? ",image=" : "",
+                 c->blk_file ? c->blk_file : "", c->read_only ? ",ro=on" : "", c->keys ? "," : "",
+                 c->keys ? c->keys : "") < 0)
+        return fail(err, errlen, "out of memory");
+    int rc;
+    if (net) {
+        rc = vhd_options_parse_net(o, spec, &o->net[o->nnet], err, errlen);
+        if (rc == 0)
+            o->net[o->nnet++].fd = c->fd;
+    } else {
+        rc = vhd_options_parse_blk(o, spec, &o->blk[o->nblk], err, errlen);
+        if (rc == 0)
+            o->blk[o->nblk++].fd = c->fd;
+    }
+    free(spec);
+    return rc;
+}
+
+/* ---- end conventions ---- */
+
 static int parse_config(struct vhd_options *o, const char *path, char *err, size_t errlen,
                         int depth)
 {
@@ -782,7 +910,7 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
                         size_t errlen, int depth)
 {
     uint64_t n;
-    bool needs_value = strcmp(k, "help") && strcmp(k, "version");
+    bool needs_value = !is_flag(k);
     if (needs_value && !v)
         return fail(err, errlen, "--%s needs a value", k);
     if (!strcmp(k, "help")) {
@@ -853,6 +981,10 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
             return fail(err, errlen, "out of memory");
     } else if (!strcmp(k, "config")) {
         return parse_config(o, v, err, errlen, depth);
+    } else if (!strcmp(k, "socket-path") || !strcmp(k, "fd") || !strcmp(k, "type") ||
+               !strcmp(k, "blk-file") || !strcmp(k, "read-only") || !strcmp(k, "keys") ||
+               !strcmp(k, "print-capabilities")) {
+        return parse_conv(o, k, v, err, errlen);
     } else {
         return fail(err, errlen, "unknown option --%s (see --help)", k);
     }
@@ -884,7 +1016,7 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
         key[klen] = '\0';
         if (eq) {
             v = eq + 1;
-        } else if (strcmp(key, "help") && strcmp(key, "version")) {
+        } else if (!is_flag(key)) {
             if (i + 1 >= argc)
                 return fail(err, errlen, "--%s needs a value", key);
             v = argv[++i];
@@ -894,6 +1026,8 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
     }
     if (o->help || o->version)
         return 0;
+    if (conv_device(o, argc > 0 ? argv[0] : NULL, err, errlen))
+        return -1;
     if (o->nblk + o->nnet == 0 && !o->rpc)
         return fail(err, errlen,
                     "no device given: use --blk socket=PATH,... or --net socket=PATH,... "

@@ -56,6 +56,7 @@ struct vhd_opt_blk {
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
     struct vhd_opt_access access;
+    int fd; /* --fd N: serve this inherited listening socket (socket= names it); 0: none */
 };
 
 /* ---- net ---- */
@@ -80,6 +81,7 @@ struct vhd_opt_net {
     bool client;               /* client=on: connect to the front-end's socket, do not listen */
     uint32_t reconnect_max_ms; /* reconnect-max=MS: longest back-off (0: the default, 2000) */
     struct vhd_opt_access access;
+    int fd; /* --fd N: serve this inherited listening socket (socket= names it); 0: none */
 };
 /* ---- end net ---- */
 
@@ -102,6 +104,23 @@ struct vhd_options {
     /* --max-guest-mem: guest memory all devices together may map; 0: the library's default */
     uint64_t max_guest_mem;
     const char *rpc; /* --rpc PATH: the management socket (daemon/rpc.h); devices become optional */
+    /*
+     * The vhost-user spec's backend program conventions (docs/USER-GUIDE.md):
+     * one more device, on --socket-path or on the inherited listening --fd,
+     * of kind --type (default: blk, net when the program is called
+     * vhostd-net), with --blk-file / --read-only (blk) and --keys KEY=VALUE,...
+     * (any key of --blk / --net but socket=). It becomes the last blk[] or
+     * net[] entry, parsed as one.
+     */
+    struct vhd_opt_conv {
+        const char *type;        /* "blk" or "net"; NULL: by the program name */
+        const char *socket_path; /* --socket-path PATH */
+        int fd;                  /* --fd N, N >= 3 (0-2 are stdio, per the spec); 0: none */
+        const char *blk_file;    /* --blk-file PATH: image=PATH */
+        bool read_only;          /* --read-only: ro=on */
+        const char *keys;        /* --keys KEY=VALUE,... */
+        bool print_capabilities; /* --print-capabilities (main.c answers it before parsing) */
+    } conv;
     int nblk;
     struct vhd_opt_blk blk[VHD_OPT_MAX_DEVICES];
     int nnet; /* --net devices; nblk + nnet <= VHD_OPT_MAX_DEVICES */

@@ -1035,3 +1035,15 @@ void vhd_rpc_free(struct vhd_rpc *r)
     free(r->path);
     free(r);
 }
+
+/* ---- for reload.c ---- */
+
+void vhd_rpc_device_at(const struct vhd_rpc *r, unsigned i, const char **name, bool *net,
+                       const char **spec, struct vhd_device **dev)
+{
+    const struct rdev *d = &r->devs[i];
+    *name = d->name;
+    *net = d->net;
+    *spec = d->spec;
+    *dev = d->dev;
+}

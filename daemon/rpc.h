@@ -86,6 +86,15 @@ void vhd_rpc_log_counters(struct vhd_rpc *r, const char *why);
 unsigned vhd_rpc_ndevices(const struct vhd_rpc *r);
 
 /*
+ * vhd_rpc_device_at - the i-th device of the table (i < vhd_rpc_ndevices;
+ * the order changes when a device is removed): its name, kind, KEY=VALUE
+ * text as given, and handle. Pointers valid until it is removed. Control
+ * thread (daemon/reload.c).
+ */
+void vhd_rpc_device_at(const struct vhd_rpc *r, unsigned i, const char **name, bool *net,
+                       const char **spec, struct vhd_device **dev);
+
+/*
  * vhd_rpc_destroy_devices - stop and destroy every device of the table (as
  * a forced removal does) and empty it. Control thread.
  */
