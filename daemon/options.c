@@ -5,6 +5,7 @@
  */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -838,6 +839,9 @@ static int conv_device(struct vhd_options *o, const char *argv0, char *err, size
     if (net && (c->blk_file || c->read_only))
         return fail(err, errlen, "--blk-file and --read-only are for --type blk");
     char name[sizeof(((struct sockaddr_un *)0)->sun_path) + 1];
+    /* Checked now: before vhostd opens anything that could take the number. */
+    if (c->fd && fcntl(c->fd, F_GETFD) < 0)
+        return fail(err, errlen, "--fd %d: not an open file descriptor", c->fd);
     if (c->fd)
         conv_fd_name(c->fd, name, sizeof(name));
     const char *sock = c->fd ? name : c->socket_path;
