@@ -735,3 +735,66 @@ VHD_TEST(socket_access_keys)
     VHD_CHECK(strstr(vhd_usage, "socket-mode=MODE"));
     VHD_CHECK(strstr(vhd_usage, "allow-uid=LIST"));
 }
+
+/*
+ * The vhost-user spec's conventions: --socket-path / --fd and their keys
+ * become one more --blk or --net device, parsed by the same parser.
+ */
+VHD_TEST(backend_program_conventions)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    VHD_CHECK_EQ(parse(&o, err, "--socket-path=/run/d.sock", "--blk-file=/img", "--read-only",
+                       "--keys=queues=2,name=d0"),
+                 0);
+    VHD_CHECK_EQ(o.nblk, 1);
+    VHD_CHECK(!strcmp(o.blk[0].socket, "/run/d.sock") && !strcmp(o.blk[0].image, "/img"));
+    VHD_CHECK(o.blk[0].ro && o.blk[0].queues == 2 && !strcmp(o.blk[0].name, "d0"));
+    VHD_CHECK(!strcmp(o.blk[0].spec, "socket=/run/d.sock,image=/img,ro=on,queues=2,name=d0"));
+    VHD_CHECK_EQ(o.blk[0].fd, 0);
+    vhd_options_free(&o);
+
+    VHD_CHECK_EQ(parse(&o, err, "--socket-path=/run/n.sock", "--type=net", "--keys=queues=3", NULL),
+                 0);
+    VHD_CHECK(o.nblk == 0 && o.nnet == 1 && o.net[0].queues == 3);
+    vhd_options_free(&o);
+
+    /* --fd: an open fd (named fd:N when it has no path), a closed one refused. */
+    int fds[2];
+    VHD_CHECK_EQ(pipe(fds), 0);
+    char fdarg[32];
+    snprintf(fdarg, sizeof(fdarg), "--fd=%d", fds[0]);
+    VHD_CHECK_EQ(parse(&o, err, fdarg, "--keys=backend=null,size=1M", NULL, NULL), 0);
+    VHD_CHECK_EQ(o.blk[0].fd, fds[0]);
+    char name[32];
+    snprintf(name, sizeof(name), "fd:%d", fds[0]);
+    VHD_CHECK(!strcmp(o.blk[0].name, name));
+    vhd_options_free(&o);
+    close(fds[0]);
+    close(fds[1]);
+    VHD_CHECK(parse(&o, err, fdarg, "--keys=backend=null,size=1M", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "not an open file descriptor") != NULL);
+    vhd_options_free(&o);
+
+    static const char *const bad[][3] = {
+        {"--fd=2", "--keys=backend=null,size=1M", "file descriptor number >= 3"},
+        {"--socket-path=/a", "--keys=socket=/b", "socket= is --socket-path"},
+        {"--socket-path=/a", "--type=scsi", "expected blk or net"},
+        {"--blk-file=/img", "--rpc=/r", "go with --socket-path or --fd"},
+        {"--socket-path=/a", "--keys=backend=null", "backend=null needs size="},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        err[0] = '\0';
+        VHD_CHECK(parse(&o, err, bad[i][0], bad[i][1], NULL, NULL) < 0);
+        if (!strstr(err, bad[i][2]))
+            fprintf(stderr, "  '%s %s': '%s'\n", bad[i][0], bad[i][1], err);
+        VHD_CHECK(strstr(err, bad[i][2]) != NULL);
+        vhd_options_free(&o);
+    }
+    VHD_CHECK(parse(&o, err, "--socket-path=/a", "--fd=5", "--keys=backend=null,size=1M", NULL) <
+              0);
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--socket-path=/a", "--type=net", "--read-only", NULL) < 0);
+    VHD_CHECK(strstr(err, "are for --type blk") != NULL);
+    vhd_options_free(&o);
+}
