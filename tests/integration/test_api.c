@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -736,4 +737,88 @@ VHD_TEST(blk_resize_tells_the_front_end)
     VHD_CHECK_EQ(vhd_blk_device_size(net), 0);
     vhd_ctx_destroy(ctx);
     unlink(img);
+}
+
+/* A listening Unix socket bound at path (not close-on-exec: as a manager would pass it). */
+static int listening_socket(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    VHD_CHECK(strlen(path) < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    VHD_CHECK_EQ(listen(fd, 4), 0);
+    return fd;
+}
+
+/*
+ * endpoint.listen_fd: the device accepts on a socket it did not make, again
+ * after a stop and start (the caller's fd stays open and usable), and never
+ * removes its file; what is not a listening Unix stream socket, and socket
+ * mode or group with it, are refused.
+ */
+VHD_TEST(inherited_listening_socket)
+{
+    struct probe *p = calloc(1, sizeof(*p));
+    char sock[128], err[256] = "";
+    struct loop l;
+    struct vhd_vuf f;
+    struct stat st;
+
+    sock_path(sock, sizeof(sock), "inherited");
+    int lfd = listening_socket(sock);
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_custom_config c = {
+        .dev = {.name = "inh",
+                .endpoint = {.path = sock, .listen_fd_set = true, .listen_fd = lfd},
+                .on_event = probe_event,
+                .opaque = p},
+        .ops = &probe_ops,
+        .num_queues = 1,
+    };
+    struct vhd_device *dev = NULL;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK(!strcmp(vhd_device_socket_path(dev), sock));
+    for (int round = 1; round <= 2; round++) {
+        VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+        VHD_CHECK_EQ(vhd_device_socket_dir_fd(dev), -1); /* nothing of the path is ours */
+        loop_start(&l, ctx);
+        vhd_vuf_init(&f, WAIT_MS);
+        VHD_CHECK_EQ(vhd_vuf_connect(&f, sock), 0);
+        VHD_CHECK_EQ(vhd_vuf_handshake(&f, 1ull << VHOST_USER_PROTOCOL_F_REPLY_ACK), 0);
+        VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_CONNECTED], round));
+        vhd_vuf_close(&f);
+        VHD_CHECK(wait_atomic(&p->events[VHD_EVENT_DISCONNECTED], round));
+        loop_stop(&l);
+        VHD_CHECK_EQ(vhd_device_stop(dev), 0);
+        VHD_CHECK(stat(sock, &st) == 0 && S_ISSOCK(st.st_mode)); /* left in place */
+        VHD_CHECK(fcntl(lfd, F_GETFD) >= 0);                     /* and the caller's fd open */
+    }
+    vhd_device_destroy(dev);
+
+    /* A socket that is not listening, a pipe: refused at start. */
+    int sv[2], pf[2];
+    VHD_CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    VHD_CHECK_EQ(pipe2(pf, O_CLOEXEC), 0);
+    const int bad[2] = {sv[0], pf[0]};
+    const int want[2] = {-EINVAL, -ENOTSOCK};
+    for (int i = 0; i < 2; i++) {
+        c.dev.endpoint.listen_fd = bad[i];
+        VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+        VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), want[i]);
+        vhd_device_destroy(dev);
+    }
+    /* Socket mode and group belong to whoever made the socket. */
+    c.dev.endpoint.listen_fd = lfd;
+    c.dev.endpoint.access.mode = 0660;
+    VHD_CHECK_EQ(vhd_custom_device_new(ctx, &c, &dev, err, sizeof(err)), -EINVAL);
+    vhd_ctx_destroy(ctx);
+    close(sv[0]);
+    close(sv[1]);
+    close(pf[0]);
+    close(pf[1]);
+    close(lfd);
+    unlink(sock);
+    free(p);
 }
