@@ -505,6 +505,11 @@ static json_object *stats_json(const struct rdev *d)
         json_object_object_add(jq, "bytes", json_object_new_uint64(qc.bytes));
         json_object_object_add(jq, "drops", json_object_new_uint64(qc.drops));
         json_object_object_add(jq, "errors", json_object_new_uint64(qc.errors));
+        struct vhd_queue_activity act = {0};
+        (void)vhd_device_queue_activity(d->dev, q, &act);
+        json_object_object_add(jq, "kicks", json_object_new_uint64(act.kicks));
+        json_object_object_add(jq, "calls", json_object_new_uint64(act.calls));
+        json_object_object_add(jq, "in_flight", json_object_new_uint64(act.in_flight));
         json_object_array_add(qa, jq);
     }
     json_object_object_add(o, "queues", qa);
@@ -526,6 +531,24 @@ static json_object *m_stats(struct call *c)
     }
     json_object *o = json_object_new_object();
     json_object_object_add(o, "devices", a);
+    /*
+     * Polling and sleeping belong to a worker, shared by all its queues:
+     * reported per worker; each queue above names its worker.
+     */
+    json_object *wa = json_object_new_array();
+    for (unsigned w = 0; w < vhd_ctx_workers(c->r->ctx); w++) {
+        struct vhd_worker_stats ws;
+        if (vhd_ctx_worker_stats(c->r->ctx, w, &ws) < 0)
+            continue;
+        json_object *jw = json_object_new_object();
+        json_object_object_add(jw, "worker", json_object_new_int((int)w));
+        json_object_object_add(jw, "sleeps", json_object_new_uint64(ws.sleeps));
+        json_object_object_add(jw, "sleep_ns", json_object_new_uint64(ws.sleep_ns));
+        json_object_object_add(jw, "poll_ns", json_object_new_uint64(ws.poll_ns));
+        json_object_object_add(jw, "event_ns", json_object_new_uint64(ws.event_ns));
+        json_object_array_add(wa, jw);
+    }
+    json_object_object_add(o, "workers", wa);
     return o;
 }
 

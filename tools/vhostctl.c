@@ -163,7 +163,7 @@ static void print_json(json_object *o)
 
 /* ---- aligned tables: rows of cells, printed with each column as wide as its widest cell ---- */
 
-#define MAX_COLS 10
+#define MAX_COLS 12
 struct table {
     unsigned ncols, nrows, cap;
     char **cells; /* nrows * ncols */
@@ -253,32 +253,50 @@ static void prom_label(const char *s)
     }
 }
 
-static void prometheus(json_object *devs)
+/*
+ * The Prometheus text exposition format: per metric a HELP and a TYPE line,
+ * then `name{labels} value` samples. Devices and queues from res's
+ * "devices", workers (polling and sleeping are per worker thread) from its
+ * "workers".
+ */
+static void prometheus(json_object *res)
 {
+    json_object *devs = NULL, *workers = NULL;
+    (void)json_object_object_get_ex(res, "devices", &devs);
+    (void)json_object_object_get_ex(res, "workers", &workers);
     static const struct {
         const char *key, *metric, *help;
         bool per_queue;
         const char *type; /* counter or gauge */
+        bool always;      /* per queue: readable whatever "available" says */
     } m[] = {
         {"connected", "vhostd_device_connected", "A front-end session is running (1) or not (0).",
-         false, "gauge"},
-        {"size", "vhostd_device_size_bytes", "A blk device's size.", false, "gauge"},
+         false, "gauge", false},
+        {"size", "vhostd_device_size_bytes", "A blk device's size.", false, "gauge", false},
         {"paused_queues", "vhostd_device_paused_queues",
-         "A blk device's queues paused by werror/rerror=stop.", false, "gauge"},
+         "A blk device's queues paused by werror/rerror=stop.", false, "gauge", false},
         {"sessions", "vhostd_device_sessions_total", "Front-end sessions started.", false,
-         "counter"},
+         "counter", false},
         {"connect_attempts", "vhostd_device_connect_attempts_total",
-         "Client mode: connect attempts made.", false, "counter"},
+         "Client mode: connect attempts made.", false, "counter", false},
         {"broken", "vhostd_device_broken_total", "Times the device needed a reset.", false,
-         "counter"},
+         "counter", false},
         {"requests", "vhostd_queue_requests_total", "Requests completed (net: frames).", true,
-         "counter"},
-        {"bytes", "vhostd_queue_bytes_total", "Data moved, bytes.", true, "counter"},
-        {"drops", "vhostd_queue_drops_total", "Frames dropped (net).", true, "counter"},
+         "counter", false},
+        {"bytes", "vhostd_queue_bytes_total", "Data moved, bytes.", true, "counter", false},
+        {"drops", "vhostd_queue_drops_total", "Frames dropped (net).", true, "counter", false},
         {"errors", "vhostd_queue_errors_total", "Requests completed with an error.", true,
-         "counter"},
+         "counter", false},
+        {"kicks", "vhostd_queue_kicks_total", "Driver notifications (kicks) taken.", true,
+         "counter", true},
+        {"calls", "vhostd_queue_calls_total", "Interrupts (calls) sent to the driver.", true,
+         "counter", true},
+        {"in_flight", "vhostd_queue_in_flight", "Requests taken and not yet completed.", true,
+         "gauge", true},
+        {"worker", "vhostd_queue_worker", "The worker thread that runs the queue.", true, "gauge",
+         true},
     };
-    for (size_t k = 0; k < sizeof(m) / sizeof(m[0]); k++) {
+    for (size_t k = 0; devs && k < sizeof(m) / sizeof(m[0]); k++) {
         printf("# HELP %s %s\n# TYPE %s %s\n", m[k].metric, m[k].help, m[k].metric, m[k].type);
         for (size_t i = 0; i < json_object_array_length(devs); i++) {
             json_object *d = json_object_array_get_idx(devs, i), *qs, *v;
@@ -294,13 +312,40 @@ static void prometheus(json_object *devs)
                 continue;
             for (size_t q = 0; q < json_object_array_length(qs); q++) {
                 json_object *jq = json_object_array_get_idx(qs, q), *av;
-                if (json_object_object_get_ex(jq, "available", &av) && !json_object_get_boolean(av))
+                if (!m[k].always && json_object_object_get_ex(jq, "available", &av) &&
+                    !json_object_get_boolean(av))
                     continue; /* not readable now: absent rather than a false 0 */
                 printf("%s{device=\"", m[k].metric);
                 prom_label(get_str(d, "name"));
                 printf("\",kind=\"%s\",queue=\"%" PRIu64 "\"} %" PRIu64 "\n", get_str(d, "kind"),
                        get_u64(jq, "queue"), get_u64(jq, m[k].key));
             }
+        }
+    }
+    static const struct {
+        const char *key, *metric, *help;
+        double scale; /* JSON unit to the metric's */
+    } wm[] = {
+        {"sleeps", "vhostd_worker_sleeps_total",
+         "Times the worker blocked waiting for an event (event mode, idle).", 1},
+        {"poll_ns", "vhostd_worker_poll_seconds_total",
+         "Time polling the rings with driver notifications off.", 1e-9},
+        {"event_ns", "vhostd_worker_event_seconds_total",
+         "Time in event mode (notifications on): handling events or asleep.", 1e-9},
+        {"sleep_ns", "vhostd_worker_sleep_seconds_total",
+         "Time blocked waiting for an event (part of the event time).", 1e-9},
+    };
+    for (size_t k = 0; workers && k < sizeof(wm) / sizeof(wm[0]); k++) {
+        printf("# HELP %s %s\n# TYPE %s counter\n", wm[k].metric, wm[k].help, wm[k].metric);
+        for (size_t i = 0; i < json_object_array_length(workers); i++) {
+            json_object *w = json_object_array_get_idx(workers, i);
+            uint64_t v = get_u64(w, wm[k].key);
+            if (wm[k].scale == 1)
+                printf("%s{worker=\"%" PRIu64 "\"} %" PRIu64 "\n", wm[k].metric,
+                       get_u64(w, "worker"), v);
+            else
+                printf("%s{worker=\"%" PRIu64 "\"} %.9f\n", wm[k].metric, get_u64(w, "worker"),
+                       (double)v * wm[k].scale);
         }
     }
 }
@@ -315,11 +360,11 @@ static int cmd_stats(const char *path, const char *name, bool json, bool prom)
         print_json(res);
     } else if (json_object_object_get_ex(res, "devices", &devs)) {
         if (prom) {
-            prometheus(devs);
+            prometheus(res);
         } else {
-            struct table t = {.ncols = 8};
+            struct table t = {.ncols = 11};
             table_row(&t, "DEVICE", "QUEUE", "WORKER", "REQUESTS", "BYTES", "DROPS", "ERRORS",
-                      "SESSIONS");
+                      "KICKS", "CALLS", "INFLIGHT", "SESSIONS");
             for (size_t i = 0; i < json_object_array_length(devs); i++) {
                 json_object *d = json_object_array_get_idx(devs, i), *qs, *av;
                 char sess[24];
@@ -330,19 +375,39 @@ static int cmd_stats(const char *path, const char *name, bool json, bool prom)
                     json_object *jq = json_object_array_get_idx(qs, q);
                     bool ok = !json_object_object_get_ex(jq, "available", &av) ||
                               json_object_get_boolean(av);
-                    char c[5][24];
+                    char c[9][24];
                     snprintf(c[0], 24, "%" PRIu64, get_u64(jq, "queue"));
                     snprintf(c[1], 24, "%" PRIu64, get_u64(jq, "worker"));
                     snprintf(c[2], 24, ok ? "%" PRIu64 : "-", get_u64(jq, "requests"));
                     snprintf(c[3], 24, ok ? "%" PRIu64 : "-", get_u64(jq, "bytes"));
                     snprintf(c[4], 24, ok ? "%" PRIu64 : "-", get_u64(jq, "drops"));
-                    char e[24];
-                    snprintf(e, 24, ok ? "%" PRIu64 : "-", get_u64(jq, "errors"));
-                    table_row(&t, get_str(d, "name"), c[0], c[1], c[2], c[3], c[4], e,
-                              q == 0 ? sess : "");
+                    snprintf(c[5], 24, ok ? "%" PRIu64 : "-", get_u64(jq, "errors"));
+                    snprintf(c[6], 24, "%" PRIu64, get_u64(jq, "kicks"));
+                    snprintf(c[7], 24, "%" PRIu64, get_u64(jq, "calls"));
+                    snprintf(c[8], 24, "%" PRIu64, get_u64(jq, "in_flight"));
+                    table_row(&t, get_str(d, "name"), c[0], c[1], c[2], c[3], c[4], c[5], c[6],
+                              c[7], c[8], q == 0 ? sess : "");
                 }
             }
             table_print(&t);
+            /* polling and sleeping: per worker thread */
+            json_object *ws;
+            if (json_object_object_get_ex(res, "workers", &ws)) {
+                struct table wt = {.ncols = 5};
+                table_row(&wt, "WORKER", "SLEEPS", "POLL_S", "EVENT_S", "ASLEEP_S");
+                for (size_t i = 0; i < json_object_array_length(ws); i++) {
+                    json_object *w = json_object_array_get_idx(ws, i);
+                    char c[5][32];
+                    snprintf(c[0], 32, "%" PRIu64, get_u64(w, "worker"));
+                    snprintf(c[1], 32, "%" PRIu64, get_u64(w, "sleeps"));
+                    snprintf(c[2], 32, "%.3f", (double)get_u64(w, "poll_ns") / 1e9);
+                    snprintf(c[3], 32, "%.3f", (double)get_u64(w, "event_ns") / 1e9);
+                    snprintf(c[4], 32, "%.3f", (double)get_u64(w, "sleep_ns") / 1e9);
+                    table_row(&wt, c[0], c[1], c[2], c[3], c[4]);
+                }
+                putchar('\n');
+                table_print(&wt);
+            }
         }
     }
     json_object_put(res);

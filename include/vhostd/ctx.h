@@ -97,6 +97,26 @@ void vhd_ctx_destroy(struct vhd_ctx *ctx);
 unsigned vhd_ctx_workers(const struct vhd_ctx *ctx);
 
 /*
+ * What a worker thread did with its time since it started. Polling and
+ * sleeping are properties of a worker, shared by every queue it runs, so they
+ * are reported per worker (vhd_device_queue_worker says which worker runs a
+ * queue). Nanoseconds of CLOCK_MONOTONIC.
+ */
+struct vhd_worker_stats {
+    uint64_t sleeps;   /* times the worker blocked waiting for an event (event mode, idle) */
+    uint64_t sleep_ns; /* time blocked so (part of event_ns) */
+    uint64_t poll_ns;  /* time polling the rings, driver notifications off */
+    uint64_t event_ns; /* time in event mode (notifications on): handling events or asleep */
+};
+
+/*
+ * vhd_ctx_worker_stats - worker `worker`'s counters. The worker updates them
+ * without locks; a snapshot may be a few microseconds (or one sleep) behind.
+ * 0, or -EINVAL for a bad index. Any thread.
+ */
+int vhd_ctx_worker_stats(const struct vhd_ctx *ctx, unsigned worker, struct vhd_worker_stats *out);
+
+/*
  * vhd_ctx_run - run the control loop until vhd_ctx_stop(): accept front-ends,
  * handle their vhost-user messages, reconnect client-mode devices, report
  * broken queues, and call the embedder's watches and event callbacks. A stop

@@ -242,9 +242,27 @@ int vhd_device_queue_counters(const struct vhd_device *dev, uint32_t q,
                               struct vhd_queue_counters *out);
 
 /*
+ * Per-queue activity, any device type, since the device was created:
+ * kicks: driver notifications the worker took (kick eventfd reads; none
+ * while the worker polls with notifications off); calls: interrupts sent to
+ * the driver (call eventfd writes); in_flight: chains popped and not yet
+ * completed, now. The worker writes these without locks (relaxed stores);
+ * a snapshot may be a burst old. Which worker runs the queue:
+ * vhd_device_queue_worker; its polling and sleeping: vhd_ctx_worker_stats.
+ */
+struct vhd_queue_activity {
+    uint64_t kicks;
+    uint64_t calls;
+    uint32_t in_flight;
+};
+
+/* vhd_device_queue_activity - q's activity; -EINVAL for a bad index. Any time. */
+int vhd_device_queue_activity(const struct vhd_device *dev, uint32_t q,
+                              struct vhd_queue_activity *out);
+
+/*
  * vhd_device_log_counters - log one info line per queue with traffic and a
- * device total, prefixed "NAME: stats (WHY)". blk queues that are running
- * are skipped (their counters are the worker's).
+ * device total, prefixed "NAME: stats (WHY)", running queues included.
  */
 void vhd_device_log_counters(const struct vhd_device *dev, const char *why);
 

@@ -156,6 +156,19 @@ unsigned vhd_ctx_workers(const struct vhd_ctx *ctx)
     return ctx->nworkers;
 }
 
+int vhd_ctx_worker_stats(const struct vhd_ctx *ctx, unsigned worker, struct vhd_worker_stats *out)
+{
+    struct vhd_rt_worker_stats st;
+    int rc = vhd_rt_worker_stats(ctx->rt, worker, &st);
+    if (rc < 0)
+        return rc;
+    out->sleeps = st.sleeps;
+    out->sleep_ns = st.sleep_ns;
+    out->poll_ns = st.poll_ns;
+    out->event_ns = st.event_ns;
+    return 0;
+}
+
 int vhd_ctx_dispatch(struct vhd_ctx *ctx, int timeout_ms)
 {
     int rc = vhd_ctl_run_once(ctx->ctl, timeout_ms);

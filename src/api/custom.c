@@ -85,7 +85,7 @@ int vhd_chain_complete(struct vhd_chain *ch, uint32_t written)
     vhd_vq_log_write(&q->vq, ch->iov + ch->c.nr, ch->c.nw, written);
     int rc = vhd_vq_push(&q->vq, &ch->c, written);
     if (vhd_likely(q->inflight_io))
-        q->inflight_io--;
+        vhd_store_relaxed(&q->inflight_io, q->inflight_io - 1);
     q->stat_requests++;
     vhd_queue_mark_used(q);
     if (vhd_unlikely(rc < 0)) {
@@ -114,7 +114,7 @@ static int custom_queue_process(struct vhd_queue *q, unsigned budget)
             break;
         if (vhd_unlikely(rc < 0))
             return rc; /* the engine refused the ring (sticky vq->error); the runtime logs it */
-        q->inflight_io++;
+        vhd_store_relaxed(&q->inflight_io, q->inflight_io + 1);
         n++;
         rc = cd->ops.process(cd->pub, q->index, &ch, cq->iov, ch.c.nr, ch.c.nw, cd->opaque);
         if (vhd_unlikely(!ch.done)) {

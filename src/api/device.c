@@ -16,6 +16,7 @@
 #include "dev/blk.h"
 #include "dev/net.h"
 #include "runtime/log.h"
+#include "util/compiler.h"
 #include "transport/vu_client.h"
 #include "transport/vu_conn.h"
 #include "transport/vu_server.h"
@@ -553,21 +554,32 @@ int vhd_device_queue_counters(const struct vhd_device *d, uint32_t q,
     return -EINVAL;
 }
 
+int vhd_device_queue_activity(const struct vhd_device *d, uint32_t q,
+                              struct vhd_queue_activity *out)
+{
+    if (q >= d->dev->num_queues)
+        return -EINVAL;
+    const struct vhd_queue *vq = &d->dev->queues[q];
+    memset(out, 0, sizeof(*out));
+    /* the worker's relaxed stores (runtime/dev.h) */
+    out->kicks = vhd_load_relaxed(&vq->stat_kicks);
+    out->calls = vhd_load_relaxed(&vq->stat_notifies);
+    out->in_flight = vhd_load_relaxed(&vq->inflight_io);
+    return 0;
+}
+
 void vhd_device_log_counters(const struct vhd_device *d, const char *why)
 {
     struct vhd_queue_counters tot = {0};
-    uint32_t running = 0;
 
     if (d->type == API_DEV_NET) {
         vhd_net_log_stats(d->dev, why);
         return;
     }
+    /* running queues too: the worker stores their counters with relaxed atomics */
     for (uint32_t q = 0; q < d->dev->num_queues; q++) {
         struct vhd_queue_counters c;
-        int rc = vhd_device_queue_counters(d, q, &c);
-        if (rc == -EBUSY)
-            running++;
-        if (rc < 0 || !c.requests)
+        if (vhd_device_queue_counters(d, q, &c) < 0 || !c.requests)
             continue;
         vhd_log(VHD_LOG_INFO, "%s: stats (%s): queue %u: requests=%llu bytes=%llu errors=%llu",
                 d->dev->name, why, q, (unsigned long long)c.requests, (unsigned long long)c.bytes,
@@ -576,11 +588,7 @@ void vhd_device_log_counters(const struct vhd_device *d, const char *why)
         tot.bytes += c.bytes;
         tot.errors += c.errors;
     }
-    char note[96] = "";
-    if (running)
-        snprintf(note, sizeof(note), " (%u running queue(s) not counted: their worker owns them)",
-                 running);
-    vhd_log(VHD_LOG_INFO, "%s: stats (%s): total: requests=%llu bytes=%llu errors=%llu%s",
+    vhd_log(VHD_LOG_INFO, "%s: stats (%s): total: requests=%llu bytes=%llu errors=%llu",
             d->dev->name, why, (unsigned long long)tot.requests, (unsigned long long)tot.bytes,
-            (unsigned long long)tot.errors, note);
+            (unsigned long long)tot.errors);
 }

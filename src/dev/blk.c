@@ -237,7 +237,7 @@ static void blk_push(struct blk_queue *bq, struct blk_req *r, uint32_t used)
         VHD_LOG_RL(VHD_LOG_WARN, "%s: queue %u: cannot push request %u: %s", q->dev->name, q->index,
                    r->chain.id, vhd_vq_strerror(rc));
     if (vhd_likely(q->inflight_io))
-        q->inflight_io--;
+        vhd_store_relaxed(&q->inflight_io, q->inflight_io - 1);
     q->stat_requests++;
     vhd_queue_mark_used(q);
     r->next_free = bq->free_list;
@@ -862,7 +862,7 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         if (rc == 0)
             break;
         for (uint32_t i = 0; i < last; i++) {
-            q->inflight_io++;
+            vhd_store_relaxed(&q->inflight_io, q->inflight_io + 1);
             n++;
             blk_handle(bq, rs[i]);
         }

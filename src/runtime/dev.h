@@ -153,10 +153,16 @@ struct vhd_queue {
     void *priv;       /* device-type per-queue state (queue_init) */
     struct vhd_dev *dev;
     struct vhd_worker *worker; /* owner while attached, else NULL */
-    uint32_t inflight_io;      /* chains popped and not yet pushed */
-    bool notify_pending;       /* pushed since the last flush */
-    bool call_stuck;           /* a write to call_fd would block: not written again (efd.h) */
-    bool on_dirty_list;        /* runtime bookkeeping */
+    /*
+     * inflight_io, stat_notifies, stat_kicks: the worker writes them with
+     * vhd_store_relaxed (it is their only writer: no atomic read-modify-
+     * write), so the control thread may read them with vhd_load_relaxed at
+     * any time (statistics); plain reads once q is detached.
+     */
+    uint32_t inflight_io; /* chains popped and not yet pushed */
+    bool notify_pending;  /* pushed since the last flush */
+    bool call_stuck;      /* a write to call_fd would block: not written again (efd.h) */
+    bool on_dirty_list;   /* runtime bookkeeping */
     struct vhd_queue *dirty_next;
     int call_fd;            /* eventfd to signal the driver; -1: none */
     uint64_t stat_requests; /* chains completed */

@@ -64,6 +64,29 @@ void vhd_rt_free(struct vhd_rt *rt);
 unsigned vhd_rt_nworkers(const struct vhd_rt *rt);
 
 /*
+ * What a worker thread did with its time, since it started. Written by the
+ * worker alone (relaxed stores: no lock, no atomic read-modify-write), read
+ * by any thread with vhd_rt_worker_stats (each field relaxed: a snapshot
+ * may be up to RT_CLOCK_EVERY polling turns, or one sleep, behind).
+ *   sleeps:   epoll_wait calls that may block (timeout -1: event mode, nothing to do)
+ *   sleep_ns: time inside those calls (part of event_ns)
+ *   poll_ns:  time polling (poll-always mode, or inside a poll window with
+ *             notifications off)
+ *   event_ns: the rest: notifications on, handling kicks and completions or asleep
+ * The worker's time belongs to all the queues it runs: it is reported per
+ * worker, and each queue says which worker runs it.
+ */
+struct vhd_rt_worker_stats {
+    uint64_t sleeps;
+    uint64_t sleep_ns;
+    uint64_t poll_ns;
+    uint64_t event_ns;
+};
+
+/* Worker `worker`'s counters; -EINVAL for a bad index. Any thread. */
+int vhd_rt_worker_stats(const struct vhd_rt *rt, unsigned worker, struct vhd_rt_worker_stats *out);
+
+/*
  * vhd_rt_poll_window_ns - worker `worker`'s current poll window (adaptive
  * or event-mode spin; 0 in pure event mode or for a bad index), as last
  * published by the worker. For statistics and tests. Any thread.

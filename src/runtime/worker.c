@@ -160,7 +160,9 @@ struct vhd_worker {
     uint64_t closed_ns;    /* when the window last closed */
     uint64_t last_work_ns; /* windowed: when work was last seen (to RT_CLOCK_EVERY turns) */
     uint64_t last_epoll_ns;
-    uint32_t turns; /* polling turns, to space out clock reads */
+    uint32_t turns;                /* polling turns, to space out clock reads */
+    uint64_t acct_ns;              /* time accounted up to here (worker_account) */
+    struct vhd_rt_worker_stats st; /* written by this worker only (relaxed stores) */
     unsigned index;
     int epfd;
     int mbox_fd; /* eventfd: wakes the worker for the mailbox */
@@ -198,7 +200,7 @@ static void queue_call(struct vhd_queue *q)
         return;
     int rc = vhd_efd_signal(q->call_fd);
     if (vhd_likely(rc == 0)) {
-        q->stat_notifies++;
+        vhd_store_relaxed(&q->stat_notifies, q->stat_notifies + 1);
     } else if (rc == -ETIMEDOUT) {
         q->call_stuck = true;
         VHD_LOG_RL(VHD_LOG_WARN,
@@ -538,6 +540,22 @@ static bool worker_enable_notify_all(struct vhd_worker *w)
 }
 
 /*
+ * Time accounting (struct vhd_rt_worker_stats): the time since the last
+ * accounting point goes to polling (poll-always, or inside a poll window:
+ * notifications off) or to event mode. Called where the loop reads the clock
+ * anyway, and around sleeps; the polling state changes only at such points.
+ */
+static void worker_account(struct vhd_worker *w, uint64_t now)
+{
+    uint64_t d = now > w->acct_ns ? now - w->acct_ns : 0;
+    w->acct_ns = now;
+    if (w->mode == VHD_POLL_ALWAYS || w->polling)
+        vhd_store_relaxed(&w->st.poll_ns, w->st.poll_ns + d);
+    else
+        vhd_store_relaxed(&w->st.event_ns, w->st.event_ns + d);
+}
+
+/*
  * A polling turn's clock work, every RT_CLOCK_EVERY turns: stamp work seen
  * since the last read, schedule an epoll_wait(0), and say whether the poll
  * window (windowed modes) is over. The turn after a read is a slow turn.
@@ -551,6 +569,7 @@ static bool worker_poll_tick(struct vhd_worker *w, bool work)
         return false;
     uint64_t now = vhd_now_ns();
     w->now_ns = now;
+    worker_account(w, now);
     w->slow_turn = true;
     if (now - w->last_epoll_ns >= RT_POLL_EPOLL_NS) {
         w->epoll_due = true;
@@ -624,6 +643,7 @@ static int worker_next_timeout(struct vhd_worker *w, bool work)
             w->last_epoll_ns = now;
             w->work_unstamped = false;
             w->turns = 0;
+            worker_account(w, now);
             w->polling = true;
             worker_disable_notify_all(w);
             return 0;
@@ -923,7 +943,7 @@ static bool worker_dispatch(struct vhd_worker *w, const struct epoll_event *ev)
         }
         if (n < 0)
             return false;
-        e->q->stat_kicks++;
+        vhd_store_relaxed(&e->q->stat_kicks, e->q->stat_kicks + 1);
         e->pending = true;
     }
     return false;
@@ -961,6 +981,7 @@ static void *worker_main(void *arg)
 
     /* Call-fd writes stay guarded while we write; disarmed after a quiet period (efd.h). */
     vhd_efd_keep_armed(true);
+    w->acct_ns = vhd_now_ns();
     while (!w->stopping) {
         /*
          * Sleep (timeout -1) or peek (0). While polling every ring, epoll is
@@ -972,7 +993,20 @@ static void *worker_main(void *arg)
         bool mail = vhd_load_acquire(&w->mail) != 0;
         if (timeout != 0 || !poll_all || mail || w->epoll_due) {
             w->epoll_due = false;
+            uint64_t t0 = 0;
+            if (timeout != 0) {
+                t0 = vhd_now_ns();
+                worker_account(w, t0);
+                vhd_store_relaxed(&w->st.sleeps, w->st.sleeps + 1);
+            }
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
+            if (timeout != 0) {
+                /* asleep: event time, whatever the mode (poll-always sleeps only at start) */
+                uint64_t t1 = vhd_now_ns();
+                vhd_store_relaxed(&w->st.sleep_ns, w->st.sleep_ns + (t1 - t0));
+                vhd_store_relaxed(&w->st.event_ns, w->st.event_ns + (t1 - t0));
+                w->acct_ns = t1;
+            }
             for (int i = 0; i < n; i++)
                 mail |= worker_dispatch(w, &evs[i]);
             if (n < 0 && errno != EINTR) {
@@ -1317,6 +1351,18 @@ void vhd_rt_free(struct vhd_rt *rt)
 unsigned vhd_rt_nworkers(const struct vhd_rt *rt)
 {
     return rt->nworkers;
+}
+
+int vhd_rt_worker_stats(const struct vhd_rt *rt, unsigned worker, struct vhd_rt_worker_stats *out)
+{
+    if (!rt || worker >= rt->nworkers)
+        return -EINVAL;
+    const struct vhd_rt_worker_stats *st = &rt->workers[worker].st;
+    out->sleeps = vhd_load_relaxed(&st->sleeps);
+    out->sleep_ns = vhd_load_relaxed(&st->sleep_ns);
+    out->poll_ns = vhd_load_relaxed(&st->poll_ns);
+    out->event_ns = vhd_load_relaxed(&st->event_ns);
+    return 0;
 }
 
 uint64_t vhd_rt_poll_window_ns(const struct vhd_rt *rt, unsigned worker)

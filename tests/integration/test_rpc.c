@@ -8,6 +8,7 @@
  * mistyped, oversized, half-sent, too many clients) answered with errors
  * while the devices keep serving; hundreds of devices added and removed.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -895,5 +896,275 @@ VHD_TEST(rpc_socket_owned_by_user)
     close(fd);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     VHD_CHECK(stat(dm.sock, &st) < 0);
+    test_done();
+}
+
+/* ---- counters: device.stats and vhostctl stats --prometheus ---- */
+
+/* The unsigned number after "key": in s, after the first occurrence of anchor. */
+static uint64_t u64_after(const char *s, const char *anchor, const char *key)
+{
+    char k[64];
+    const char *p = strstr(s, anchor);
+    if (!p)
+        fprintf(stderr, "  '%s' lacks '%s'\n", s, anchor);
+    VHD_CHECK(p != NULL);
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    p = strstr(p, k);
+    if (!p)
+        fprintf(stderr, "  '%s' lacks %s after '%s'\n", s, k, anchor);
+    VHD_CHECK(p != NULL);
+    return strtoull(p + strlen(k), NULL, 10);
+}
+
+static bool prom_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || !(isalpha((unsigned char)s[0]) || s[0] == '_' || s[0] == ':'))
+        return false;
+    for (size_t i = 1; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == ':'))
+            return false;
+    return true;
+}
+
+/*
+ * A parser for Prometheus' text exposition format (0.0.4), strict: every
+ * line is "# HELP name text", "# TYPE name counter|gauge|..." or a sample
+ * "name{label="value",...} value"; names and label names valid, label values
+ * properly escaped, values numbers; a metric's TYPE comes once, before its
+ * samples; no series twice. Returns the number of samples; fails the test
+ * on the first bad line (printing it).
+ */
+static int prom_check(const char *text)
+{
+    static char typed[64][96], series[4096][256];
+    int ntyped = 0, nseries = 0, samples = 0;
+    const char *line = text;
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        VHD_CHECK(end != NULL); /* every line ends with a newline */
+        size_t len = (size_t)(end - line);
+        char l[1024];
+        VHD_CHECK(len < sizeof(l));
+        memcpy(l, line, len);
+        l[len] = '\0';
+        line = end + 1;
+        bool ok = false;
+        if (!strncmp(l, "# HELP ", 7) || !strncmp(l, "# TYPE ", 7)) {
+            const char *name = l + 7, *sp = strchr(name, ' ');
+            ok = sp && prom_name_ok(name, (size_t)(sp - name)) && sp[1] != '\0';
+            if (ok && l[2] == 'T') {
+                const char *t = sp + 1;
+                ok = !strcmp(t, "counter") || !strcmp(t, "gauge") || !strcmp(t, "histogram") ||
+                     !strcmp(t, "summary") || !strcmp(t, "untyped");
+                for (int i = 0; ok && i < ntyped; i++)
+                    ok = strncmp(typed[i], name, (size_t)(sp - name)) != 0 ||
+                         typed[i][sp - name] != '\0';
+                if (ok) {
+                    VHD_CHECK(ntyped < 64 && (size_t)(sp - name) < sizeof(typed[0]));
+                    memcpy(typed[ntyped], name, (size_t)(sp - name));
+                    typed[ntyped++][sp - name] = '\0';
+                }
+            }
+        } else if (l[0] != '#') {
+            size_t n = strcspn(l, "{ ");
+            const char *p = l + n;
+            ok = prom_name_ok(l, n);
+            bool has_type = false;
+            for (int i = 0; ok && i < ntyped; i++)
+                has_type |= strlen(typed[i]) == n && !strncmp(typed[i], l, n);
+            ok = ok && has_type;
+            if (ok && *p == '{') {
+                p++;
+                while (ok && *p != '}') {
+                    size_t ln = strcspn(p, "=");
+                    ok = prom_name_ok(p, ln) && p[ln] == '=' && p[ln + 1] == '"';
+                    p += ln + 2;
+                    while (ok && *p != '"') {
+                        if (*p == '\\')
+                            ok = p[1] == '\\' || p[1] == '"' || p[1] == 'n', p++;
+                        ok = ok && *p != '\0';
+                        p++;
+                    }
+                    if (ok)
+                        p++;
+                    if (ok && *p == ',')
+                        p++;
+                    else
+                        ok = ok && *p == '}';
+                }
+                if (ok)
+                    p++;
+            }
+            if (ok) {
+                size_t key = (size_t)(p - l);
+                ok = *p == ' ';
+                char *e = NULL;
+                if (ok)
+                    (void)strtod(p + 1, &e);
+                ok = ok && e != p + 1 && (*e == '\0' || *e == ' ');
+                for (int i = 0; ok && i < nseries; i++)
+                    ok = strlen(series[i]) != key || strncmp(series[i], l, key) != 0;
+                if (ok) {
+                    VHD_CHECK(nseries < 4096 && key < sizeof(series[0]));
+                    memcpy(series[nseries], l, key);
+                    series[nseries++][key] = '\0';
+                    samples++;
+                }
+            }
+        }
+        if (!ok)
+            fprintf(stderr, "  not Prometheus text format: '%s'\n", l);
+        VHD_CHECK(ok);
+    }
+    return samples;
+}
+
+/* The parser itself: it refuses what the format does not allow. */
+VHD_TEST(prometheus_parser)
+{
+    VHD_CHECK_EQ(
+        prom_check("# HELP a_total A.\n# TYPE a_total counter\na_total{x=\"1\",y=\"q\\\"\"} "
+                   "3\na_total{x=\"2\"} 4.5\n"),
+        2);
+    static const char *bad[] = {
+        "a 1\n",                                   /* no TYPE */
+        "# TYPE a counter\na{x=\"1\"} \n",         /* no value */
+        "# TYPE a counter\na{x=1} 1\n",            /* unquoted label value */
+        "# TYPE a counter\n1a 1\n",                /* bad name */
+        "# TYPE a counter\na 1\na 2\n",            /* a series twice */
+        "# TYPE a counter\n# TYPE a gauge\na 1\n", /* TYPE twice */
+        "# TYPE a countr\na 1\n",                  /* unknown type */
+        "# TYPE a counter\na{x=\"1\"} one\n",      /* not a number */
+        "# TYPE a counter\na{x=\"1\",} 1\n"
+        "\n",                             /* an empty line */
+        "# TYPE a counter\na{x=\"1\"} 1", /* no final newline */
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        VHD_CHECK(pid >= 0);
+        if (pid == 0) {
+            (void)freopen("/dev/null", "w", stderr);
+            prom_check(bad[i]);
+            _exit(0);
+        }
+        int st;
+        VHD_CHECK(waitpid(pid, &st, 0) == pid);
+        if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+            fprintf(stderr, "  accepted: '%s'\n", bad[i]);
+        VHD_CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0));
+    }
+    test_done();
+}
+
+/*
+ * Every counter of device.stats moves as it must under our driver's I/O in
+ * event mode: requests and bytes exactly what was transferred, a request
+ * past the end counted as an error, kicks and calls, nothing in flight at
+ * rest, the worker's sleeps and its polling/event time; then in poll-always
+ * mode the driver never kicks and the worker never sleeps. vhostctl stats
+ * --prometheus prints them in valid text format.
+ */
+static void stats_run(const char *poll, bool event)
+{
+    struct daemon dm;
+    char params[1024], sock[300], img[300], key[300];
+    static char out[1 << 16];
+
+    start(&dm, poll);
+    int fd = rpc_connect(&dm);
+    snprintf(sock, sizeof(sock), "%s/c.sock", dm.dir);
+    snprintf(img, sizeof(img), "%s/c.img", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=4M,queues=1\"}", sock, img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    struct vhd_blkdrv *d = drv_connect(sock);
+    const int n = 8;
+    for (int i = 0; i < n; i++) {
+        drv_rw(d, (uint64_t)i * 8192, (uint8_t)(i + 1));
+        sleep_ms(2); /* idle between requests: an event-mode worker sleeps */
+    }
+    /* one read past the end: IOERR */
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4096);
+    struct vhd_blkdrv_completion c;
+    VHD_CHECK(buf != NULL);
+    VHD_CHECK_EQ(vhd_blkdrv_submit_read(q, 4 * MB, buf, 4096, buf), 0);
+    VHD_CHECK_EQ(vhd_blkdrv_wait(q, &c, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(c.ret, -EIO);
+    vhd_blkdrv_buf_free(q, buf, 4096);
+
+    const char *r = call(fd, "device.stats", "{\"name\":\"c.sock\"}");
+    VHD_CHECK_EQ(u64_after(r, "\"queue\":0,", "requests"), 2 * n + 1);
+    VHD_CHECK_EQ(u64_after(r, "\"queue\":0,", "bytes"), 2 * n * 4096);
+    VHD_CHECK_EQ(u64_after(r, "\"queue\":0,", "errors"), 1);
+    VHD_CHECK_EQ(u64_after(r, "\"queue\":0,", "in_flight"), 0);
+    uint64_t kicks = u64_after(r, "\"queue\":0,", "kicks");
+    uint64_t calls = u64_after(r, "\"queue\":0,", "calls");
+    unsigned w = (unsigned)u64_after(r, "\"queue\":0,", "worker");
+    VHD_CHECK(w < 2);
+    snprintf(key, sizeof(key), "{\"worker\":%u,", w);
+    uint64_t sleeps = u64_after(r, key, "sleeps"), sleep_ns = u64_after(r, key, "sleep_ns");
+    uint64_t poll_ns = u64_after(r, key, "poll_ns"), event_ns = u64_after(r, key, "event_ns");
+    fprintf(stderr,
+            "  %s: kicks %llu calls %llu; worker %u: sleeps %llu, asleep %llu us, polling %llu "
+            "us, event %llu us\n",
+            poll, (unsigned long long)kicks, (unsigned long long)calls, w,
+            (unsigned long long)sleeps, (unsigned long long)sleep_ns / 1000,
+            (unsigned long long)poll_ns / 1000, (unsigned long long)event_ns / 1000);
+    /* every request waited for its call: the driver sleeps on the call fd */
+    VHD_CHECK(calls >= (uint64_t)n);
+    if (event) {
+        /* each request came after a sleep of >= 2 ms: a kick woke the worker */
+        VHD_CHECK(kicks >= (uint64_t)n);
+        VHD_CHECK(sleeps >= (uint64_t)n);
+        VHD_CHECK(sleep_ns > 0 && sleep_ns <= event_ns);
+        VHD_CHECK(sleep_ns >= (uint64_t)n * 1000000); /* the test idled >= 2n ms */
+    } else {
+        /*
+         * Notifications stay off: no kick but the one a ring may get before
+         * its worker turned them off; no sleep but the one before the worker
+         * had a queue (its first wait for mail); the rest of the time polling.
+         */
+        VHD_CHECK(kicks <= 1);
+        VHD_CHECK(sleeps <= 1);
+        VHD_CHECK_EQ(event_ns, sleep_ns);
+        VHD_CHECK(poll_ns >= (uint64_t)n * 1000000);
+    }
+
+    if (vhostctl_path()) {
+        VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", "--prometheus", NULL, NULL), 0);
+        VHD_CHECK(prom_check(out) > 10);
+        snprintf(key, sizeof(key),
+                 "vhostd_queue_bytes_total{device=\"c.sock\",kind=\"blk\",queue=\"0\"} %d\n",
+                 2 * n * 4096);
+        CHECK_HAS(out, key);
+        CHECK_HAS(out, "vhostd_queue_errors_total{device=\"c.sock\",kind=\"blk\",queue=\"0\"} 1\n");
+        CHECK_HAS(out, "vhostd_queue_in_flight{device=\"c.sock\",kind=\"blk\",queue=\"0\"} 0\n");
+        CHECK_HAS(out, "# TYPE vhostd_queue_kicks_total counter\n");
+        CHECK_HAS(out, "# TYPE vhostd_queue_calls_total counter\n");
+        CHECK_HAS(out, "# TYPE vhostd_worker_sleeps_total counter\n");
+        CHECK_HAS(out, "# TYPE vhostd_worker_poll_seconds_total counter\n");
+        CHECK_HAS(out, "# TYPE vhostd_worker_event_seconds_total counter\n");
+        CHECK_HAS(out, "vhostd_worker_sleeps_total{worker=\"1\"} ");
+        VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", NULL, NULL, NULL), 0);
+        CHECK_HAS(out, "KICKS  CALLS  INFLIGHT");
+        CHECK_HAS(out, "WORKER  SLEEPS  POLL_S");
+    }
+    vhd_blkdrv_disconnect(d);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+}
+
+VHD_TEST(rpc_stats_counters_event)
+{
+    stats_run("--poll=never", true);
+    test_done();
+}
+
+VHD_TEST(rpc_stats_counters_polling)
+{
+    stats_run("--poll=always", false);
     test_done();
 }
