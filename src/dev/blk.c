@@ -14,11 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "blk.h"
 #include "backend/blk_backend.h"
 #include "util/bits.h"
+#include "util/clock.h"
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "runtime/log.h"
@@ -63,6 +65,13 @@ struct vhd_blk {
      * thread) changes it with an atomic store; workers load it atomically.
      */
     uint64_t capacity;
+    /*
+     * Bumped (release store) by vhd_blk_resize after it lowered capacity;
+     * requests are counted per epoch parity (blk_queue.in_epoch), so the
+     * resize can wait for every request admitted under the old capacity
+     * before the storage is cut (blk_pin).
+     */
+    uint32_t size_epoch;
     uint32_t block_size;      /* logical block size, bytes */
     uint32_t block_sectors;   /* block_size / 512, a power of two */
     uint32_t max_dwz_sectors; /* per discard / write-zeroes segment, a multiple of block_sectors */
@@ -98,6 +107,7 @@ struct blk_req {
     uint16_t seg;      /* next segment to run */
     bool synced;       /* WRITE_ZEROES in writethrough mode: closing flush issued */
     uint64_t seq;      /* pop order in its queue: held requests are retried in this order */
+    uint8_t ep;        /* the in_epoch slot counting it; BLK_EP_NONE: not counted (held) */
     /* Segments copied out of guest memory, then validated; fields in host order. */
     struct virtio_blk_discard_write_zeroes segs[VHD_BLK_MAX_DWZ_SEG];
     struct iovec iov[VHD_BLK_REQ_IOV];
@@ -129,8 +139,19 @@ struct blk_queue {
     uint32_t nheld;
     struct blk_req *held;
     struct blk_qctl *qc;
+    /*
+     * Requests admitted (range-checked) and not yet pushed, per size epoch
+     * parity, held ones excepted: written by the worker only (relaxed
+     * stores), read by vhd_blk_resize (relaxed loads). pinned: the worker
+     * holds one count in in_epoch[pin] while it admits requests (blk_pin).
+     */
+    uint32_t in_epoch[2];
+    uint8_t pin;
+    bool pinned;
     struct vhd_blk_queue_stats st;
 } vhd_cacheline_aligned;
+
+#define BLK_EP_NONE 2
 
 static struct vhd_blk *to_blk(struct vhd_dev *dev)
 {
@@ -238,6 +259,8 @@ static void blk_push(struct blk_queue *bq, struct blk_req *r, uint32_t used)
                    r->chain.id, vhd_vq_strerror(rc));
     if (vhd_likely(q->inflight_io))
         vhd_store_relaxed(&q->inflight_io, q->inflight_io - 1);
+    if (vhd_likely(r->ep != BLK_EP_NONE))
+        vhd_store_relaxed(&bq->in_epoch[r->ep], bq->in_epoch[r->ep] - 1);
     q->stat_requests++;
     vhd_queue_mark_used(q);
     r->next_free = bq->free_list;
@@ -353,6 +376,9 @@ static void blk_hold(struct blk_queue *bq, struct blk_req *r, int res)
 
     blk_held_insert(bq, r);
     bq->st.held++;
+    /* Not counted while held: a resize need not wait for a resume (blk_retry_held re-checks). */
+    vhd_store_relaxed(&bq->in_epoch[r->ep], bq->in_epoch[r->ep] - 1);
+    r->ep = BLK_EP_NONE;
     if (bq->paused)
         return;
     bq->paused = true;
@@ -379,6 +405,63 @@ static void blk_unpause(struct blk_queue *bq)
 }
 
 /*
+ * Pin the size epoch before admitting requests (range checks against
+ * blk->capacity): one count in in_epoch[parity] while this worker admits,
+ * taken before (full fence) it checks the epoch did not move, so that
+ * vhd_blk_resize, which lowers capacity, bumps the epoch, fences and then
+ * waits for the old parity's counts to drain, either sees this count or has
+ * its new capacity seen by every range check after the pin (the two sides
+ * each write, fence, then read what the other wrote). No lock and no atomic
+ * read-modify-write: one fence per run of popped chains, none on idle turns.
+ * Worker.
+ */
+static void blk_pin(struct blk_queue *bq)
+{
+    for (;;) {
+        uint32_t e = vhd_load_acquire(&bq->blk->size_epoch);
+        uint8_t i = e & 1;
+        vhd_store_relaxed(&bq->in_epoch[i], bq->in_epoch[i] + 1);
+        vhd_smp_mb();
+        if (vhd_load_relaxed(&bq->blk->size_epoch) == e) {
+            bq->pin = i;
+            bq->pinned = true;
+            return;
+        }
+        vhd_store_relaxed(&bq->in_epoch[i], bq->in_epoch[i] - 1); /* a resize ran: again */
+    }
+}
+
+static void blk_unpin(struct blk_queue *bq)
+{
+    if (!bq->pinned)
+        return;
+    bq->pinned = false;
+    vhd_store_relaxed(&bq->in_epoch[bq->pin], bq->in_epoch[bq->pin] - 1);
+}
+
+/* Count r as admitted under the pinned epoch (until blk_push). Worker, pinned. */
+static inline void blk_admit(struct blk_queue *bq, struct blk_req *r)
+{
+    r->ep = bq->pin;
+    vhd_store_relaxed(&bq->in_epoch[r->ep], bq->in_epoch[r->ep] + 1);
+}
+
+/* Is what held request r still has to do inside the capacity (a resize may have cut it)? */
+static bool blk_held_in_range(const struct vhd_blk *blk, const struct blk_req *r)
+{
+    if (r->type == VIRTIO_BLK_T_DISCARD || r->type == VIRTIO_BLK_T_WRITE_ZEROES) {
+        for (uint16_t i = r->seg; i < r->nseg; i++)
+            if (!range_ok(blk, r->segs[i].sector,
+                          (uint64_t)r->segs[i].num_sectors << VIRTIO_BLK_SECTOR_SHIFT))
+                return false;
+        return true;
+    }
+    if (r->type != VIRTIO_BLK_T_IN && r->type != VIRTIO_BLK_T_OUT)
+        return true; /* FLUSH: no range */
+    return range_ok(blk, r->io.offset >> VIRTIO_BLK_SECTOR_SHIFT, r->io.len);
+}
+
+/*
  * A resume arrived: submit the held requests again, in pop order, then take
  * new ones. Should one fail again under the policy the queue pauses again
  * and the ones not yet resubmitted stay held behind it. Worker.
@@ -398,6 +481,18 @@ static void blk_retry_held(struct blk_queue *bq)
         list = r->next_free;
         r->next_free = NULL;
         bq->st.retried++;
+        blk_admit(bq, r);
+        if (vhd_unlikely(!blk_held_in_range(bq->blk, r))) {
+            /* the device shrank while it was held: as if it came now (5.2.6.1) */
+            VHD_LOG_RL(VHD_LOG_WARN,
+                       "%s: queue %u: held %s at sector %llu is past the new capacity (%llu): "
+                       "IOERR",
+                       bq->q->dev->name, bq->q->index, blk_type_name(r->type),
+                       (unsigned long long)(r->io.offset >> VIRTIO_BLK_SECTOR_SHIFT),
+                       (unsigned long long)vhd_load_relaxed(&bq->blk->capacity));
+            blk_complete(bq, r, VIRTIO_BLK_S_IOERR, 1);
+            continue;
+        }
         /* As first submitted (blk_submit); may complete, or be held again, before it returns. */
         vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
     }
@@ -791,13 +886,11 @@ static inline struct blk_req *blk_req_get(struct blk_queue *bq)
  * the ring, the inflight area and what the driver sees are as if the queue
  * had stopped at it.
  */
-static int blk_queue_process(struct vhd_queue *q, unsigned budget)
+static int blk_queue_process_pinned(struct blk_queue *bq, unsigned budget)
 {
-    struct blk_queue *bq = q->priv;
+    struct vhd_queue *q = bq->q;
     unsigned n = 0;
 
-    if (vhd_unlikely(!bq))
-        return -ENODEV;
     if (vhd_unlikely(bq->st.broken))
         return -EPROTO;
     if (vhd_unlikely(bq->stopping))
@@ -806,6 +899,7 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         /* Acquire: pairs with vhd_blk_resume's release store. */
         if (vhd_load_acquire(&bq->qc->resume_req) == bq->resume_seen)
             return 0; /* chains wait in the ring */
+        blk_pin(bq);
         blk_retry_held(bq);
         if (bq->paused)
             return 0;
@@ -861,8 +955,11 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
         }
         if (rc == 0)
             break;
+        if (!bq->pinned)
+            blk_pin(bq);
         for (uint32_t i = 0; i < last; i++) {
             vhd_store_relaxed(&q->inflight_io, q->inflight_io + 1);
+            blk_admit(bq, rs[i]);
             n++;
             blk_handle(bq, rs[i]);
         }
@@ -872,6 +969,17 @@ static int blk_queue_process(struct vhd_queue *q, unsigned budget)
             break; /* a request failed inline under a stop policy: pop nothing more */
     }
     return (int)n;
+}
+
+static int blk_queue_process(struct vhd_queue *q, unsigned budget)
+{
+    struct blk_queue *bq = q->priv;
+
+    if (vhd_unlikely(!bq))
+        return -ENODEV;
+    int rc = blk_queue_process_pinned(bq, budget);
+    blk_unpin(bq);
+    return rc;
 }
 
 static uint64_t blk_features(struct vhd_dev *dev)
@@ -1293,6 +1401,34 @@ uint64_t vhd_blk_capacity(const struct vhd_dev *dev)
     return to_cblk(dev)->capacity;
 }
 
+#define BLK_RESIZE_WAIT_MS 5000
+
+/*
+ * After capacity was lowered: bump the size epoch and wait until every
+ * running queue's requests of the previous epoch are pushed (blk_pin says
+ * why none can slip past). Requests held by a stop policy are not waited
+ * for: their retry checks the range again. -ETIMEDOUT after
+ * BLK_RESIZE_WAIT_MS. Control thread (which owns q->priv's lifetime).
+ */
+static int blk_quiesce_old_epoch(struct vhd_blk *blk)
+{
+    uint32_t e = blk->size_epoch;
+    vhd_smp_mb();
+    vhd_store_release(&blk->size_epoch, e + 1);
+    vhd_smp_mb();
+    uint64_t t0 = vhd_now_ns();
+    for (uint32_t q = 0; q < blk->dev.num_queues; q++) {
+        const struct blk_queue *bq = blk->dev.queues[q].priv;
+        while (bq && vhd_load_relaxed(&bq->in_epoch[e & 1]) != 0) {
+            if (vhd_now_ns() - t0 > (uint64_t)BLK_RESIZE_WAIT_MS * 1000000)
+                return -ETIMEDOUT;
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return 0;
+}
+
 int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
 {
     struct vhd_blk *blk = to_blk(dev);
@@ -1308,9 +1444,22 @@ int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, s
         return -ENOTSUP;
     }
     uint64_t cap = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
-    /* Shrinking: requests past the new end are refused before the storage goes. */
-    if (bytes < old)
+    /*
+     * Shrinking: requests past the new end are refused before the storage
+     * goes, and those admitted under the old capacity finish first.
+     */
+    if (bytes < old) {
         __atomic_store_n(&blk->capacity, cap, __ATOMIC_RELEASE);
+        int rc = blk_quiesce_old_epoch(blk);
+        if (rc < 0) {
+            __atomic_store_n(&blk->capacity, old_cap, __ATOMIC_RELEASE);
+            snprintf(err, errlen,
+                     "requests admitted before the shrink did not complete within %d ms "
+                     "(a slow backend?): nothing changed",
+                     BLK_RESIZE_WAIT_MS);
+            return rc;
+        }
+    }
     int rc = blk->be->ops->resize(blk->be, bytes, force, err, errlen);
     if (rc < 0) {
         __atomic_store_n(&blk->capacity, old_cap, __ATOMIC_RELEASE);

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1166,5 +1167,88 @@ VHD_TEST(rpc_stats_counters_event)
 VHD_TEST(rpc_stats_counters_polling)
 {
     stats_run("--poll=always", false);
+    test_done();
+}
+
+/* ---- shrinking under running queues ---- */
+
+struct shrink_writer {
+    struct vhd_blkdrv *d;
+    uint64_t lo, hi; /* writes go to [lo, hi) */
+    bool stop;       /* (atomic) set by the test */
+    uint64_t ok, failed;
+};
+
+/* QD32 4 KiB writes spread over [lo, hi) until told to stop; failures (IOERR past the end) counted.
+ */
+static void *shrink_writer_main(void *arg)
+{
+    struct shrink_writer *w = arg;
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(w->d, 0);
+    uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4096);
+    struct vhd_blkdrv_completion c[32];
+    uint64_t slots = (w->hi - w->lo) / 4096, i = 0;
+    unsigned inflight = 0;
+    if (!buf)
+        return NULL;
+    memset(buf, 0x5e, 4096);
+    while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) || inflight) {
+        while (inflight < 32 && !__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE) &&
+               vhd_blkdrv_submit_write(q, w->lo + (i++ % slots) * 4096, buf, 4096, NULL) == 0)
+            inflight++;
+        int n = vhd_blkdrv_wait(q, c, 32, 1000);
+        if (n <= 0)
+            break;
+        for (int k = 0; k < n; k++)
+            c[k].ret == 0 ? w->ok++ : w->failed++;
+        inflight -= (unsigned)n;
+    }
+    vhd_blkdrv_buf_free(q, buf, 4096);
+    return NULL;
+}
+
+/*
+ * Shrinking a device whose queue runs writes past the new end: every write
+ * admitted under the old size completes before the image is cut (none
+ * lands after it and grows the file back), writes past the new end fail
+ * with IOERR, and the device keeps serving. Shrink and grow, many times.
+ */
+VHD_TEST(rpc_shrink_under_writes)
+{
+    struct daemon dm;
+    char params[1024], sock[300];
+    struct stat st;
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock, sizeof(sock), "%s/s.sock", dm.dir);
+    snprintf(dm.img, sizeof(dm.img), "%s/s.img", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=16M,queues=1\"}", sock, dm.img);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\"");
+    struct shrink_writer w = {.d = drv_connect(sock), .lo = 15 * MB, .hi = 16 * MB};
+    pthread_t th;
+    VHD_CHECK_EQ(pthread_create(&th, NULL, shrink_writer_main, &w), 0);
+    int grown_back = 0;
+    for (int round = 0; round < 200; round++) {
+        CHECK_HAS(call(fd, "device.resize", "{\"name\":\"s.sock\",\"size\":\"8M\",\"force\":true}"),
+                  "\"size\":8388608");
+        sleep_ms(1); /* a write that slipped past the cut lands by now */
+        VHD_CHECK(stat(dm.img, &st) == 0);
+        grown_back += st.st_size != 8 * MB;
+        CHECK_HAS(call(fd, "device.resize", "{\"name\":\"s.sock\",\"size\":\"16M\"}"),
+                  "\"size\":16777216");
+        sleep_ms(1);
+    }
+    __atomic_store_n(&w.stop, true, __ATOMIC_RELEASE);
+    VHD_CHECK_EQ(pthread_join(th, NULL), 0);
+    fprintf(stderr, "  %llu writes done, %llu failed past the end; image grown back %d times\n",
+            (unsigned long long)w.ok, (unsigned long long)w.failed, grown_back);
+    VHD_CHECK_EQ(grown_back, 0);
+    VHD_CHECK(w.ok > 0 && w.failed > 0);
+    drv_rw(w.d, 4 * MB, 0x17); /* still serving */
+    vhd_blkdrv_disconnect(w.d);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }

@@ -964,3 +964,68 @@ VHD_TEST(api_paused_and_resume)
     vhd_ctx_destroy(ctx);
     test_done();
 }
+
+/*
+ * A read held by rerror=stop past the end of a device that then shrinks:
+ * its retry after the resume fails with IOERR (it is past the capacity now)
+ * instead of reading beyond the new end; the resize does not wait for the
+ * held request (it would wait for a resume that comes after it).
+ */
+VHD_TEST(api_shrink_while_held)
+{
+    struct daemon dm; /* only its dir, image and socket path: no daemon runs */
+    static uint8_t want[BS];
+    const uint32_t b = NBLK - 2; /* past the new end (half the image) */
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    int fd = open(dm.img, O_RDWR | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    fill(want, b, 1);
+
+    struct vhd_ctx_config cc;
+    vhd_ctx_config_init(&cc);
+    struct vhd_ctx *ctx;
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), 0);
+    struct vhd_blk_config c = {
+        .dev = {.name = "api1", .endpoint = {.path = dm.sock}},
+        .image = dm.img,
+        .rerror = "stop",
+    };
+    struct vhd_device *dev;
+    char err[256];
+    VHD_CHECK_EQ(vhd_blk_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+
+    VHD_CHECK_EQ(ftruncate(fd, (off_t)b * BS + BS / 2), 0); /* the read will meet EOF */
+    struct api_reader a = {.sock = dm.sock, .blk = b, .want = want};
+    pthread_t th;
+    VHD_CHECK_EQ(pthread_create(&th, NULL, api_reader_main, &a), 0);
+    uint64_t t0 = ms_now();
+    while (vhd_blk_device_paused_queues(dev) == 0) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    t0 = ms_now();
+    int rc = vhd_blk_device_resize(dev, IMG_SIZE / 2, true, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  resize: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK(ms_now() - t0 < 1000); /* not waiting for the held read */
+    /* The data is back where the read wants it: only the capacity stops it now. */
+    VHD_CHECK_EQ(ftruncate(fd, IMG_SIZE), 0);
+    VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
+    close(fd);
+    VHD_CHECK_EQ(vhd_blk_device_resume(dev), 1);
+    t0 = ms_now();
+    while (!__atomic_load_n(&a.finished, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(ms_now() - t0 < 3 * WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    VHD_CHECK_EQ(pthread_join(th, NULL), 0);
+    VHD_CHECK_EQ(a.ret, -EIO);
+    VHD_CHECK(!a.same);
+    VHD_CHECK_EQ(vhd_blk_device_paused_queues(dev), 0);
+    vhd_ctx_destroy(ctx);
+    test_done();
+}
