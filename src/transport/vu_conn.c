@@ -562,6 +562,15 @@ int vhd_vu_conn_config_changed(struct vhd_vu_conn *c)
         .size = 0,
     };
 
+    /*
+     * Suspended (every ring stopped: a stopped VM, a migration's source):
+     * the spec forbids messages to the front-end; sent when a ring starts.
+     */
+    if (!vhd_vu__any_ring_started(c->dev)) {
+        c->config_change_pending = true;
+        return 0;
+    }
+    c->config_change_pending = false;
     if (c->backend_fd < 0 || !proto_has(c, VHOST_USER_PROTOCOL_F_BACKEND_REQ) ||
         !proto_has(c, VHOST_USER_PROTOCOL_F_CONFIG))
         return -ENOTCONN;
@@ -838,7 +847,9 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
         c->dev->config_changed = false;
         (void)vhd_vu_conn_config_changed(c);
     }
-    req_close_fds(&r); /* fds the handler did not keep */
+    if (c->config_change_pending && vhd_vu__any_ring_started(c->dev))
+        (void)vhd_vu_conn_config_changed(c); /* held while suspended: the device resumed */
+    req_close_fds(&r);                       /* fds the handler did not keep */
     if (req_has_reply(c, info)) {
         rc = send_reply_fd(c, req, &r.reply, r.reply_size, r.reply_fd);
         vhd_vu__close_fd(&r.reply_fd); /* the front-end has its own copy now */

@@ -94,6 +94,9 @@ int vhd_vu_conn_handle(struct vhd_vu_conn *c, const struct vu_hdr *hdr,
  * message types"). Needs BACKEND_REQ and CONFIG negotiated and a channel fd.
  * Never waits for a reply (NEED_REPLY is not set: a front-end blocked on
  * our reply to one of its own requests could otherwise deadlock with us).
+ * While the device is suspended (every ring stopped; spec "Suspended device
+ * state": no message to the front-end) the notification waits, and goes
+ * once a ring has started (after the message that started it): 0 then.
  * 0, -ENOTCONN (no channel / not negotiated), or the send error.
  */
 int vhd_vu_conn_config_changed(struct vhd_vu_conn *c);

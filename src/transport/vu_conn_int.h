@@ -28,6 +28,7 @@ struct vhd_vu_conn {
     bool features_set;          /* SET_FEATURES received since the session/reset started */
     bool protocol_features_set; /* SET_PROTOCOL_FEATURES received */
     int backend_fd;             /* SET_BACKEND_REQ_FD channel, or -1 */
+    bool config_change_pending; /* a config change while suspended: told when a ring starts */
     int detach_timeout_ms;
     bool *err_signalled; /* per queue: its broken state was signalled on err_fd */
     /* SET_INFLIGHT_FD: the mapped inflight area (NULL: none) and its shape. */

@@ -726,6 +726,33 @@ VHD_TEST(blk_resize_tells_the_front_end)
     loop_start(&l, ctx);
     VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0);
     VHD_CHECK_EQ(cap, (2 << 20) / 512);
+
+    /*
+     * Suspended (its only ring stopped, as a stopped VM's): no message to the
+     * front-end (spec "Suspended device state"); the session goes on, and
+     * the notification comes once a ring starts again.
+     */
+    VHD_CHECK_EQ(poll(&pf, 1, WAIT_MS), 1); /* the forced shrink's, the refused one sent none */
+    VHD_CHECK_EQ(read(sv[0], hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+    VHD_CHECK_EQ(hdr[0], VHOST_USER_BACKEND_CONFIG_CHANGE_MSG);
+    VHD_CHECK_EQ(poll(&pf, 1, 0), 0);
+    uint32_t base = 0;
+    VHD_CHECK_EQ(vhd_vuf_ring_stop(&e.f, 0, &base), 0);
+    loop_stop(&l);
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, 3 << 20, false, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(poll(&pf, 1, 200), 0);
+    loop_start(&l, ctx);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0);
+    VHD_CHECK_EQ(cap, (3 << 20) / 512);
+    VHD_CHECK_EQ(poll(&pf, 1, 100), 0);
+    e.ring.base = base;
+    VHD_CHECK_EQ(vhd_vuf_ring_start(&e.f, &e.ring), 0);
+    VHD_CHECK_EQ(poll(&pf, 1, WAIT_MS), 1);
+    VHD_CHECK_EQ(read(sv[0], hdr, sizeof(hdr)), (ssize_t)sizeof(hdr));
+    VHD_CHECK_EQ(hdr[0], VHOST_USER_BACKEND_CONFIG_CHANGE_MSG);
+    VHD_CHECK_EQ(vhd_vuf_get_config(&e.f, 0, &cap, sizeof(cap)), 0); /* the session still works */
+    VHD_CHECK_EQ(cap, (3 << 20) / 512);
+    VHD_CHECK_EQ(poll(&pf, 1, 100), 0); /* once */
     loop_stop(&l);
     fe_close(&e);
     close(sv[0]);
