@@ -121,8 +121,14 @@ int vhd_blk_device_resume(struct vhd_device *dev);
  * space's capacity changes at once and a connected front-end is told with
  * VHOST_USER_BACKEND_CONFIG_CHANGE_MSG on the back-end channel (when it
  * negotiated BACKEND_REQ and CONFIG; QEMU then re-reads the config and
- * notifies the guest). Returns 0, or -errno (-EINVAL: not a blk device or a
- * bad size) with a one-line reason in err (errlen bytes, may be 0).
+ * notifies the guest); while the device is suspended (every ring stopped)
+ * the message waits until a ring starts. Shrinking while queues run:
+ * requests past the new end fail with IOERR from now on, and the call waits
+ * (at most 5 s, -ETIMEDOUT then, nothing changed) until every request taken
+ * under the old size has completed before it cuts the storage; requests
+ * held by a stop policy are not waited for (their retry checks the range
+ * again). Returns 0, or -errno (-EINVAL: not a blk device or a bad size)
+ * with a one-line reason in err (errlen bytes, may be 0).
  */
 int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, char *err,
                           size_t errlen);
