@@ -118,11 +118,10 @@ static unsigned worker_count(const struct vhd_options *o)
         .endpoint.listen_fd = (o)->fd,                           \
     })
 
-/* Create and start one --blk device (also the RPC's add). 0, or -errno with a reason in err. */
-static int new_blk(void *opaque, const struct vhd_opt_blk *b, struct vhd_device **out, char *err,
-                   size_t errlen)
+/* The library's config of one --blk device (pointers into b). 0, or -errno with a reason. */
+static int blk_config(struct daemon *d, const struct vhd_opt_blk *b, struct vhd_blk_config *out,
+                      char *err, size_t errlen)
 {
-    struct daemon *d = opaque;
     struct vhd_blk_config c = {
         .dev = DEVICE_CONFIG(b),
         .backend = b->backend,
@@ -149,12 +148,32 @@ static int new_blk(void *opaque, const struct vhd_opt_blk *b, struct vhd_device 
                  "cluster from its own threads at any time)");
         return -EPERM;
     }
-    int rc = vhd_sandbox_resolve_access(&b->access, &c.dev.endpoint.access, err, errlen);
+    *out = c;
+    return vhd_sandbox_resolve_access(&b->access, &out->dev.endpoint.access, err, errlen);
+}
+
+/* Create and start one --blk device (the command line's). 0, or -errno with a reason in err. */
+static int new_blk(void *opaque, const struct vhd_opt_blk *b, struct vhd_device **out, char *err,
+                   size_t errlen)
+{
+    struct daemon *d = opaque;
+    struct vhd_blk_config c;
+    int rc = blk_config(d, b, &c, err, errlen);
     if (rc == 0)
         rc = vhd_blk_device_new(d->ctx, &c, out, err, errlen);
     if (rc == 0 && (rc = vhd_device_start(*out, err, errlen)) < 0)
         vhd_device_destroy(*out);
     return rc;
+}
+
+/* The RPC's blk add: the backend opens off the control thread (rpc.h). */
+static int open_blk(void *opaque, const struct vhd_opt_blk *b, vhd_device_open_fn done,
+                    void *done_opaque, char *err, size_t errlen)
+{
+    struct daemon *d = opaque;
+    struct vhd_blk_config c;
+    int rc = blk_config(d, b, &c, err, errlen);
+    return rc < 0 ? rc : vhd_blk_device_open(d->ctx, &c, done, done_opaque, err, errlen);
 }
 
 /* Create and start one --net device (also the RPC's add). 0, or -errno with a reason in err. */
@@ -368,7 +387,8 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (d.opts.rpc) {
-        const struct vhd_rpc_ops ops = {.new_blk = new_blk, .new_net = new_net, .opaque = &d};
+        const struct vhd_rpc_ops ops = {
+            .new_blk = new_blk, .new_net = new_net, .open_blk = open_blk, .opaque = &d};
         rc = vhd_rpc_new(d.ctx, &d.opts, &ops, &d.rpc);
         if (rc < 0) {
             fprintf(stderr, "vhostd: --rpc: %s\n", strerror(-rc));

@@ -3,7 +3,10 @@
  * vhostd's management API: the JSON-RPC 2.0 server on --rpc PATH (json-c
  * parses, one request per line), its connections (non-blocking, bounded in
  * size, nesting and time) and the table of the daemon's devices it adds,
- * lists, counts and removes. Everything runs on the library's control thread.
+ * lists, counts and removes. Everything runs on the library's control thread;
+ * a blk add whose backend opens slowly (ops.open_blk) is answered when the
+ * open, done on a thread of the library's, reports back to that thread: its
+ * connection reads nothing more meanwhile, every other one is served.
  */
 #include "rpc.h"
 
@@ -40,8 +43,24 @@ struct client {
     char *out;
     size_t outlen, outoff;
     bool closing; /* close once out is flushed */
+    bool waiting; /* an answer is deferred (an add opening its backend): read nothing more */
     size_t inlen;
     char in[VHD_RPC_MAX_REQUEST]; /* last: a new connection zeroes what is above it */
+};
+
+/*
+ * A blk add whose backend is opening (ops.open_blk). Freed by add_opened,
+ * which the library calls once, even after vhd_rpc_free (r is NULL then).
+ */
+struct pending_add {
+    struct vhd_rpc *r;        /* NULL: the server is gone */
+    struct pending_add *next; /* r->pending */
+    struct client *cl;        /* who waits for the answer; NULL: it left */
+    bool has_id;              /* false: a notification, nobody is answered */
+    json_object *id;          /* the request's id (a reference; NULL for null) */
+    char *name, *sock, *text; /* the device's name, socket path and KEY=VALUE text */
+    char **strings;           /* the parsed options' owned strings (for the table entry) */
+    int nstrings;
 };
 
 struct vhd_rpc {
@@ -55,6 +74,8 @@ struct vhd_rpc {
     struct vhd_ctx_watch *lw;
     struct client *clients;
     unsigned nclients;
+    struct pending_add *pending; /* blk adds opening their backend */
+    unsigned npending;
     struct vhd_options scratch; /* parses one add at a time */
 };
 
@@ -149,6 +170,10 @@ void vhd_rpc_log_counters(struct vhd_rpc *r, const char *why)
 
 struct call {
     struct vhd_rpc *r;
+    struct client *cl;   /* the connection asking (NULL: vhd_rpc_handle) */
+    json_object *id;     /* the request's id */
+    bool has_id;         /* false: a notification */
+    bool deferred;       /* the method answers later (add_opened) */
     json_object *params; /* an object, or NULL */
     int code;
     char msg[512];
@@ -214,6 +239,20 @@ static json_object *m_version(struct call *c)
     json_object_object_add(o, "api", json_object_new_int(1));
     return o;
 }
+
+static void pending_free(struct pending_add *p)
+{
+    if (!p)
+        return;
+    json_object_put(p->id);
+    free(p->name);
+    free(p->sock);
+    free(p->text);
+    free_strings(p->strings, p->nstrings);
+    free(p);
+}
+
+static void add_opened(void *opaque, struct vhd_device *dev, int rc, const char *err);
 
 /*
  * add: {"kind": "blk"|"net", "spec": "socket=...,..."} or {"kind": ...,
@@ -312,9 +351,51 @@ static json_object *m_add(struct call *c)
             failf(c, VHD_RPC_E_FAILED, "socket %s given twice (device %s)", sock, r->devs[i].name);
             goto out;
         }
-    if (r->ndevs >= VHD_RPC_MAX_DEVICES) {
+    for (struct pending_add *p = r->pending; p; p = p->next)
+        if (!strcmp(p->name, name) || !strcmp(p->sock, sock)) {
+            failf(c, VHD_RPC_E_FAILED, "device %s (socket %s) is being added", p->name, p->sock);
+            goto out;
+        }
+    if (r->ndevs + r->npending >= VHD_RPC_MAX_DEVICES) {
         failf(c, VHD_RPC_E_FAILED, "too many devices (at most %d)", VHD_RPC_MAX_DEVICES);
         goto out;
+    }
+    if (!net && r->ops.open_blk && c->cl) {
+        /*
+         * A connection's add: the backend opens off this thread and
+         * add_opened answers. (vhd_rpc_handle's callers, reload, want the
+         * answer now: their add opens here.)
+         */
+        struct pending_add *p = calloc(1, sizeof(*p));
+        if (p) {
+            p->name = strdup(name);
+            p->sock = strdup(sock);
+        }
+        if (!p || !p->name || !p->sock) {
+            pending_free(p);
+            failf(c, VHD_RPC_E_FAILED, "out of memory");
+            goto out;
+        }
+        rc = r->ops.open_blk(r->ops.opaque, &o->blk[0], add_opened, p, err, sizeof(err));
+        if (rc < 0) {
+            pending_free(p);
+            failf(c, VHD_RPC_E_FAILED, "%s: %s", name, err);
+            goto out;
+        }
+        p->r = r;
+        p->cl = c->cl;
+        p->has_id = c->has_id;
+        p->id = json_object_get(c->id);
+        p->text = text;
+        p->strings = o->strings; /* the entry will own them */
+        p->nstrings = o->nstrings;
+        o->strings = NULL;
+        o->nstrings = 0;
+        p->next = r->pending;
+        r->pending = p;
+        r->npending++;
+        c->deferred = true;
+        return NULL;
     }
     rc = net ? r->ops.new_net(r->ops.opaque, &o->net[0], &dev, err, sizeof(err))
              : r->ops.new_blk(r->ops.opaque, &o->blk[0], &dev, err, sizeof(err));
@@ -637,9 +718,15 @@ static char *respond(json_object *id, json_object *result, int code, const char 
     return s;
 }
 
-char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len)
+/*
+ * One request from cl (NULL: no connection): its answer (malloc'd), or NULL
+ * for a notification, out of memory, or an answer deferred (*deferred set:
+ * the connection reads nothing more until add_opened answers).
+ */
+static char *handle(struct vhd_rpc *r, struct client *cl, const char *req, size_t len,
+                    bool *deferred)
 {
-    struct call c = {.r = r};
+    struct call c = {.r = r, .cl = cl};
     json_object *root = NULL, *id = NULL, *v;
     char *resp = NULL;
 
@@ -687,6 +774,8 @@ char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len)
         goto out;
     }
     const char *method = json_object_get_string(v);
+    c.id = id;
+    c.has_id = has_id;
     if (json_object_object_get_ex(root, "params", &c.params) && c.params &&
         !json_object_is_type(c.params, json_type_object)) {
         resp = respond(id, NULL, VHD_RPC_E_PARAMS, "params must be an object");
@@ -700,6 +789,10 @@ char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len)
             result = methods[i].fn(&c);
             break;
         }
+    if (c.deferred) {
+        *deferred = true;
+        goto out;
+    }
     if (!found) {
         char msg[128];
         snprintf(msg, sizeof(msg), "unknown method '%.64s'", method);
@@ -719,6 +812,12 @@ out:
     return resp;
 }
 
+char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len)
+{
+    bool deferred = false;
+    return handle(r, NULL, req, len, &deferred);
+}
+
 /* ---- connections ---- */
 
 static void client_close(struct client *cl)
@@ -730,6 +829,9 @@ static void client_close(struct client *cl)
             break;
         }
     r->nclients--;
+    for (struct pending_add *p = r->pending; p; p = p->next)
+        if (p->cl == cl)
+            p->cl = NULL; /* the device is still added; nobody hears it */
     vhd_ctx_unwatch(cl->w);
     vhd_ctx_unwatch(cl->tw);
     close(cl->fd);
@@ -740,10 +842,13 @@ static void client_close(struct client *cl)
 
 static void on_client(void *opaque, uint32_t events);
 
-/* Watch what the connection waits for: output to flush, else input. 0 or -errno. */
+/*
+ * Watch what the connection waits for: output to flush, else input, else
+ * (an answer deferred) only its hang-up. 0 or -errno.
+ */
 static int client_watch(struct client *cl)
 {
-    uint32_t want = cl->outoff < cl->outlen ? EPOLLOUT : EPOLLIN;
+    uint32_t want = cl->outoff < cl->outlen ? EPOLLOUT : cl->waiting ? 0 : EPOLLIN;
     if (cl->w && want == cl->events)
         return 0;
     vhd_ctx_unwatch(cl->w);
@@ -825,11 +930,20 @@ static void client_fail(struct client *cl, int code, const char *msg)
 static int client_serve(struct client *cl)
 {
     char *nl;
-    while (cl->outoff == cl->outlen && (nl = memchr(cl->in, '\n', cl->inlen))) {
+    while (!cl->waiting && cl->outoff == cl->outlen && (nl = memchr(cl->in, '\n', cl->inlen))) {
         size_t line = (size_t)(nl - cl->in);
-        char *resp = vhd_rpc_handle(cl->r, cl->in, line);
+        bool deferred = false;
+        char *resp = handle(cl->r, cl, cl->in, line, &deferred);
         memmove(cl->in, nl + 1, cl->inlen - line - 1);
         cl->inlen -= line + 1;
+        if (deferred) {
+            cl->waiting = true;
+            if (client_watch(cl) < 0) {
+                client_close(cl);
+                return -1;
+            }
+            return 0;
+        }
         if (resp && client_queue(cl, resp) < 0) {
             free(resp);
             client_close(cl);
@@ -846,6 +960,11 @@ static void on_client(void *opaque, uint32_t events)
 {
     struct client *cl = opaque;
 
+    if (cl->waiting && !(events & EPOLLOUT)) {
+        if (events & (EPOLLHUP | EPOLLERR))
+            client_close(cl); /* gone while its add opens: the add goes on */
+        return;
+    }
     if (events & EPOLLOUT) {
         if (client_flush(cl) == 0)
             (void)client_serve(cl);
@@ -878,6 +997,10 @@ static void on_idle(void *opaque, uint32_t events)
     uint64_t ticks;
     (void)events;
     (void)!read(cl->tfd, &ticks, sizeof(ticks));
+    if (cl->waiting) { /* we are the slow party, not the client */
+        arm_idle(cl);
+        return;
+    }
     /*
      * Quiet for a whole period with answers still unread (a client that
      * does not read), or after its error answer: closed outright, else it
@@ -1028,6 +1151,70 @@ int vhd_rpc_dir_fd(const struct vhd_rpc *r)
     return r->dirfd;
 }
 
+/*
+ * The library reports an add's open (vhd_blk_device_open, via ops.open_blk):
+ * start the device, put it in the table, answer the client that asked (if
+ * still there) and serve its next requests. Control thread.
+ */
+static void add_opened(void *opaque, struct vhd_device *dev, int rc, const char *err)
+{
+    struct pending_add *p = opaque;
+    struct vhd_rpc *r = p->r;
+    json_object *res = NULL;
+    char msg[640] = "";
+
+    if (!r) { /* the server went first (vhd_rpc_free) */
+        if (dev)
+            vhd_device_destroy(dev);
+        pending_free(p);
+        return;
+    }
+    for (struct pending_add **pp = &r->pending; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            r->npending--;
+            break;
+        }
+    if (rc == 0) {
+        char e[384] = "";
+        if ((rc = vhd_device_start(dev, e, sizeof(e))) < 0) {
+            vhd_device_destroy(dev);
+            snprintf(msg, sizeof(msg), "%s: %s", p->name, e);
+        } else if ((rc = table_add(r, dev, false, p->name, p->text, p->strings, p->nstrings)) < 0) {
+            vhd_device_destroy(dev);
+            snprintf(msg, sizeof(msg), "%s: %s", p->name, strerror(-rc));
+        } else {
+            p->strings = NULL; /* the entry owns them now */
+            p->nstrings = 0;
+            vhd_log(VHD_LOG_INFO, "rpc: added blk device %s on %s", p->name, p->sock);
+            res = json_object_new_object();
+            json_object_object_add(res, "name", json_object_new_string(p->name));
+            if (!res)
+                snprintf(msg, sizeof(msg), "out of memory");
+        }
+    } else {
+        snprintf(msg, sizeof(msg), "%s: %s", p->name, err);
+    }
+    struct client *cl = p->cl;
+    char *s = NULL;
+    if (cl && p->has_id)
+        s = respond(p->id, res, VHD_RPC_E_FAILED, msg); /* takes res */
+    else
+        json_object_put(res); /* nobody is answered */
+    pending_free(p);
+    if (!cl)
+        return;
+    cl->waiting = false;
+    if (s && client_queue(cl, s) < 0) {
+        free(s);
+        client_close(cl);
+        return;
+    }
+    free(s);
+    if (client_flush(cl) == 0)
+        (void)client_serve(cl);
+}
+
 void vhd_rpc_destroy_devices(struct vhd_rpc *r)
 {
     while (r->ndevs) {
@@ -1043,6 +1230,8 @@ void vhd_rpc_free(struct vhd_rpc *r)
         return;
     while (r->clients)
         client_close(r->clients);
+    for (struct pending_add *p = r->pending; p; p = p->next)
+        p->r = NULL; /* add_opened frees them when the library reports */
     vhd_ctx_unwatch(r->lw);
     if (r->lfd >= 0) {
         close(r->lfd);

@@ -2,8 +2,9 @@
 /*
  * vhostd's management API (--rpc PATH): JSON-RPC 2.0 over a Unix socket, one
  * request per line, served from the library's control loop (non-blocking,
- * bounded per connection). Owns the table of the daemon's devices: those of
- * the command line (adopted) and those added at runtime.
+ * bounded per connection; an add whose backend opens slowly is answered when
+ * the open ends, off the control thread, while the rest is served). Owns the table of the daemon's
+ * devices: those of the command line (adopted) and those added at runtime.
  */
 #ifndef VHD_RPC_H
 #define VHD_RPC_H
@@ -39,6 +40,18 @@ struct vhd_rpc_ops {
                    size_t errlen);
     int (*new_net)(void *opaque, const struct vhd_opt_net *n, struct vhd_device **out, char *err,
                    size_t errlen);
+    /*
+     * Optional: begin creating a blk device without blocking the control
+     * thread (vhd_blk_device_open: the backend opens on a thread of its own).
+     * 0 and done(done_opaque, ...) called later, once, on the control thread
+     * with the stopped device (the table starts it) or -errno and a reason;
+     * or -errno with err set and done never called. When set, device.add of
+     * a blk device from a connection answers once the open has finished, and
+     * the server goes on serving every other connection (and every device)
+     * meanwhile.
+     */
+    int (*open_blk)(void *opaque, const struct vhd_opt_blk *b, vhd_device_open_fn done,
+                    void *done_opaque, char *err, size_t errlen);
     void *opaque;
 };
 
@@ -71,7 +84,9 @@ int vhd_rpc_dir_fd(const struct vhd_rpc *r);
 /*
  * vhd_rpc_handle - one request (JSON text, len bytes, no NUL needed): run
  * it and return the response object's text (malloc'd, no newline), or NULL
- * for a notification (a request without an id) or when out of memory.
+ * for a notification (a request without an id) or when out of memory. Its
+ * adds run synchronously (new_blk: a slow backend open blocks the caller);
+ * only a connection's adds use ops.open_blk.
  * Control thread.
  */
 char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len);
@@ -103,7 +118,8 @@ void vhd_rpc_destroy_devices(struct vhd_rpc *r);
 /*
  * vhd_rpc_free - close every connection and the listening socket (its file
  * removed) and forget the table; the devices themselves stay in the context
- * (vhd_ctx_destroy frees them). NULL is fine.
+ * (vhd_ctx_destroy frees them, and reports adds still opening as cancelled:
+ * their bookkeeping outlives r until then). NULL is fine.
  */
 void vhd_rpc_free(struct vhd_rpc *r);
 

@@ -77,14 +77,16 @@ struct vhd_blk_config {
     /*
      * nbd: the server, nbd://HOST[:PORT]/EXPORT or nbd+unix:///EXPORT?socket=PATH
      * (libnbd URIs). vhd_blk_device_new connects to it once to learn the size
-     * and features, blocking the control thread up to 10 s meanwhile: create
-     * nbd devices before that thread serves other devices. Without multi-conn
+     * and features, blocking the caller up to 10 s meanwhile (create nbd
+     * devices before the control thread serves others, or with
+     * vhd_blk_device_open). Without multi-conn
      * from the server, num_queues must be 1.
      */
     const char *uri;
     /*
      * rbd: the image is opened (cluster connected) by vhd_blk_device_new, on
-     * the caller's thread: up to 30 s when the cluster does not answer.
+     * the caller's thread: up to 30 s when the cluster does not answer
+     * (vhd_blk_device_open does it on a thread of its own).
      * librados' threads open sockets at any time: no seccomp filter that
      * forbids them may be in force.
      */
@@ -103,6 +105,30 @@ struct vhd_blk_config {
  */
 int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
                        struct vhd_device **out, char *err, size_t errlen);
+
+/*
+ * What a vhd_blk_device_open reports, once, on the control thread: the new
+ * (stopped) device and rc 0, or dev NULL, rc -errno and a one-line reason
+ * in err (valid during the call only); -ECANCELED when vhd_ctx_destroy came
+ * first.
+ */
+typedef void (*vhd_device_open_fn)(void *opaque, struct vhd_device *dev, int rc, const char *err);
+
+/*
+ * vhd_blk_device_open - vhd_blk_device_new without blocking the control
+ * thread: the backend is opened (image opened or created and locked, with
+ * its wait for a previous user's locks; NBD server probed, up to 10 s; RBD
+ * image opened, up to 30 s) on a thread started for it, which does only
+ * that; the device is then created in ctx from the control loop
+ * (vhd_ctx_run, vhd_ctx_dispatch), which meanwhile serves every other
+ * device, and done(opaque, ...) is called there. cfg is copied: it need not
+ * outlive the call. vhd_ctx_destroy waits for opens still running and
+ * reports them -ECANCELED. Returns 0 (done will be called), or -errno with
+ * err set and done never called (-EINVAL a bad field, -ENOMEM, -EAGAIN no
+ * thread). Control thread.
+ */
+int vhd_blk_device_open(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
+                        vhd_device_open_fn done, void *opaque, char *err, size_t errlen);
 
 /*
  * vhd_blk_device_resume - retry what a paused blk device holds (werror /

@@ -35,6 +35,7 @@ struct vhd_ctx {
     unsigned next_rr; /* round robin over the workers, across devices */
     bool sigbus_guard;
     struct vhd_device *devices; /* every device of the context, newest first */
+    struct api_open *opens;     /* vhd_blk_device_open calls not finished yet (open.c) */
 };
 
 struct vhd_device {
@@ -69,6 +70,24 @@ struct vhd_device {
 
 /* The current session of d, or NULL. */
 struct vhd_vu_conn *api_device_conn(const struct vhd_device *d);
+
+/*
+ * api_device_check - the checks of api_device_init that need no device
+ * (socket path, allow-list sizes, worker indexes). 0 or -EINVAL with err set.
+ */
+int api_device_check(const struct vhd_ctx *ctx, const struct vhd_device_config *cfg, char *err,
+                     size_t errlen);
+
+/* The internal blk options of a public blk configuration (pointers into cfg). */
+struct vhd_blk_opts;
+void api_blk_opts(const struct vhd_blk_config *cfg, struct vhd_blk_opts *bo);
+
+/*
+ * api_ctx_cancel_opens - vhd_ctx_destroy: wait for every open still
+ * running (each is bounded by its backend's timeouts), free what it
+ * opened and call its callback with -ECANCELED. Control thread.
+ */
+void api_ctx_cancel_opens(struct vhd_ctx *ctx);
 
 /*
  * api_device_init - the common part of vhd_*_device_new once the internal

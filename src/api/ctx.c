@@ -134,6 +134,7 @@ void vhd_ctx_destroy(struct vhd_ctx *ctx)
 {
     if (!ctx)
         return;
+    api_ctx_cancel_opens(ctx); /* before the loop their eventfds are watched in goes */
     /* Ending each session detaches its queues: in-flight I/O completes first. */
     for (struct vhd_device *d = ctx->devices; d; d = d->next)
         (void)vhd_device_stop(d);

@@ -72,9 +72,8 @@ static int assign_workers(struct vhd_ctx *ctx, struct vhd_dev *dev, enum api_dev
     return 0;
 }
 
-int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type type,
-                    struct vhd_dev *dev, const struct vhd_device_config *cfg, char *err,
-                    size_t errlen)
+int api_device_check(const struct vhd_ctx *ctx, const struct vhd_device_config *cfg, char *err,
+                     size_t errlen)
 {
     const struct vhd_endpoint *ep = &cfg->endpoint;
 
@@ -94,10 +93,21 @@ int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type
         if (cfg->workers[i] < 0 || (unsigned)cfg->workers[i] >= ctx->nworkers)
             return api_fail(err, errlen, -EINVAL, "worker %d does not exist (%u workers)",
                             cfg->workers[i], ctx->nworkers);
+    return 0;
+}
+
+int api_device_init(struct vhd_ctx *ctx, struct vhd_device *d, enum api_dev_type type,
+                    struct vhd_dev *dev, const struct vhd_device_config *cfg, char *err,
+                    size_t errlen)
+{
+    const struct vhd_endpoint *ep = &cfg->endpoint;
+    int rc = api_device_check(ctx, cfg, err, errlen);
+    if (rc < 0)
+        return rc;
     d->path = strdup(ep->path);
     if (!d->path)
         return api_fail(err, errlen, -ENOMEM, "out of memory");
-    int rc = assign_workers(ctx, dev, type, cfg);
+    rc = assign_workers(ctx, dev, type, cfg);
     if (rc < 0) {
         free(d->path);
         d->path = NULL;
@@ -129,18 +139,10 @@ void api_device_fini(struct vhd_device *d)
 
 /* ---- blk ---- */
 
-int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
-                       struct vhd_device **out, char *err, size_t errlen)
+/* The blk device's options from its public configuration (pointers into cfg). */
+void api_blk_opts(const struct vhd_blk_config *cfg, struct vhd_blk_opts *bo)
 {
-    struct vhd_device *d;
-    struct vhd_dev *dev = NULL;
-
-    if (!ctx || !cfg || !out)
-        return api_fail(err, errlen, -EINVAL, "missing argument");
-    d = calloc(1, sizeof(*d));
-    if (!d)
-        return api_fail(err, errlen, -ENOMEM, "out of memory");
-    struct vhd_blk_opts bo = {
+    *bo = (struct vhd_blk_opts){
         .name = cfg->dev.name,
         .image = cfg->image,
         .uri = cfg->uri,
@@ -162,6 +164,21 @@ int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
         .user = cfg->user,
         .snap = cfg->snap,
     };
+}
+
+int vhd_blk_device_new(struct vhd_ctx *ctx, const struct vhd_blk_config *cfg,
+                       struct vhd_device **out, char *err, size_t errlen)
+{
+    struct vhd_device *d;
+    struct vhd_dev *dev = NULL;
+
+    if (!ctx || !cfg || !out)
+        return api_fail(err, errlen, -EINVAL, "missing argument");
+    d = calloc(1, sizeof(*d));
+    if (!d)
+        return api_fail(err, errlen, -ENOMEM, "out of memory");
+    struct vhd_blk_opts bo;
+    api_blk_opts(cfg, &bo);
     int rc = vhd_blk_new(&bo, &dev, err, errlen);
     if (rc < 0)
         goto free_d;

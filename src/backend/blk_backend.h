@@ -119,7 +119,9 @@ struct vhd_blk_backend_ops {
 
     /*
      * open - create a backend instance. Returns 0 and *out, or -errno with a
-     * one-line human message in err (if err != NULL). Control thread.
+     * one-line human message in err (if err != NULL). Any one thread (the
+     * control thread, or vhd_blk_device_open's open thread): it may block
+     * for its bounded timeouts and touches no worker or context state.
      */
     int (*open)(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend **out, char *err,
                 size_t errlen);

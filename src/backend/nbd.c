@@ -105,7 +105,7 @@ static const char *nbd_msg(void)
     return m ? m : "unknown error";
 }
 
-/* ---- control thread: the probe connection (open) and the final flush (close) ---- */
+/* ---- the probe connection (open: the opening thread) and the final flush (close: control) ---- */
 
 /*
  * Run h's state machine until done(h) says so, the handle dies, or
@@ -153,7 +153,7 @@ static int sync_run(struct nbd_handle *h, int64_t cookie, bool connecting)
 
 /*
  * The URI workers connect to: for nbd://HOST..., HOST resolved to an address
- * now, on the control thread at start-up. libnbd resolves the host at every
+ * now, on the thread that opens the device. libnbd resolves the host at every
  * connect, which on a worker would block it on DNS and, under the sandbox,
  * cannot open /etc/hosts or resolv.conf at all. Other URIs (nbd+unix,
  * addresses, TLS where the certificate names the host) are kept as they are.
@@ -237,9 +237,9 @@ static int nbd_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend
     /*
      * The probe: size and capabilities come from the server now, so the
      * device's config space and features are known before any front-end
-     * connects. It blocks the control thread for at most
-     * NBD_SYNC_TIMEOUT_MS, which is why devices with this backend are
-     * created at start-up, before the control loop runs.
+     * connects. It blocks its caller for at most NBD_SYNC_TIMEOUT_MS: the
+     * main thread at start-up, before the control loop runs, or the open
+     * thread of a device added at runtime (vhd_blk_device_open).
      */
     char *uri;
     rc = uri_resolve(o->uri, &uri, err, errlen);

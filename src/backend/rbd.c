@@ -100,7 +100,7 @@ static struct rbd_be *to_rb(struct vhd_blk_backend *be)
     return vhd_container_of(be, struct rbd_be, be);
 }
 
-/* ---- open / close (control thread) ---- */
+/* ---- open (the thread that opens the device) / close (control thread) ---- */
 
 static int rbd_be_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend **out,
                        char *err, size_t errlen)

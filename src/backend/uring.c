@@ -215,7 +215,8 @@ static int lock_conflict(int fd, unsigned perm, unsigned unshared, const char *i
  * Lock fd (image path for messages) for a user that is writable unless ro.
  * 0; -EBUSY when another process holds a conflicting lock (err names it, in
  * QEMU's words); with VHD_BLK_LOCK_ON, -errno when the file system refuses
- * OFD locks (with AUTO that is a warning and no lock). Control thread.
+ * OFD locks (with AUTO that is a warning and no lock). The thread that opens
+ * the device (it may wait LOCK_WAIT_MS here).
  */
 static int image_lock(int fd, bool ro, enum vhd_blk_locking mode, const char *image, char *err,
                       size_t errlen)
@@ -280,7 +281,7 @@ static int uring_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backe
 {
     /*
      * O_NONBLOCK for the open only: a FIFO (or a device node that waits for
-     * a partner) would otherwise block the control thread in open(), holding
+     * a partner) would otherwise block the opening thread in open(), holding
      * up every other device's messages; such files are refused below, and
      * the flag is cleared on what is kept.
      */

@@ -97,7 +97,9 @@ struct vhd_blk_opts {
  * vhd_blk_new - create a virtio-blk device: allocates the struct vhd_dev
  * (ops = &vhd_blk_ops, name, num_queues, a cache-line aligned queues array
  * with each queue's index set and its fds at -1) and the blk state, and
- * opens the backend. Control thread.
+ * opens the backend. Any one thread: the control thread, or the open
+ * thread of vhd_blk_device_open (it touches nothing shared with the
+ * context; it may block on the backend's open).
  * Returns 0 and *out, or -errno (-EINVAL for bad options or sizes, -ENOENT
  * for a missing image, -EACCES, ...) with a one-line message in err (when
  * err != NULL) suitable for "vhostd: <name>: <err>".

@@ -1252,3 +1252,115 @@ VHD_TEST(rpc_shrink_under_writes)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/*
+ * An add whose backend opens slowly (here: the image lock of another user,
+ * which the daemon waits 2 s to see go) holds up nothing else: meanwhile
+ * another client's list is answered, a front-end connects to another device
+ * (its vhost-user messages go through the control thread) and does I/O, all
+ * promptly; the add is answered when its open ends, and the same connection's
+ * next request after it is answered in order.
+ */
+VHD_TEST(rpc_slow_add_blocks_nothing)
+{
+    struct daemon dm;
+    char params[1024], sock_null[300], sock_file[300], line[4096];
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock_null, sizeof(sock_null), "%s/null.sock", dm.dir);
+    snprintf(sock_file, sizeof(sock_file), "%s/file.sock", dm.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=8M,name=nul\"}", sock_null);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"nul\"}");
+
+    /* Someone (as QEMU does) holds the image and does not share "write". */
+    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
+    int img = open(dm.img, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    VHD_CHECK(img >= 0);
+    VHD_CHECK_EQ(ftruncate(img, 16 * MB), 0);
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 201, .l_len = 1};
+    VHD_CHECK_EQ(fcntl(img, F_OFD_SETLK, &fl), 0);
+
+    /* The slow add, and the next request of the same connection right behind it. */
+    int slow = rpc_connect(&dm);
+    char req[2048];
+    snprintf(req, sizeof(req),
+             "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"device.add\",\"params\":{\"kind\":"
+             "\"blk\",\"spec\":\"socket=%s,image=%s\"}}\n"
+             "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"version\"}\n",
+             sock_file, dm.img);
+    uint64_t t0 = ms_now();
+    send_all(slow, req, strlen(req));
+    sleep_ms(100); /* the daemon has read it (no answer can come before 2 s) */
+
+    /* Meanwhile: another client, and another device's front-end. */
+    uint64_t t = ms_now();
+    CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nul\"");
+    uint64_t list_ms = ms_now() - t;
+    t = ms_now();
+    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    drv_rw(nul, 0, 0);
+    uint64_t io_ms = ms_now() - t;
+    fprintf(stderr, "  list %llu ms, connect + I/O %llu ms during the add\n",
+            (unsigned long long)list_ms, (unsigned long long)io_ms);
+    VHD_CHECK(list_ms < 1000);
+    VHD_CHECK(io_ms < 1000);
+
+    /* The add: refused once the daemon gave up waiting for the lock, then the next answer. */
+    VHD_CHECK(read_line(slow, line, sizeof(line)));
+    uint64_t add_ms = ms_now() - t0;
+    CHECK_HAS(line, "\"id\":1");
+    CHECK_HAS(line, "Failed to get \\\"write\\\" lock");
+    VHD_CHECK(add_ms >= 1900); /* it did wait: the checks above overlapped it */
+    VHD_CHECK(read_line(slow, line, sizeof(line)));
+    CHECK_HAS(line, "\"id\":2");
+    CHECK_HAS(line, "\"result\":{\"version\"");
+
+    /* The lock gone, the same add succeeds and the device serves. */
+    close(img);
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s\"}",
+             sock_file, dm.img);
+    CHECK_HAS(call(slow, "device.add", params), "\"result\":{\"name\":\"file.sock\"}");
+    struct vhd_blkdrv *d = drv_connect(sock_file);
+    drv_rw(d, 4096, 0x3c);
+    vhd_blkdrv_disconnect(d);
+    vhd_blkdrv_disconnect(nul);
+
+    /*
+     * A client that leaves while its add opens: the add completes (the
+     * device is added, nobody told) and the daemon carries on.
+     */
+    char img2[300], sock2[300];
+    snprintf(img2, sizeof(img2), "%s/disk2.img", dm.dir);
+    snprintf(sock2, sizeof(sock2), "%s/two.sock", dm.dir);
+    int img2fd = open(img2, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    VHD_CHECK(img2fd >= 0);
+    VHD_CHECK_EQ(ftruncate(img2fd, MB), 0);
+    VHD_CHECK_EQ(fcntl(img2fd, F_OFD_SETLK, &fl), 0);
+    int gone = rpc_connect(&dm);
+    snprintf(req, sizeof(req),
+             "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"device.add\",\"params\":{\"kind\":"
+             "\"blk\",\"spec\":\"socket=%s,image=%s,name=two\"}}\n",
+             sock2, img2);
+    send_all(gone, req, strlen(req));
+    sleep_ms(100);
+    close(gone);
+    /* A second add of the same name while the first opens is refused at once. */
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/three.sock,backend=null,size=1M,name=two\"}",
+             dm.dir);
+    CHECK_HAS(call(fd, "device.add", params), "is being added");
+    sleep_ms(100);
+    close(img2fd); /* its open now sees the lock go and succeeds */
+    t0 = ms_now();
+    while (!strstr(call(fd, "device.list", NULL), "\"name\":\"two\"")) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(20);
+    }
+    CHECK_HAS(call(fd, "device.remove", "{\"name\":\"two\"}"), "\"result\"");
+    close(slow);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
