@@ -277,15 +277,6 @@ static int enter_sandbox(struct daemon *d)
         dirs[nsocks] = vhd_rpc_dir_fd(d->rpc);
         keep_group[nsocks] = false;
         socks[nsocks++] = vhd_rpc_path(d->rpc);
-        /*
-         * Devices added at runtime open images, create sockets and io_urings:
-         * what the filter forbids after setup. Only the user drop applies.
-         */
-        if (mode != VHD_SANDBOX_OFF)
-            vhd_log(VHD_LOG_WARN, "sandbox: no seccomp filter with --rpc (devices are created "
-                                  "at runtime)");
-        mode = VHD_SANDBOX_OFF;
-        client = true;
     }
     struct vhd_sandbox_opts so = {
         .mode = mode,
@@ -299,7 +290,7 @@ static int enter_sandbox(struct daemon *d)
     };
     for (int i = 0; i < d->opts.nblk; i++)
         so.nbd |= !strcmp(d->opts.blk[i].backend, "nbd"); /* its workers (re)connect */
-    so.nbd |= d->rpc != NULL;                             /* one may be added at runtime */
+    so.rpc = d->rpc != NULL; /* devices added at runtime: the filter's --rpc rows */
     if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: sandbox: %s\n", err);
         return -1;

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pwd.h>
+#include <sched.h>
 #include <seccomp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -52,6 +53,10 @@ _Static_assert(VHD_OPT_MAX_ALLOW == VHD_ENDPOINT_MAX_IDS, "allow-list sizes");
  * clone/clone3/fork/vfork/execve (workers exist; nothing is
  * spawned), io_uring_setup/io_uring_register (rings exist), ptrace, kill,
  * prctl, setuid and friends, mount and namespaces, bpf, perf_event_open.
+ * With --rpc (VHD_SANDBOX_F_RPC), devices are created at runtime: openat,
+ * bind/listen of Unix sockets, eventfds, timers and the open thread (clone
+ * of a thread only) come back, see "runtime devices" below; exec, fork,
+ * io_uring_setup, ptrace, kill, prctl, setuid, mount, bpf... stay out.
  *
  * A syscall may appear on several rows: rows are alternatives (the call is
  * allowed when any of its rows matches). A new feature that needs a syscall
@@ -89,6 +94,18 @@ _Static_assert(VHD_OPT_MAX_ALLOW == VHD_ENDPOINT_MAX_IDS, "allow-list sizes");
     {                                                                \
         .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason, \
         .only_with = VHD_SANDBOX_F_NBD                               \
+    }
+/* Any arguments, installed only with VHD_SANDBOX_F_RPC. */
+#define RPC_ANY(sys, reason)                                         \
+    {                                                                \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = -1, .why = reason, \
+        .only_with = VHD_SANDBOX_F_RPC                               \
+    }
+/* (argi & msk) == val, installed only with VHD_SANDBOX_F_RPC. */
+#define RPC_ARG_MASKED(sys, argi, msk, val, reason)                                      \
+    {                                                                                    \
+        .name = #sys, .nr = SCMP_SYS(sys), .arg = argi, .op = VHD_SANDBOX_ARG_MASKED_EQ, \
+        .mask = (msk), .value = (val), .why = reason, .only_with = VHD_SANDBOX_F_RPC     \
     }
 /* Argument argi == val, installed only with VHD_SANDBOX_F_NBD. */
 #define NBD_ARG_EQ(sys, argi, val, reason)                                                        \
@@ -257,6 +274,37 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      * owns; --user: that user's).
      */
     ARG_DIRFD_AND_ZERO(unlinkat, 0, 2, "remove our listening socket at exit, by name in its dir"),
+    /*
+     * ---- runtime devices (--rpc only: device.add, device.remove, resize) ----
+     * The filter cannot read a path: what bounds the files an add may open,
+     * create, replace (a stale socket) or remove is the uid and its
+     * capabilities (--user, or root without any; docs/SECURITY.md). Sockets:
+     * Unix stream only (the client-mode rows), bound with a full sun.
+     */
+    RPC_ANY(openat, "add: open or create an image, the socket's dir (O_PATH), user/group names"),
+    RPC_ARG_MASKED(bind, 2, INT_BITS, sizeof(struct sockaddr_un),
+                   "add: bind a new device's listening Unix socket (a full sun)"),
+    RPC_ANY(listen, "add: a new device's socket starts listening"),
+    RPC_ANY(fchmod, "add: the socket's mode is set on it before bind"),
+    RPC_ANY(fchmodat, "add: socket-mode= on the new socket file, by name in its dir"),
+    RPC_ANY(fchownat, "add: socket-group= on the new socket file, by name in its dir"),
+    RPC_ANY(unlink, "add: a stale socket at a new device's path is replaced"),
+    RPC_ARG_MASKED(unlinkat, 2, INT_BITS, 0,
+                   "remove: the socket of a device added at runtime (its dir fd is new)"),
+    RPC_ANY(eventfd2, "add: a new device's eventfds; an add's open reports through one"),
+    RPC_ANY(timerfd_create, "RPC connections' idle timers; a new device's back-off timer"),
+    RPC_ARG_MASKED(clone, 0, CLONE_THREAD | CLONE_VM | CLONE_SIGHAND | CLONE_FILES,
+                   CLONE_THREAD | CLONE_VM | CLONE_SIGHAND | CLONE_FILES,
+                   "add: the thread that opens a blk backend (a thread, never a process)"),
+    RPC_ARG_MASKED(fcntl, 1, INT_BITS, F_OFD_SETLK, "add: lock a new image as QEMU does"),
+    RPC_ARG_MASKED(fcntl, 1, INT_BITS, F_OFD_GETLK, "add: see another user's image locks"),
+    RPC_ANY(statx, "add: O_DIRECT alignment of a new image (STATX_DIOALIGN)"),
+    RPC_ARG_MASKED(ioctl, 1, INT_BITS, BLKGETSIZE64, "add: the size of a block device image"),
+    RPC_ARG_MASKED(ioctl, 1, INT_BITS, BLKSSZGET, "add: a block device's logical block size"),
+    RPC_ARG_MASKED(ioctl, 1, INT_BITS, BLKPBSZGET, "add: a block device's physical block size"),
+    RPC_ARG_MASKED(lseek, 2, INT_BITS, SEEK_DATA,
+                   "resize: is there data past a shrunk image's new end"),
+    RPC_ANY(getrandom, "json-c seeds its hash tables at the first request"),
 #if VHD_SANDBOX_SANITIZER
     /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
     ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),
@@ -272,6 +320,8 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
 #undef ARG_MASKED_AND_MASKED
 #undef CLIENT_ANY
 #undef CLIENT_ARG_EQ
+#undef RPC_ANY
+#undef RPC_ARG_MASKED
 #undef ARG_DIRFD_AND_ZERO
 
 const struct vhd_sandbox_rule *vhd_sandbox_rules(size_t *n)
@@ -406,6 +456,16 @@ int vhd_sandbox_apply_dirs(enum vhd_sandbox_mode mode, unsigned flags, const int
                 goto release;
             }
         }
+    }
+    /*
+     * clone3 passes its flags in memory the filter cannot read: refused as
+     * if unknown, glibc's pthread_create falls back to clone, whose flags
+     * the table checks. Without F_RPC, clone3 kills like any other call.
+     */
+    if (flags & VHD_SANDBOX_F_RPC) {
+        rc = seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0);
+        if (rc < 0)
+            goto release;
     }
     rc = seccomp_load(ctx);
     if (rc > 0)
@@ -916,6 +976,8 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
     if (o->mode != VHD_SANDBOX_OFF)
         sanitizer_before_filter();
     unsigned flags = (o->client_mode ? VHD_SANDBOX_F_CLIENT : 0) | (o->nbd ? VHD_SANDBOX_F_NBD : 0);
+    if (o->rpc) /* a device added later may be in client mode or on nbd */
+        flags |= VHD_SANDBOX_F_RPC | VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD;
     rc = vhd_sandbox_apply_dirs(o->mode, flags, o->unlink_dirs, o->nunlink_dirs);
     if (rc < 0)
         return set_err(err, errlen, rc, "seccomp filter: %s%s", strerror(-rc),

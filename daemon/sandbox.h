@@ -36,6 +36,12 @@ struct vhd_sandbox_opts {
     unsigned nunlink_dirs;
     /* A block device has the nbd backend: allow its rows (VHD_SANDBOX_F_NBD). */
     bool nbd;
+    /*
+     * --rpc: devices come and go at runtime: the rows of VHD_SANDBOX_F_RPC,
+     * and those of client mode and nbd (a device added later may use them).
+     * Capabilities are dropped as for the devices of the command line only.
+     */
+    bool rpc;
 };
 
 struct vhd_opt_access;
@@ -77,7 +83,8 @@ int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen);
  * log it, then install the filter for o->mode on every thread
  * (SECCOMP_FILTER_FLAG_TSYNC).
  * Call it from any one thread once every thread that will ever exist has
- * been created: the filter forbids creating threads. Irreversible.
+ * been created: the filter forbids creating threads, but with o->rpc (the
+ * open threads of runtime adds: clone with CLONE_THREAD only). Irreversible.
  * Returns 0, or -errno with a one-line reason in err.
  */
 int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen);
@@ -104,10 +111,14 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
  * Rows that only a feature needs, installed only when it is in use:
  * VHD_SANDBOX_F_CLIENT: client mode connects out (socket, connect, the back-off timer).
  * VHD_SANDBOX_F_NBD: the nbd block backend's workers (re)connect to the NBD server.
+ * VHD_SANDBOX_F_RPC: --rpc adds devices at runtime (images opened, sockets bound, the
+ * open thread started); with it clone3 fails with ENOSYS (its flags are out of the
+ * filter's reach: glibc then uses clone, whose flags the CLONE_THREAD row checks).
  * vhd_sandbox_apply(mode) is vhd_sandbox_apply_with(mode, 0).
  */
 #define VHD_SANDBOX_F_CLIENT 1u
 #define VHD_SANDBOX_F_NBD    2u
+#define VHD_SANDBOX_F_RPC    4u
 int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags);
 
 /*

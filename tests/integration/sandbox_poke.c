@@ -3,13 +3,16 @@
  * A preload library for test_sandbox: interposes accept4() in vhostd so that
  * the control thread, at its first accept (a front-end connecting, long after
  * the sandbox is on), first tries what VHD_SANDBOX_POKE names ("open": open
- * /etc/passwd; "socket": an AF_INET socket) and reports it on stderr. With
+ * /etc/passwd; "socket": an AF_INET socket; "fork": clone a process, not a
+ * thread; "prctl": PR_GET_DUMPABLE) and reports it on stderr. With
  * VHD_SANDBOX_POKE=bind-mode (test_access), bind() of a Unix socket reports
  * the mode its file has the moment it exists. Test-only.
  */
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +62,16 @@ int accept4(int fd, void *addr, unsigned *addrlen, int flags)
         } else if (!strcmp(poke, "socket")) {
             rc = (int)syscall(SYS_socket, 2 /* AF_INET */, 1 /* SOCK_STREAM */, 0);
             say("socket(AF_INET)", rc);
+        } else if (!strcmp(poke, "fork")) {
+            long pid = syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+            if (pid == 0)
+                _exit(0); /* the child, had it been allowed */
+            say("clone(SIGCHLD)", (int)pid);
+            rc = -1; /* nothing to close (the child is left to init) */
+        } else if (!strcmp(poke, "prctl")) {
+            rc = prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+            say("prctl(PR_GET_DUMPABLE)", rc);
+            rc = -1;
         }
         if (rc >= 0)
             close(rc);

@@ -15,6 +15,7 @@
 #include <linux/io_uring.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -163,14 +164,18 @@ VHD_TEST(table_rows_have_reasons)
 
 VHD_TEST(table_leaves_out_dangerous_syscalls)
 {
-    char never[] =
-        "execve execveat fork vfork clone clone3 open openat openat2 creat "
-        "bind listen accept socketpair ptrace kill prctl setuid setgid setresuid setgroups "
-        "capset mount umount2 unshare setns bpf perf_event_open fallocate "
-        "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
-        "chown rename symlink link truncate init_module kexec_load keyctl "
-        "userfaultfd seccomp eventfd2 pipe2 dup dup3 unlink rmdir rename renameat "
-        "renameat2";
+    char never[] = "execve execveat fork vfork clone3 open openat2 creat "
+                   "accept socketpair ptrace kill prctl setuid setgid setresuid setgroups "
+                   "capset mount umount2 unshare setns bpf perf_event_open fallocate "
+                   "io_uring_setup io_uring_register process_vm_writev process_vm_readv chmod "
+                   "chown rename symlink link truncate init_module kexec_load keyctl "
+                   "userfaultfd seccomp pipe2 dup dup3 rmdir rename renameat "
+                   "renameat2";
+    /* What runtime adds need (--rpc): in the table, but only with VHD_SANDBOX_F_RPC. */
+    char rpc_only[] = "clone openat bind listen eventfd2 unlink fchmod fchmodat fchownat "
+                      "timerfd_create statx getrandom lseek";
+    size_t n;
+    const struct vhd_sandbox_rule *r = vhd_sandbox_rules(&n);
     int bad = 0;
 
     for (char *save = NULL, *name = strtok_r(never, " ", &save); name;
@@ -180,6 +185,28 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
             bad++;
         }
     }
+    for (char *save = NULL, *name = strtok_r(rpc_only, " ", &save); name;
+         name = strtok_r(NULL, " ", &save)) {
+        int rows = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(r[i].name, name)) {
+                rows++;
+                if (r[i].only_with != VHD_SANDBOX_F_RPC) {
+                    fprintf(stderr, "  %s is allowed without --rpc\n", name);
+                    bad++;
+                }
+            }
+        if (!rows) {
+            fprintf(stderr, "  %s: no --rpc row\n", name);
+            bad++;
+        }
+    }
+    /* clone: threads only (CLONE_THREAD and a shared address space required). */
+    const struct vhd_sandbox_rule *c = find_rule("clone");
+    VHD_CHECK(c && c->arg == 0 && c->op == VHD_SANDBOX_ARG_MASKED_EQ);
+    VHD_CHECK((c->mask & c->value & CLONE_THREAD) && (c->mask & c->value & CLONE_VM));
+    /* bind: a full sockaddr_un only. */
+    VHD_CHECK((c = find_rule("bind")) && c->arg == 2 && c->value == sizeof(struct sockaddr_un));
     VHD_CHECK_EQ(bad, 0);
 }
 
@@ -245,12 +272,18 @@ VHD_TEST(table_unlinkat_only_in_socket_dirs)
         if (strcmp(r[i].name, "unlinkat"))
             continue;
         rows++;
+        if (r[i].only_with == VHD_SANDBOX_F_RPC) {
+            /* --rpc: a device added at runtime has a directory fd the filter never saw. */
+            VHD_CHECK(r[i].arg == 2 && r[i].op == VHD_SANDBOX_ARG_MASKED_EQ && r[i].value == 0);
+            VHD_CHECK(r[i].mask & AT_REMOVEDIR);
+            continue;
+        }
         VHD_CHECK(r[i].arg == 0 && r[i].op == VHD_SANDBOX_ARG_DIRFD);
         VHD_CHECK(r[i].has_and && r[i].and_arg == 2 && r[i].and_value == 0);
         VHD_CHECK(r[i].and_mask & AT_REMOVEDIR);
     }
-    VHD_CHECK_EQ(rows, 1);
-    VHD_CHECK(find_rule("unlink") == NULL);
+    VHD_CHECK_EQ(rows, 2);
+    VHD_CHECK(find_rule("unlink") == NULL || find_rule("unlink")->only_with == VHD_SANDBOX_F_RPC);
     /* getsockopt: SO_PEERCRED, and SO_ERROR for nbd only. */
     rows = 0;
     for (size_t i = 0; i < n; i++) {
@@ -570,6 +603,56 @@ static void client_ops_child(void *arg)
     CHILD_CHECK(poll(&tp, 1, 1000) == 1);
     CHILD_CHECK(read(timer, &expired, sizeof(expired)) == 8 && expired == 1);
     CHILD_CHECK(close(timer) == 0 && close(lfd) == 0 && unlinkat(dirfd, tmpl + 5, 0) == 0);
+}
+
+/*
+ * The --rpc rows (arg: non-NULL to install them): a thread is created (clone3
+ * refused with ENOSYS, glibc falls back to clone) and an image opened; a
+ * process is not created even then (run separately: rpc_fork_child).
+ */
+static void *rpc_thread_fn(void *arg)
+{
+    return arg;
+}
+
+static void rpc_ops_child(void *arg)
+{
+    pthread_t t;
+    void *ret = NULL;
+    /* glibc's first thread installs its signal handlers: the daemon has workers by then. */
+    CHILD_CHECK(pthread_create(&t, NULL, rpc_thread_fn, NULL) == 0 && pthread_join(t, NULL) == 0);
+    CHILD_CHECK(vhd_sandbox_apply_with(VHD_SANDBOX_ON, arg ? VHD_SANDBOX_F_RPC : 0) == 0);
+    CHILD_CHECK(pthread_create(&t, NULL, rpc_thread_fn, (void *)7) == 0);
+    CHILD_CHECK(pthread_join(t, &ret) == 0 && ret == (void *)7);
+    int fd = open("/etc/passwd", O_RDONLY | O_CLOEXEC);
+    CHILD_CHECK(fd >= 0 && close(fd) == 0);
+}
+
+static void rpc_fork_child(void *arg)
+{
+    (void)arg;
+    CHILD_CHECK(vhd_sandbox_apply_with(VHD_SANDBOX_ON, VHD_SANDBOX_F_RPC) == 0);
+    long pid = syscall(SYS_clone, (unsigned long)SIGCHLD, 0UL, 0UL, 0UL, 0UL);
+    if (pid == 0)
+        _exit(0);
+}
+
+VHD_TEST(rpc_rows_only_with_the_flag)
+{
+    char d[64];
+    int st = run_child(rpc_ops_child, (void *)1);
+    if (!exited_ok(st))
+        fprintf(stderr, "  --rpc rows: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+    st = run_child(rpc_ops_child, NULL);
+    if (!killed_by_sigsys(st))
+        fprintf(stderr, "  without --rpc: %s, expected SIGSYS\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(killed_by_sigsys(st));
+    st = run_child(rpc_fork_child, NULL);
+    if (!killed_by_sigsys(st))
+        fprintf(stderr, "  a process under --rpc: %s, expected SIGSYS\n",
+                describe(st, d, sizeof(d)));
+    VHD_CHECK(killed_by_sigsys(st));
 }
 
 /* The client-mode rows are there with the flag, and only with it. */
@@ -1168,6 +1251,9 @@ struct daemon_run {
  * Waits until the daemon reports its sandbox state. Skips when build/vhostd
  * is missing.
  */
+/* With --rpc PATH (the management API) too: daemon_start_rpc. */
+static bool start_with_rpc;
+
 static void daemon_start(struct daemon_run *d, const char *sandbox, const char *poke)
 {
     char vhostd[600], pokelib[600];
@@ -1210,7 +1296,14 @@ static void daemon_start(struct daemon_run *d, const char *sandbox, const char *
             snprintf(buf, sizeof(buf), "%s%sverify_asan_link_order=0", ao ? ao : "", ao ? ":" : "");
             setenv("ASAN_OPTIONS", buf, 1);
         }
-        char *argv[] = {vhostd, sb, (char *)"--workers", (char *)"2", (char *)"--blk", blk, NULL};
+        char rpc[128];
+        snprintf(rpc, sizeof(rpc), "%s/rpc.sock", d->dir);
+        char *argv[] = {vhostd, sb,  (char *)"--workers", (char *)"2", (char *)"--blk", blk, NULL,
+                        NULL,   NULL};
+        if (start_with_rpc) {
+            argv[6] = (char *)"--rpc";
+            argv[7] = rpc;
+        }
         execv(vhostd, argv);
         _exit(127);
     }
@@ -1743,4 +1836,151 @@ VHD_TEST(daemon_as_root_drops_every_capability)
     VHD_CHECK(exited_ok(daemon_wait(&d, TIMEOUT_MS)));
     VHD_CHECK(access(d.sock, F_OK) < 0 && errno == ENOENT);
     daemon_cleanup(&d);
+}
+
+/* =====================================================================
+ * --rpc: devices come and go under the filter; what it forbids still kills.
+ * ===================================================================== */
+
+static void daemon_start_rpc(struct daemon_run *d, const char *sandbox, const char *poke)
+{
+    start_with_rpc = true;
+    daemon_start(d, sandbox, poke);
+    start_with_rpc = false;
+}
+
+/* One JSON-RPC call on the daemon's --rpc socket; its answer line (static buffer). */
+static const char *rpc_call(const struct daemon_run *d, const char *method, const char *params)
+{
+    static char resp[16384];
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/rpc.sock", d->dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    char req[2048];
+    int n = snprintf(req, sizeof(req),
+                     "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"%s\",\"params\":%s}\n", method,
+                     params ? params : "{}");
+    VHD_CHECK(n > 0 && (size_t)n < sizeof(req));
+    VHD_CHECK_EQ(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    size_t have = 0;
+    uint64_t t0 = now_ms();
+    while (have == 0 || resp[have - 1] != '\n') {
+        VHD_CHECK(now_ms() - t0 < TIMEOUT_MS && have + 1 < sizeof(resp));
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0)
+            continue;
+        ssize_t got = recv(fd, resp + have, sizeof(resp) - 1 - have, 0);
+        VHD_CHECK(got > 0);
+        have += (size_t)got;
+    }
+    resp[have - 1] = '\0';
+    close(fd);
+    return resp;
+}
+
+#define CHECK_ANSWER(s, needle)                                                            \
+    do {                                                                                   \
+        const char *s_ = (s);                                                              \
+        if (!strstr(s_, needle)) {                                                         \
+            fprintf(stderr, "  %s:%d: '%s' lacks '%s'\n", __FILE__, __LINE__, s_, needle); \
+            VHD_CHECK(!"unexpected answer");                                               \
+        }                                                                                  \
+    } while (0)
+
+/*
+ * With --rpc the filter is on: devices added at runtime (a uring blk that
+ * creates its image, a null blk, a net device) serve, resize, save-config and
+ * remove under it; as root without --user no capability is kept.
+ */
+VHD_TEST(daemon_with_rpc_adds_devices_under_filter)
+{
+    struct daemon_run d;
+    char params[1024];
+    daemon_start_rpc(&d, "on", NULL);
+    VHD_CHECK(log_has(&d, "sandbox: seccomp filter on"));
+    if (geteuid() == 0) {
+        long long eff = proc_caps(d.pid, "CapEff:", NULL), prm = proc_caps(d.pid, "CapPrm:", NULL);
+        if (eff || prm)
+            fprintf(stderr, "  CapEff %llx CapPrm %llx\n", eff, prm);
+        VHD_CHECK(eff == 0 && prm == 0);
+    }
+
+    /* A uring blk whose image the add creates, a null blk and a net device. */
+    struct daemon_run rt = d;
+    snprintf(rt.sock, sizeof(rt.sock), "%s/rt.sock", d.dir);
+    snprintf(rt.img, sizeof(rt.img), "%s/rt.img", d.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=%d,queues=%d,name=rt\"}",
+             rt.sock, rt.img, IMG_SIZE, NQ);
+    CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"rt\"}");
+    char nul_sock[128];
+    snprintf(nul_sock, sizeof(nul_sock), "%s/nul.sock", d.dir);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=%u,queues=%d,name=nul\"}",
+             nul_sock, IMG_SIZE, NQ); /* fe_up expects IMG_SIZE */
+    CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"nul\"}");
+    snprintf(params, sizeof(params), "{\"kind\":\"net\",\"spec\":\"socket=%s/net.sock,name=net\"}",
+             d.dir);
+    CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"net\"}");
+
+    /* I/O on both blk devices (two sessions each on rt: memory mapped under the filter). */
+    daemon_io(&rt);
+    struct fe f;
+    fe_up(&f, nul_sock);
+    VHD_CHECK_EQ(fe_request(&f, 0, VIRTIO_BLK_T_IN, 0, 4096), VIRTIO_BLK_S_OK);
+    fe_down(&f);
+
+    CHECK_ANSWER(rpc_call(&d, "device.resize", "{\"name\":\"rt\",\"size\":\"2M\"}"), "\"result\"");
+    CHECK_ANSWER(rpc_call(&d, "device.resize", "{\"name\":\"nul\",\"size\":\"4M\"}"), "\"result\"");
+    const char *cfg = rpc_call(&d, "config.save", NULL);
+    CHECK_ANSWER(cfg, "rt.sock");
+    CHECK_ANSWER(cfg, "net.sock");
+    CHECK_ANSWER(rpc_call(&d, "device.list", NULL), "\"name\":\"nul\"");
+    static const char *const names[] = {"rt", "nul", "net"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(params, sizeof(params), "{\"name\":\"%s\",\"force\":true}", names[i]);
+        CHECK_ANSWER(rpc_call(&d, "device.remove", params), "\"result\"");
+    }
+    VHD_CHECK(access(rt.sock, F_OK) < 0 && errno == ENOENT); /* removed under the filter */
+    /* Added again at the same path (its stale-socket check, a new dir fd). */
+    snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,name=rt\"}",
+             rt.sock, rt.img);
+    CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"rt\"}");
+
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    int st = daemon_wait(&d, TIMEOUT_MS);
+    char desc[64];
+    if (!exited_ok(st)) {
+        fprintf(stderr, "  vhostd: %s\n", st == -1 ? "still running" : describe(st, desc, 64));
+        daemon_dump_log(&d);
+    }
+    VHD_CHECK(exited_ok(st));
+    VHD_CHECK(access(rt.sock, F_OK) < 0 && errno == ENOENT);
+    if (log_has(&d, " error:"))
+        daemon_dump_log(&d);
+    VHD_CHECK(!log_has(&d, " error:"));
+    daemon_cleanup(&d);
+}
+
+/* With --rpc, a process (not a thread) or a prctl still kills vhostd. */
+VHD_TEST(daemon_with_rpc_dies_on_forbidden_syscall)
+{
+    static const char *const pokes[] = {"fork", "prctl"};
+    char desc[64];
+
+    for (int i = 0; i < 2; i++) {
+        struct daemon_run d;
+        daemon_start_rpc(&d, "on", pokes[i]);
+        int st = daemon_poke(&d);
+        if (!killed_by_sigsys(st)) {
+            fprintf(stderr, "  --rpc, poke %s: vhostd %s, expected SIGSYS\n", pokes[i],
+                    st == -1 ? "still running" : describe(st, desc, sizeof(desc)));
+            daemon_dump_log(&d);
+        }
+        VHD_CHECK(killed_by_sigsys(st));
+        VHD_CHECK(!log_has(&d, "sandbox-poke"));
+        daemon_cleanup(&d);
+    }
 }
