@@ -172,7 +172,10 @@ static int open_blk(void *opaque, const struct vhd_opt_blk *b, vhd_device_open_f
 {
     struct daemon *d = opaque;
     struct vhd_blk_config c;
-    int rc = blk_config(d, b, &c, err, errlen);
+    int rc =
+        d->opts.sandbox == VHD_OPT_SANDBOX_OFF ? 0 : vhd_sandbox_check_runtime_blk(b, err, errlen);
+    if (rc == 0)
+        rc = blk_config(d, b, &c, err, errlen);
     return rc < 0 ? rc : vhd_blk_device_open(d->ctx, &c, done, done_opaque, err, errlen);
 }
 

@@ -14,6 +14,7 @@
 #include <linux/capability.h>
 #include <linux/if_tun.h>
 #include <linux/securebits.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pwd.h>
@@ -577,6 +578,42 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpo
             (*n)++;
         }
     }
+    return 0;
+}
+
+int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen)
+{
+    static const char scheme[] = "nbd://";
+    const char *uri = b->uri;
+    char host[64];
+
+    if (!uri || strcmp(b->backend, "nbd"))
+        return 0;
+    if (!strncmp(uri, "nbds", 4))
+        return set_err(err, errlen, -EPERM,
+                       "an NBD URI with TLS (%s) needs --sandbox off: workers read certificates "
+                       "when they connect",
+                       uri);
+    if (strncmp(uri, scheme, sizeof(scheme) - 1))
+        return 0; /* nbd+unix: a socket path */
+    const char *h = uri + sizeof(scheme) - 1;
+    size_t n = strcspn(h, ":/?#@");
+    struct in_addr a4;
+    bool numeric = false;
+    if (h[0] == '[') { /* an IPv6 literal */
+        numeric = true;
+        n = strcspn(h, "]@");
+    } else if (n && n < sizeof(host)) {
+        memcpy(host, h, n);
+        host[n] = '\0';
+        numeric = inet_pton(AF_INET, host, &a4) == 1;
+    }
+    if (!numeric || h[n] == '@')
+        return set_err(err, errlen, -EPERM,
+                       "%s: under the sandbox, an NBD server added at runtime is given by its "
+                       "address (nbd://127.0.0.1/..., nbd://[::1]/...) or a Unix socket: resolving "
+                       "a host name needs calls the filter forbids (or --sandbox off)",
+                       uri);
     return 0;
 }
 

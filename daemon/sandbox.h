@@ -58,6 +58,16 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpo
                                char *err, size_t errlen);
 
 /*
+ * vhd_sandbox_check_runtime_blk - may blk device b be added at runtime
+ * (--rpc) under the seccomp filter? An NBD URI must name its server by an
+ * address or a Unix socket: resolving a host name (netlink, DNS over UDP)
+ * and TLS (certificates read by the workers) need calls the filter forbids,
+ * and would kill vhostd. 0, or -EPERM with a one-line reason in err.
+ */
+struct vhd_opt_blk;
+int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen);
+
+/*
  * vhd_sandbox_raise_nofile - raise the soft fd limit (RLIMIT_NOFILE) to the
  * hard one, logging it: each vhost-user session holds a few fds per queue and
  * per memory region, and the usual soft limit of 1024 runs out at a few dozen

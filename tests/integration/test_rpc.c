@@ -1364,3 +1364,115 @@ VHD_TEST(rpc_slow_add_blocks_nothing)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/* nbdkit ARGS... -f -U sock, started by pid (skip the test without nbdkit); waits for its socket.
+ */
+static pid_t nbdkit_start(const char *sock, const char *log, char *const *args, int nargs)
+{
+    if (access("/usr/bin/nbdkit", X_OK) < 0)
+        vhd_test_skip("nbdkit not installed (scripts/deps.sh test)");
+    char *argv[16] = {(char *)"/usr/bin/nbdkit", (char *)"-f", (char *)"-U", (char *)sock};
+    VHD_CHECK(nargs <= 10);
+    for (int i = 0; i < nargs; i++)
+        argv[4 + i] = args[i];
+    fflush(NULL);
+    pid_t pid = fork();
+    VHD_CHECK(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+        if (fd < 0 || dup2(fd, STDERR_FILENO) < 0 || dup2(fd, STDOUT_FILENO) < 0)
+            _exit(126);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    uint64_t t0 = ms_now();
+    struct stat st;
+    while (stat(sock, &st) < 0) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(waitpid(pid, NULL, WNOHANG) == 0); /* still running */
+        sleep_ms(10);
+    }
+    return pid;
+}
+
+static void nbdkit_stop(pid_t pid)
+{
+    VHD_CHECK_EQ(kill(pid, SIGTERM), 0);
+    VHD_CHECK_EQ(waitpid(pid, NULL, 0), pid);
+}
+
+/*
+ * An NBD server slow to accept a new export (nbdkit's delay filter, 2 s per
+ * open): the add probes it on its open thread, under the sandbox; meanwhile
+ * another client and another device's front-end are served promptly; then
+ * the NBD device serves. A server named by a host name is refused at once
+ * (resolving it needs calls the filter forbids), and the daemon lives on.
+ */
+VHD_TEST(rpc_slow_nbd_add_under_sandbox)
+{
+    struct daemon dm;
+    char params[1024], sock_null[300], sock_nbd[300], nbd_srv[300], log[300], line[4096];
+
+    start(&dm, NULL);
+    int fd = rpc_connect(&dm);
+    snprintf(sock_null, sizeof(sock_null), "%s/null.sock", dm.dir);
+    snprintf(sock_nbd, sizeof(sock_nbd), "%s/nbd.sock", dm.dir);
+    snprintf(nbd_srv, sizeof(nbd_srv), "%s/server.sock", dm.dir);
+    snprintf(log, sizeof(log), "%s/nbdkit.log", dm.dir);
+    char *args[] = {(char *)"--filter=delay", (char *)"memory", (char *)"16M",
+                    (char *)"delay-open=2"};
+    pid_t srv = nbdkit_start(nbd_srv, log, args, 4);
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=8M,name=nul\"}", sock_null);
+    CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"nul\"}");
+
+    int slow = rpc_connect(&dm);
+    char req[2048];
+    snprintf(req, sizeof(req),
+             "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"device.add\",\"params\":{\"kind\":"
+             "\"blk\",\"spec\":\"socket=%s,backend=nbd,uri=nbd+unix:///?socket=%s\"}}\n",
+             sock_nbd, nbd_srv);
+    uint64_t t0 = ms_now();
+    send_all(slow, req, strlen(req));
+    sleep_ms(100);
+    uint64_t t = ms_now();
+    CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nul\"");
+    uint64_t list_ms = ms_now() - t;
+    t = ms_now();
+    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    drv_rw(nul, 0, 0);
+    uint64_t io_ms = ms_now() - t;
+    fprintf(stderr, "  list %llu ms, connect + I/O %llu ms during the NBD add\n",
+            (unsigned long long)list_ms, (unsigned long long)io_ms);
+    VHD_CHECK(list_ms < 1000);
+    VHD_CHECK(io_ms < 1000);
+    VHD_CHECK(read_line(slow, line, sizeof(line)));
+    uint64_t add_ms = ms_now() - t0;
+    CHECK_HAS(line, "\"result\":{\"name\":\"nbd.sock\"}");
+    VHD_CHECK(add_ms >= 1900);
+    struct vhd_blkdrv *d = drv_connect(sock_nbd);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
+    drv_rw(d, 8192, 0x6b); /* workers connect to the server under the filter */
+    vhd_blkdrv_disconnect(d);
+    vhd_blkdrv_disconnect(nul);
+
+    /* Refused before anything is opened; the daemon carries on. */
+    static const char *const refused[] = {"nbd://localhost:10809/x", "nbd:///x",
+                                          "nbds://127.0.0.1/x", "nbd://me@127.0.0.1/x"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(params, sizeof(params),
+                 "{\"kind\":\"blk\",\"spec\":\"socket=%s/r%d.sock,backend=nbd,uri=%s\"}", dm.dir, i,
+                 refused[i]);
+        CHECK_HAS(call(fd, "device.add", params), "\"error\"");
+    }
+    CHECK_HAS(call(fd, "device.add",
+                   "{\"kind\":\"blk\",\"spec\":\"socket=/tmp/x.sock,backend=nbd,"
+                   "uri=nbd://localhost/x\"}"),
+              "resolving a host name needs calls the filter forbids");
+    CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nbd.sock\"");
+    close(slow);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    nbdkit_stop(srv);
+    test_done();
+}
