@@ -306,6 +306,9 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     RPC_ARG_MASKED(lseek, 2, INT_BITS, SEEK_DATA,
                    "resize: is there data past a shrunk image's new end"),
     RPC_ANY(getrandom, "json-c seeds its hash tables at the first request"),
+    RPC_ARG_MASKED(ioctl, 1, INT_BITS, TUNSETIFF,
+                   "add net tap: attach to the interface (creating one needs CAP_NET_ADMIN)"),
+    RPC_ARG_MASKED(ioctl, 1, INT_BITS, TUNSETVNETHDRSZ, "add net tap: the virtio header's size"),
 #if VHD_SANDBOX_SANITIZER
     /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
     ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),

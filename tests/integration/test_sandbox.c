@@ -13,6 +13,8 @@
 #include <linux/fs.h>
 #include <linux/futex.h>
 #include <linux/io_uring.h>
+#include <linux/if_tun.h>
+#include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -1889,6 +1891,21 @@ static const char *rpc_call(const struct daemon_run *d, const char *method, cons
         }                                                                                  \
     } while (0)
 
+/* Make TAP interface name persistent (owned by our uid), or remove it. false: not possible here. */
+static bool tap_persist(const char *name, bool on)
+{
+    int fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct ifreq ifr = {.ifr_flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR};
+    snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", name);
+    bool ok = ioctl(fd, TUNSETIFF, &ifr) == 0 &&
+              (!on || ioctl(fd, TUNSETOWNER, (unsigned long)geteuid()) == 0) &&
+              ioctl(fd, TUNSETPERSIST, on ? 1UL : 0UL) == 0;
+    close(fd);
+    return ok;
+}
+
 /*
  * With --rpc the filter is on: devices added at runtime (a uring blk that
  * creates its image, a null blk, a net device) serve, resize, save-config and
@@ -1924,6 +1941,24 @@ VHD_TEST(daemon_with_rpc_adds_devices_under_filter)
     snprintf(params, sizeof(params), "{\"kind\":\"net\",\"spec\":\"socket=%s/net.sock,name=net\"}",
              d.dir);
     CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"net\"}");
+
+    /*
+     * A TAP interface made persistent and owned by us beforehand: the daemon,
+     * without capabilities, attaches to it under the filter.
+     */
+    char tap[IFNAMSIZ];
+    snprintf(tap, sizeof(tap), "vhdrpc%d", (int)getpid() % 100000);
+    bool have_tap = tap_persist(tap, true);
+    if (have_tap) {
+        snprintf(params, sizeof(params),
+                 "{\"kind\":\"net\",\"spec\":\"socket=%s/tap.sock,backend=tap,tap=%s,name=tap\"}",
+                 d.dir, tap);
+        CHECK_ANSWER(rpc_call(&d, "device.add", params), "\"result\":{\"name\":\"tap\"}");
+        CHECK_ANSWER(rpc_call(&d, "device.remove", "{\"name\":\"tap\"}"), "\"result\"");
+        VHD_CHECK(tap_persist(tap, false));
+    } else {
+        fprintf(stderr, "  (no TAP interface can be made here: the tap add is not tried)\n");
+    }
 
     /* I/O on both blk devices (two sessions each on rt: memory mapped under the filter). */
     daemon_io(&rt);
