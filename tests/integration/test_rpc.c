@@ -1253,6 +1253,48 @@ VHD_TEST(rpc_shrink_under_writes)
     test_done();
 }
 
+/* Wait (bounded) until process pid has path open: it is inside that image's open. */
+static void wait_fd_open(pid_t pid, const char *path)
+{
+    char dir[64], link[600], target[600];
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    uint64_t t0 = ms_now();
+    for (;;) {
+        DIR *d = opendir(dir);
+        VHD_CHECK(d != NULL);
+        bool found = false;
+        for (struct dirent *e; !found && (e = readdir(d));) {
+            snprintf(link, sizeof(link), "%s/%s", dir, e->d_name);
+            ssize_t n = readlink(link, target, sizeof(target) - 1);
+            found = n > 0 && (target[n] = '\0', !strcmp(target, path));
+        }
+        closedir(d);
+        if (found)
+            return;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(5);
+    }
+}
+
+/* Wait (bounded) until file path contains needle. */
+static void wait_file_has(const char *path, const char *needle)
+{
+    uint64_t t0 = ms_now();
+    for (;;) {
+        char buf[16384] = "";
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, buf, sizeof(buf) - 1);
+            buf[n > 0 ? n : 0] = '\0';
+            close(fd);
+        }
+        if (strstr(buf, needle))
+            return;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(5);
+    }
+}
+
 /*
  * An add whose backend opens slowly (here: the image lock of another user,
  * which the daemon waits 2 s to see go) holds up nothing else: meanwhile
@@ -1292,7 +1334,7 @@ VHD_TEST(rpc_slow_add_blocks_nothing)
              sock_file, dm.img);
     uint64_t t0 = ms_now();
     send_all(slow, req, strlen(req));
-    sleep_ms(100); /* the daemon has read it (no answer can come before 2 s) */
+    wait_fd_open(dm.pid, dm.img); /* the daemon is in the image's open (its lock wait) */
 
     /* Meanwhile: another client, and another device's front-end. */
     uint64_t t = ms_now();
@@ -1344,14 +1386,13 @@ VHD_TEST(rpc_slow_add_blocks_nothing)
              "\"blk\",\"spec\":\"socket=%s,image=%s,name=two\"}}\n",
              sock2, img2);
     send_all(gone, req, strlen(req));
-    sleep_ms(100);
+    wait_fd_open(dm.pid, img2); /* its open waits for the lock */
     close(gone);
     /* A second add of the same name while the first opens is refused at once. */
     snprintf(params, sizeof(params),
              "{\"kind\":\"blk\",\"spec\":\"socket=%s/three.sock,backend=null,size=1M,name=two\"}",
              dm.dir);
     CHECK_HAS(call(fd, "device.add", params), "is being added");
-    sleep_ms(100);
     close(img2fd); /* its open now sees the lock go and succeeds */
     t0 = ms_now();
     while (!strstr(call(fd, "device.list", NULL), "\"name\":\"two\"")) {
@@ -1419,9 +1460,9 @@ VHD_TEST(rpc_slow_nbd_add_under_sandbox)
     snprintf(sock_nbd, sizeof(sock_nbd), "%s/nbd.sock", dm.dir);
     snprintf(nbd_srv, sizeof(nbd_srv), "%s/server.sock", dm.dir);
     snprintf(log, sizeof(log), "%s/nbdkit.log", dm.dir);
-    char *args[] = {(char *)"--filter=delay", (char *)"memory", (char *)"16M",
+    char *args[] = {(char *)"-v", (char *)"--filter=delay", (char *)"memory", (char *)"16M",
                     (char *)"delay-open=2"};
-    pid_t srv = nbdkit_start(nbd_srv, log, args, 4);
+    pid_t srv = nbdkit_start(nbd_srv, log, args, 5);
     snprintf(params, sizeof(params),
              "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=8M,name=nul\"}", sock_null);
     CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"nul\"}");
@@ -1434,7 +1475,7 @@ VHD_TEST(rpc_slow_nbd_add_under_sandbox)
              sock_nbd, nbd_srv);
     uint64_t t0 = ms_now();
     send_all(slow, req, strlen(req));
-    sleep_ms(100);
+    wait_file_has(log, "accepted connection"); /* the daemon's probe is at the server */
     uint64_t t = ms_now();
     CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nul\"");
     uint64_t list_ms = ms_now() - t;
