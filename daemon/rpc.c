@@ -360,11 +360,12 @@ static json_object *m_add(struct call *c)
         failf(c, VHD_RPC_E_FAILED, "too many devices (at most %d)", VHD_RPC_MAX_DEVICES);
         goto out;
     }
-    if (!net && r->ops.open_blk && c->cl) {
+    if (!net && r->ops.open_blk && c->cl && strcmp(o->blk[0].backend, "null")) {
         /*
          * A connection's add: the backend opens off this thread and
          * add_opened answers. (vhd_rpc_handle's callers, reload, want the
-         * answer now: their add opens here.)
+         * answer now: their add opens here; so does a null disk, which
+         * opens nothing: no thread for it.)
          */
         struct pending_add *p = calloc(1, sizeof(*p));
         if (p) {
