@@ -86,9 +86,14 @@ static int check_workers(const char *name, const int *workers, int n, unsigned n
     return 0;
 }
 
-/* The worker count: --workers, else one per queue (pair) up to the online CPUs. */
+/*
+ * The worker count: --workers, else one per --cpus CPU, else one per queue
+ * (pair) up to the online CPUs.
+ */
 static unsigned worker_count(const struct vhd_options *o)
 {
+    if (!o->workers_set && o->ncpus)
+        return o->ncpus;
     unsigned total_queues = 0;
     for (int i = 0; i < o->nblk; i++)
         total_queues += o->blk[i].queues;
@@ -365,6 +370,9 @@ int main(int argc, char **argv)
     vhd_ctx_config_init(&cc);
     cc.workers = nworkers;
     cc.poll_us = d.opts.poll_us;
+    cc.spin_us = d.opts.spin_us;
+    cc.cpus = d.opts.ncpus ? d.opts.cpus : NULL;
+    cc.ncpus = d.opts.ncpus;
     cc.poll = d.opts.poll_mode == VHD_OPT_POLL_ALWAYS  ? VHD_CTX_POLL_ALWAYS
               : d.opts.poll_mode == VHD_OPT_POLL_NEVER ? VHD_CTX_POLL_NEVER
                                                        : VHD_CTX_POLL_ADAPTIVE;
@@ -377,7 +385,8 @@ int main(int argc, char **argv)
     vhd_set_guest_mem_limit(d.opts.max_guest_mem); /* --max-guest-mem: all devices together */
     int rc = vhd_ctx_new(&cc, &d.ctx);
     if (rc < 0) {
-        fprintf(stderr, "vhostd: workers: %s\n", strerror(-rc));
+        fprintf(stderr, "vhostd: workers: %s%s\n", strerror(-rc),
+                rc == -EINVAL && cc.ncpus ? " (--cpus: see the error above)" : "");
         goto fail;
     }
     if (d.opts.rpc) {
@@ -403,12 +412,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "vhostd: signal handling: %s\n", strerror(-rc));
         goto fail;
     }
-    if (cc.poll == VHD_CTX_POLL_ADAPTIVE)
+    if (cc.poll == VHD_CTX_POLL_ADAPTIVE && cc.poll_us > 0) /* --poll-us 0: event mode */
         vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), adaptive polling %u us",
                 vhd_version(), d.ndev, nworkers, cc.poll_us);
     else
-        vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), polling %s", vhd_version(),
-                d.ndev, nworkers, cc.poll == VHD_CTX_POLL_ALWAYS ? "always" : "never");
+        vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), polling %s, spin %u us",
+                vhd_version(), d.ndev, nworkers,
+                cc.poll == VHD_CTX_POLL_ALWAYS ? "always" : "never",
+                cc.poll == VHD_CTX_POLL_ALWAYS ? 0 : cc.spin_us);
     if (enter_sandbox(&d) < 0)
         goto fail;
 

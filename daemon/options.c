@@ -26,7 +26,14 @@ const char vhd_usage[] =
     "Global options:\n"
     "  --workers N          worker threads (default: min(total queues, CPUs))\n"
     "  --poll MODE          adaptive (default) | always | never\n"
-    "  --poll-us N          adaptive polling window after the last work, in us (default 50)\n"
+    "  --poll-us N          adaptive polling: the longest window after the last work, in us\n"
+    "                       (default 50); 0: event mode, as --poll never (with the spin)\n"
+    "  --spin-us N          event mode (and the adaptive window's floor): poll N us after\n"
+    "                       work before re-enabling notifications and sleeping (default 10;\n"
+    "                       0: sleep at once)\n"
+    "  --cpus LIST          pin worker i to the i-th CPU of LIST (taskset -c syntax: 0,2-5);\n"
+    "                       without --workers, one worker per listed CPU; with more workers\n"
+    "                       than CPUs the list repeats\n"
     "  --log-level LEVEL    error | warn | info (default) | debug\n"
     "  --sandbox MODE       on (default): after setup, a seccomp filter confines vhostd to\n"
     "                       the syscalls it needs; another kills it (SIGSYS) | log: allow\n"
@@ -951,6 +958,20 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
         if (parse_uint(v, 1000000, &n))
             return fail(err, errlen, "--poll-us %s: expected 0..1000000", v);
         o->poll_us = (unsigned)n;
+    } else if (!strcmp(k, "spin-us")) {
+        if (parse_uint(v, 1000000, &n))
+            return fail(err, errlen, "--spin-us %s: expected 0..1000000", v);
+        o->spin_us = (unsigned)n;
+    } else if (!strcmp(k, "cpus")) {
+        int c = vhd_parse_cpu_list(v, o->cpus, VHD_OPT_MAX_WORKERS);
+        if (c < 0)
+            return fail(err, errlen, "--cpus %s: %s", v,
+                        c == -EEXIST  ? "a CPU is listed twice"
+                        : c == -E2BIG ? "more than 64 CPUs"
+                        : c == -ERANGE
+                            ? "CPU numbers go up to 1023"
+                            : "expected a CPU list like 0,2-5 or 0-7:2 (taskset -c syntax)");
+        o->ncpus = (unsigned)c;
     } else if (!strcmp(k, "log-level")) {
         static const char *const names[] = {"error", "warn", "info", "debug"};
         int lvl = -1;
@@ -1000,6 +1021,9 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
     memset(o, 0, sizeof(*o));
     o->poll_mode = VHD_OPT_POLL_ADAPTIVE;
     o->poll_us = 50;
+    struct vhd_ctx_config dc;
+    vhd_ctx_config_init(&dc);
+    o->spin_us = dc.spin_us; /* the library's default */
     o->log_level = 2;
     o->sandbox = VHD_OPT_SANDBOX_ON;
 

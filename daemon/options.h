@@ -95,7 +95,11 @@ struct vhd_options {
     bool workers_set;
     enum vhd_opt_poll poll_mode;
     unsigned poll_us; /* default 50 */
-    int log_level;    /* 0 error, 1 warn, 2 info (default), 3 debug */
+    unsigned spin_us; /* --spin-us: event-mode spin (default 10) */
+    /* --cpus LIST: worker i pinned to cpus[i % ncpus]; ncpus 0: not pinned */
+    unsigned cpus[VHD_OPT_MAX_WORKERS];
+    unsigned ncpus;
+    int log_level; /* 0 error, 1 warn, 2 info (default), 3 debug */
     bool help, version;
     /* ---- sandboxing (daemon/sandbox.h) ---- */
     enum vhd_opt_sandbox sandbox; /* default on */

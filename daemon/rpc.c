@@ -649,6 +649,9 @@ static json_object *m_save_config(struct call *c)
     fprintf(f, "# vhostd %s: running configuration\n", vhd_version());
     fprintf(f, "workers %u\n", vhd_ctx_workers(c->r->ctx));
     fprintf(f, "poll %s\npoll-us %u\n", polls[o->poll_mode], o->poll_us);
+    fprintf(f, "spin-us %u\n", o->spin_us);
+    for (unsigned i = 0; i < o->ncpus; i++)
+        fprintf(f, "%s%u%s", i ? "," : "cpus ", o->cpus[i], i + 1 == o->ncpus ? "\n" : "");
     if (o->log_level >= 0 && o->log_level < 4)
         fprintf(f, "log-level %s\n", levels[o->log_level]);
     fprintf(f, "sandbox %s\n", sandboxes[o->sandbox]);

@@ -309,6 +309,10 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     RPC_ARG_MASKED(ioctl, 1, INT_BITS, TUNSETIFF,
                    "add net tap: attach to the interface (creating one needs CAP_NET_ADMIN)"),
     RPC_ARG_MASKED(ioctl, 1, INT_BITS, TUNSETVNETHDRSZ, "add net tap: the virtio header's size"),
+    /* The NUMA report (runtime/numa.c): pages the guest-memory file has, then their node. */
+    ANY(mincore, "the NUMA report looks up only guest-memory pages that exist"),
+    ARG_EQ(get_mempolicy, 4, 3 /* MPOL_F_NODE | MPOL_F_ADDR */,
+           "the NUMA report reads which node a guest-memory page is on"),
 #if VHD_SANDBOX_SANITIZER
     /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
     ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),

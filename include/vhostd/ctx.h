@@ -43,14 +43,24 @@ struct vhd_ctx_watch; /* an embedder's fd watched by the control loop */
 enum vhd_ctx_poll {
     VHD_CTX_POLL_ADAPTIVE = 0, /* keep polling poll_us after the last work, then sleep on kicks */
     VHD_CTX_POLL_ALWAYS = 1,   /* never sleep: lowest latency, one busy core per worker */
-    VHD_CTX_POLL_NEVER = 2,    /* pure event mode: sleep on kicks at once */
+    /*
+     * Event mode: after work, poll spin_us with notifications off (about one
+     * wake-up's worth), then turn them back on and sleep until a kick; with
+     * spin_us 0, notifications stay on and the worker sleeps at once.
+     */
+    VHD_CTX_POLL_NEVER = 2,
 };
 
 struct vhd_ctx_config {
     unsigned workers;       /* worker threads, 1..VHD_CTX_MAX_WORKERS */
     enum vhd_ctx_poll poll; /* polling policy */
-    unsigned poll_us;       /* VHD_CTX_POLL_ADAPTIVE: how long to poll after work, us */
-    unsigned budget;        /* chains per queue per turn (fairness between queues), >= 1 */
+    /*
+     * VHD_CTX_POLL_ADAPTIVE: the longest the worker keeps polling after the
+     * last work, us (the window adapts between spin_us and poll_us). 0 makes
+     * adaptive polling event mode (VHD_CTX_POLL_NEVER, with its spin).
+     */
+    unsigned poll_us;
+    unsigned budget; /* chains per queue per turn (fairness between queues), >= 1 */
     /*
      * Install the process-wide SIGBUS guard: a front-end that shrinks its
      * guest-memory file makes the next access to the lost pages SIGBUS; with
@@ -59,7 +69,38 @@ struct vhd_ctx_config {
      * it is off by default; a daemon turns it on.
      */
     bool sigbus_guard;
+    /*
+     * Event-mode spin, us (default 10, at most 1000000): VHD_CTX_POLL_NEVER
+     * polls this long after work before it turns notifications back on and
+     * sleeps (0: sleep at once); VHD_CTX_POLL_ADAPTIVE never shrinks its
+     * window below it (0: a fixed window of poll_us).
+     */
+    unsigned spin_us;
+    /*
+     * Placement: worker i runs pinned to CPU cpus[i % ncpus] (each worker on
+     * one CPU, never moved; several workers share a CPU when workers >
+     * ncpus; CPUs past the first `workers` entries are not used). Each
+     * pinned worker creates its io_uring and moves its own state to its
+     * CPU's NUMA node before it serves anything. ncpus 0 (default): workers
+     * float on every CPU the process may use. At most VHD_CTX_MAX_WORKERS
+     * entries, each a CPU of the process's affinity mask (sched_getaffinity)
+     * and none twice, else vhd_ctx_new returns -EINVAL (and logs which).
+     * The array is copied; vhd_parse_cpu_list() reads the taskset -c syntax.
+     */
+    const unsigned *cpus;
+    unsigned ncpus;
 };
+
+/*
+ * vhd_parse_cpu_list - parse a CPU list in taskset -c syntax: CPU numbers
+ * and ranges separated by commas, a range A-B or A-B:STRIDE ("0,2-5",
+ * "0-15:2"), in the order given into cpus[0..max). Returns the number of
+ * CPUs (>= 1), or -EINVAL (not such a list, or a range backwards or with
+ * stride 0), -ERANGE (a CPU number >= 1024, beyond what sched_setaffinity's
+ * default mask holds), -EEXIST (a CPU listed twice), -E2BIG (more than max
+ * CPUs). Whether the CPUs exist is vhd_ctx_new's check. Any thread.
+ */
+int vhd_parse_cpu_list(const char *s, unsigned *cpus, unsigned max);
 
 /*
  * vhd_set_guest_mem_limit - the most guest memory all devices of the process
@@ -72,16 +113,16 @@ void vhd_set_guest_mem_limit(uint64_t bytes);
 
 /*
  * vhd_ctx_config_init - the defaults: 1 worker, adaptive polling for 50 us,
- * budget 64, no SIGBUS guard. Start from this and change what you need
- * (fields added in later versions get their default here).
+ * spin 10 us, budget 64, no SIGBUS guard, workers not pinned. Start from this and change what you
+ * need (fields added in later versions get their default here).
  */
 void vhd_ctx_config_init(struct vhd_ctx_config *cfg);
 
 /*
  * vhd_ctx_new - create a context: start the workers and the control loop.
  * cfg NULL means the defaults. Returns 0 and *out, or -EINVAL (a field out
- * of range), -EBUSY (sigbus_guard while another context holds it), -ENOMEM,
- * or what creating threads, eventfds and io_urings returned.
+ * of range, a CPU of cpus the process may not run on), -EBUSY (sigbus_guard while another context
+ * holds it), -ENOMEM, or what creating threads, eventfds and io_urings returned.
  */
 int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out);
 

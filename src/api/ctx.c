@@ -5,6 +5,7 @@
  * memory faults, the process-wide SIGBUS guard, and the library version.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -48,8 +49,109 @@ void vhd_ctx_config_init(struct vhd_ctx_config *cfg)
     cfg->workers = ro.nworkers;
     cfg->poll = VHD_CTX_POLL_ADAPTIVE;
     cfg->poll_us = ro.poll_us;
+    cfg->spin_us = ro.spin_us;
     cfg->budget = ro.budget;
     cfg->sigbus_guard = false;
+}
+
+/* One CPU number of a list at *p (digits), moved past. 0, -EINVAL or -ERANGE. */
+static int cpu_number(const char **p, unsigned *out)
+{
+    unsigned v = 0;
+
+    if (**p < '0' || **p > '9')
+        return -EINVAL;
+    while (**p >= '0' && **p <= '9') {
+        v = v * 10 + (unsigned)(**p - '0');
+        if (v >= CPU_SETSIZE)
+            return -ERANGE;
+        (*p)++;
+    }
+    *out = v;
+    return 0;
+}
+
+int vhd_parse_cpu_list(const char *s, unsigned *cpus, unsigned max)
+{
+    cpu_set_t seen;
+    unsigned n = 0;
+    int rc;
+
+    if (!s || !cpus || !*s)
+        return -EINVAL;
+    CPU_ZERO(&seen);
+    for (const char *p = s;;) {
+        unsigned lo, hi, stride = 1;
+        rc = cpu_number(&p, &lo);
+        if (rc < 0)
+            return rc;
+        hi = lo;
+        if (*p == '-') {
+            p++;
+            rc = cpu_number(&p, &hi);
+            if (rc < 0)
+                return rc;
+            if (*p == ':') {
+                p++;
+                rc = cpu_number(&p, &stride);
+                if (rc == -ERANGE || (rc == 0 && stride == 0))
+                    return -EINVAL;
+                if (rc < 0)
+                    return rc;
+            }
+            if (hi < lo)
+                return -EINVAL;
+        }
+        for (unsigned c = lo; c <= hi; c += stride) {
+            if (CPU_ISSET(c, &seen))
+                return -EEXIST;
+            if (n >= max)
+                return -E2BIG;
+            CPU_SET(c, &seen);
+            cpus[n++] = c;
+        }
+        if (*p == '\0')
+            return (int)n;
+        if (*p != ',')
+            return -EINVAL;
+        p++;
+    }
+}
+
+/*
+ * Check cfg's CPU list against the CPUs this process may use and fill the
+ * runtime's one-per-worker list (worker i: cpus[i % ncpus]). 0 or -EINVAL,
+ * logged: the caller only sees the errno.
+ */
+static int ctx_cpus(const struct vhd_ctx_config *cfg, int *out)
+{
+    cpu_set_t allowed, seen;
+
+    if (cfg->ncpus > VHD_CTX_MAX_WORKERS || !cfg->cpus) {
+        vhd_log(VHD_LOG_ERROR, "CPU list: %u CPUs (at most %u)", cfg->ncpus, VHD_CTX_MAX_WORKERS);
+        return -EINVAL;
+    }
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) < 0)
+        return -errno;
+    CPU_ZERO(&seen);
+    for (unsigned i = 0; i < cfg->ncpus; i++) {
+        unsigned c = cfg->cpus[i];
+        if (c >= CPU_SETSIZE || !CPU_ISSET(c, &allowed)) {
+            vhd_log(VHD_LOG_ERROR,
+                    "CPU list: CPU %u does not exist or this process may not run on it "
+                    "(sched_getaffinity allows %d CPUs)",
+                    c, CPU_COUNT(&allowed));
+            return -EINVAL;
+        }
+        if (CPU_ISSET(c, &seen)) {
+            vhd_log(VHD_LOG_ERROR, "CPU list: CPU %u listed twice", c);
+            return -EINVAL;
+        }
+        CPU_SET(c, &seen);
+    }
+    for (unsigned i = 0; i < cfg->workers; i++)
+        out[i] = (int)cfg->cpus[i % cfg->ncpus];
+    return 0;
 }
 
 /* A worker marked a queue broken, or the guard absorbed a fault: let each session look. */
@@ -72,6 +174,7 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
 {
     struct vhd_ctx_config def;
     struct vhd_rt_opts ro;
+    int cpus[VHD_CTX_MAX_WORKERS];
     struct vhd_ctx *ctx;
     int rc;
 
@@ -83,8 +186,14 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
     }
     if (cfg->workers < 1 || cfg->workers > VHD_CTX_MAX_WORKERS || cfg->budget < 1 ||
         (cfg->poll != VHD_CTX_POLL_ADAPTIVE && cfg->poll != VHD_CTX_POLL_ALWAYS &&
-         cfg->poll != VHD_CTX_POLL_NEVER))
+         cfg->poll != VHD_CTX_POLL_NEVER) ||
+        cfg->spin_us > 1000000)
         return -EINVAL;
+    if (cfg->ncpus) {
+        rc = ctx_cpus(cfg, cpus);
+        if (rc < 0)
+            return rc;
+    }
     if (cfg->sigbus_guard && guard_owner)
         return -EBUSY;
     ctx = calloc(1, sizeof(*ctx));
@@ -97,7 +206,9 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
     vhd_rt_opts_default(&ro);
     ro.nworkers = cfg->workers;
     ro.poll_us = cfg->poll_us;
+    ro.spin_us = cfg->spin_us;
     ro.budget = cfg->budget;
+    ro.cpus = cfg->ncpus ? cpus : NULL;
     ro.poll_mode = cfg->poll == VHD_CTX_POLL_ALWAYS  ? VHD_POLL_ALWAYS
                    : cfg->poll == VHD_CTX_POLL_NEVER ? VHD_POLL_NEVER
                                                      : VHD_POLL_ADAPTIVE;
@@ -108,6 +219,9 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
     if (rc < 0)
         goto free_ctl;
     ctx->nworkers = cfg->workers;
+    for (unsigned i = 0; cfg->ncpus && i < cfg->workers; i++)
+        vhd_log(VHD_LOG_INFO, "worker %u: pinned to CPU %d (NUMA node %d)", i,
+                vhd_rt_worker_cpu(ctx->rt, i), vhd_rt_worker_node(ctx->rt, i));
     rc = vhd_ctl_add(ctx->ctl, vhd_rt_event_fd(ctx->rt), EPOLLIN, on_rt_event, ctx, NULL);
     if (rc < 0)
         goto free_rt;

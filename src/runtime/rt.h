@@ -48,6 +48,14 @@ struct vhd_rt_opts {
      * io_uring. The daemon passes what its backends use.
      */
     uint64_t uring_ops;
+    /*
+     * Placement: worker i runs pinned to CPU cpus[i] (< 0: floats, as every
+     * worker does without a list); NULL: none pinned. nworkers entries,
+     * copied. A pinned worker is created with its affinity set (it never runs
+     * elsewhere) and then, on its own thread, moves its state to its node and
+     * creates its io_uring, so first touch puts both on the worker's node.
+     */
+    const int *cpus;
 };
 
 #define VHD_RT_MAX_WORKERS 64
@@ -92,6 +100,14 @@ int vhd_rt_worker_stats(const struct vhd_rt *rt, unsigned worker, struct vhd_rt_
  * published by the worker. For statistics and tests. Any thread.
  */
 uint64_t vhd_rt_poll_window_ns(const struct vhd_rt *rt, unsigned worker);
+
+/*
+ * vhd_rt_worker_cpu / vhd_rt_worker_node - the CPU worker `worker` is pinned
+ * to and that CPU's NUMA node (as the worker saw it at start), or -1 for a
+ * floating worker or a bad index. Any thread.
+ */
+int vhd_rt_worker_cpu(const struct vhd_rt *rt, unsigned worker);
+int vhd_rt_worker_node(const struct vhd_rt *rt, unsigned worker);
 
 /*
  * vhd_rt_attach - hand queue q (its vq initialised and started, kick/call

@@ -38,6 +38,7 @@
 #include "util/compiler.h"
 #include "efd.h"
 #include "log.h"
+#include "numa.h"
 #include "rt.h"
 
 /*
@@ -130,6 +131,12 @@ struct rt_entry {
     uint64_t drain_id;  /* RT_REQ_DRAIN: running until a turn takes less than a budget */
 };
 
+/*
+ * Each worker on pages of its own: a pinned worker moves them to its NUMA
+ * node at start (numa.h), which must not drag a neighbour's state along.
+ */
+#define RT_WORKER_ALIGN 4096
+
 struct vhd_worker {
     /* ---- worker thread only ---- */
     struct io_uring ring;
@@ -177,7 +184,13 @@ struct vhd_worker {
     pthread_t thread;
     bool thread_started;
     bool lock_ready; /* lock and cond initialised */
-} vhd_cacheline_aligned;
+    bool ring_ready; /* the io_uring exists (worker_start) */
+    /* Placement: set before the thread starts (cpu) or by it before start_done (node). */
+    int cpu;         /* pinned to this CPU; -1: floats */
+    int node;        /* cpu's NUMA node; -1: floating or unknown */
+    bool start_done; /* worker_start finished (under lock); start_rc is valid */
+    int start_rc;
+} __attribute__((aligned(RT_WORKER_ALIGN)));
 
 struct vhd_rt {
     struct vhd_rt_opts opts;
@@ -973,12 +986,22 @@ static void worker_shutdown(struct vhd_worker *w)
     pthread_mutex_unlock(&w->lock);
 }
 
+static int worker_start(struct vhd_worker *w);
+
 static void *worker_main(void *arg)
 {
     struct vhd_worker *w = arg;
     struct epoll_event evs[RT_EVENTS];
     int timeout = -1;
 
+    int rc = worker_start(w);
+    pthread_mutex_lock(&w->lock);
+    w->start_rc = rc;
+    w->start_done = true;
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    if (rc < 0)
+        return NULL; /* vhd_rt_new joins it and fails */
     /* Call-fd writes stay guarded while we write; disarmed after a quiet period (efd.h). */
     vhd_efd_keep_armed(true);
     w->acct_ns = vhd_now_ns();
@@ -1067,7 +1090,7 @@ void vhd_rt_opts_default(struct vhd_rt_opts *o)
 
 static void worker_fini(struct vhd_worker *w)
 {
-    if (w->rt)
+    if (w->ring_ready)
         io_uring_queue_exit(&w->ring);
     if (w->epfd >= 0)
         close(w->epfd);
@@ -1134,6 +1157,7 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
     w->epfd = -1;
     w->mbox_fd = -1;
     w->index = index;
+    w->node = -1; /* w->cpu: set by vhd_rt_new */
     w->mode = rt->opts.poll_mode;
     w->budget = rt->opts.budget;
     /*
@@ -1171,15 +1195,39 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
     w->mbox_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->mbox_fd < 0)
         return -errno;
-    /* Plain ring, no SQPOLL: the worker is the only submitter and reaper. */
-    rc = worker_ring_init(w, rt);
-    if (rc < 0)
-        return rc;
-    w->rt = rt; /* marks the ring as initialised for worker_fini */
+    w->rt = rt;
 
     ev.data.ptr = &rt_tag_mailbox;
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->mbox_fd, &ev) < 0)
         return -errno;
+    return 0;
+}
+
+/*
+ * The worker's start, on its own thread (already on its CPU when pinned:
+ * vhd_rt_new sets the affinity before the thread runs): move its state to
+ * its node, then create its io_uring (the kernel allocates the rings on the
+ * node of the CPU that asks) and watch it. The hot state the worker
+ * allocates later (queue entries, backends' per-request buffers) is its
+ * own first touch too. 0 or -errno.
+ */
+static int worker_start(struct vhd_worker *w)
+{
+    struct epoll_event ev = {.events = EPOLLIN};
+    int rc;
+
+    if (w->cpu >= 0) {
+        w->node = vhd_numa_node_here();
+        rc = w->node < 0 ? w->node : vhd_numa_move_here(w, sizeof(*w));
+        if (rc < 0 && rc != -ENOSYS)
+            vhd_log(VHD_LOG_DEBUG, "worker %u: state not moved to its NUMA node: %s", w->index,
+                    strerror(-rc));
+    }
+    /* Plain ring, no SQPOLL: the worker is the only submitter and reaper. */
+    rc = worker_ring_init(w, w->rt);
+    if (rc < 0)
+        return rc;
+    w->ring_ready = true;
     /* The ring fd polls readable when CQEs are pending: completions wake a sleeping worker. */
     ev.data.ptr = &rt_tag_uring;
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->ring.ring_fd, &ev) < 0)
@@ -1247,6 +1295,50 @@ static int rt_post_wait(struct vhd_worker *w, struct rt_req *req, int timeout_ms
     return rc;
 }
 
+/*
+ * Start w's thread, pinned to w->cpu when set (the affinity is set before it
+ * runs), and wait for its start (worker_start). A worker whose start failed
+ * has ended: it is joined here. 0 or -errno (-EINVAL: a CPU this process may
+ * not use).
+ */
+static int worker_spawn(struct vhd_worker *w)
+{
+    pthread_attr_t attr;
+    cpu_set_t set;
+    int err;
+
+    if (pthread_attr_init(&attr) != 0)
+        return -ENOMEM;
+    if (w->cpu >= 0) {
+        if (w->cpu >= CPU_SETSIZE) {
+            pthread_attr_destroy(&attr);
+            return -EINVAL;
+        }
+        CPU_ZERO(&set);
+        CPU_SET((unsigned)w->cpu, &set);
+        err = pthread_attr_setaffinity_np(&attr, sizeof(set), &set);
+        if (err != 0) {
+            pthread_attr_destroy(&attr);
+            return -err;
+        }
+    }
+    err = pthread_create(&w->thread, &attr, worker_main, w);
+    pthread_attr_destroy(&attr);
+    if (err != 0)
+        return -err;
+    pthread_mutex_lock(&w->lock);
+    while (!w->start_done)
+        pthread_cond_wait(&w->cond, &w->lock);
+    err = w->start_rc;
+    pthread_mutex_unlock(&w->lock);
+    if (err < 0) {
+        pthread_join(w->thread, NULL);
+        return err;
+    }
+    w->thread_started = true;
+    return 0;
+}
+
 int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
 {
     struct vhd_rt *rt;
@@ -1268,6 +1360,7 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
     if (!rt)
         return -ENOMEM;
     rt->opts = *o;
+    rt->opts.cpus = NULL; /* o's array is the caller's: worker_init copies each entry */
     /* An adaptive window of 0 us is event mode: skip the disable/enable round trip. */
     if (rt->opts.poll_mode == VHD_POLL_ADAPTIVE && rt->opts.poll_us == 0)
         rt->opts.poll_mode = VHD_POLL_NEVER;
@@ -1277,7 +1370,7 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
         free(rt);
         return rc;
     }
-    rt->workers = aligned_alloc(VHD_CACHELINE, o->nworkers * sizeof(*rt->workers));
+    rt->workers = aligned_alloc(RT_WORKER_ALIGN, o->nworkers * sizeof(*rt->workers));
     if (!rt->workers) {
         close(rt->event_fd);
         free(rt);
@@ -1285,6 +1378,7 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
     }
     memset(rt->workers, 0, o->nworkers * sizeof(*rt->workers));
     for (unsigned i = 0; i < o->nworkers; i++) {
+        rt->workers[i].cpu = o->cpus ? o->cpus[i] : -1;
         rc = worker_init(rt, &rt->workers[i], i);
         rt->nworkers = i + 1; /* vhd_rt_free cleans up to here */
         if (rc < 0)
@@ -1308,12 +1402,9 @@ int vhd_rt_new(const struct vhd_rt_opts *o, struct vhd_rt **out)
     rc = 0;
     for (unsigned i = 0; i < rt->nworkers; i++) {
         struct vhd_worker *w = &rt->workers[i];
-        int err = pthread_create(&w->thread, NULL, worker_main, w);
-        if (err != 0) {
-            rc = -err;
+        rc = worker_spawn(w);
+        if (rc < 0)
             break;
-        }
-        w->thread_started = true;
         char name[16];
         snprintf(name, sizeof(name), "vhd-worker%u", (unsigned)(uint8_t)i); /* i < 64 */
         pthread_setname_np(w->thread, name);
@@ -1370,6 +1461,20 @@ uint64_t vhd_rt_poll_window_ns(const struct vhd_rt *rt, unsigned worker)
     if (!rt || worker >= rt->nworkers)
         return 0;
     return vhd_load_relaxed(&rt->workers[worker].window_pub);
+}
+
+int vhd_rt_worker_cpu(const struct vhd_rt *rt, unsigned worker)
+{
+    if (!rt || worker >= rt->nworkers)
+        return -1;
+    return rt->workers[worker].cpu;
+}
+
+int vhd_rt_worker_node(const struct vhd_rt *rt, unsigned worker)
+{
+    if (!rt || worker >= rt->nworkers)
+        return -1;
+    return rt->workers[worker].node;
 }
 
 int vhd_rt_event_fd(const struct vhd_rt *rt)

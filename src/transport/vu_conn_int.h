@@ -31,6 +31,7 @@ struct vhd_vu_conn {
     bool config_change_pending; /* a config change while suspended: told when a ring starts */
     int detach_timeout_ms;
     bool *err_signalled; /* per queue: its broken state was signalled on err_fd */
+    bool numa_pending;   /* the memory table's node is reported when a ring starts (numa.h) */
     /* SET_INFLIGHT_FD: the mapped inflight area (NULL: none) and its shape. */
     void *inflight;
     uint64_t inflight_size;
@@ -109,6 +110,8 @@ int vhd_vu__set_vring_enable(struct vhd_vu_conn *c, struct vu_req *r);
 void vhd_vu__inflight_unmap(struct vhd_vu_conn *c);
 
 int vhd_vu__set_mem_table(struct vhd_vu_conn *c, struct vu_req *r);
+/* Log the NUMA node of the device's guest memory (vu_conn_shm.c; numa.h). */
+void vhd_vu__report_numa(struct vhd_vu_conn *c, bool last);
 int vhd_vu__get_max_mem_slots(struct vhd_vu_conn *c, struct vu_req *r);
 int vhd_vu__add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
 int vhd_vu__rem_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);

@@ -314,6 +314,8 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
         }
     }
     q->started = true;
+    if (c->numa_pending)
+        vhd_vu__report_numa(c, true); /* the rings are resident now */
     return 0;
 }
 

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include "core/inflight.h"
 #include "core/memguard.h"
 #include "runtime/log.h"
+#include "runtime/numa.h"
 #include "vu_conn_int.h"
 
 /* Do q's rings (as the engine will map them) lie inside mem? Front-end VAs. */
@@ -77,6 +79,24 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
     vhd_mem_free(old);
     vhd_vu__dev_resume(c);
     return 0;
+}
+
+/*
+ * Which NUMA node the device's memory sits on, against its queues' workers
+ * (numa.h). At a new table (last false) nothing may be resident yet: then
+ * c->numa_pending asks the first ring start to report it (last true).
+ */
+void vhd_vu__report_numa(struct vhd_vu_conn *c, bool last)
+{
+    struct vhd_dev *dev = c->dev;
+    unsigned *qw = calloc(dev->num_queues ? dev->num_queues : 1, sizeof(*qw));
+
+    if (!qw)
+        return; /* only a log line lost */
+    for (uint32_t i = 0; i < dev->num_queues; i++)
+        qw[i] = vhd_vu__queue_worker_of(dev, i);
+    c->numa_pending = vhd_numa_report_mem(dev, qw, dev->num_queues, last) == 0 && !last;
+    free(qw);
 }
 
 /* Drop the inflight area. No started ring may be using it. */
@@ -180,8 +200,10 @@ int vhd_vu__set_mem_table(struct vhd_vu_conn *c, struct vu_req *r)
         return rc;
     }
     rc = conn_swap_mem(c, r, mem);
-    if (rc == 0)
+    if (rc == 0) {
         vhd_log(VHD_LOG_INFO, "%s: memory table: %u regions", c->dev->name, m->nregions);
+        vhd_vu__report_numa(c, false);
+    }
     return rc;
 }
 
@@ -210,12 +232,16 @@ int vhd_vu__add_mem_reg(struct vhd_vu_conn *c, struct vu_req *r)
     int rc = conn_mem_cap(c, r, add_sat(vhd_mem_bytes(c->dev->mem), d.size));
     if (rc < 0)
         return rc;
+    bool first = vhd_mem_bytes(c->dev->mem) == 0;
     rc = vhd_mem_add(c->dev->mem, &d, &mem);
     if (rc < 0) {
         r->why = mem_error(rc);
         return rc;
     }
-    return conn_swap_mem(c, r, mem);
+    rc = conn_swap_mem(c, r, mem);
+    if (rc == 0 && first)
+        vhd_vu__report_numa(c, false); /* once per table, not once per region */
+    return rc;
 }
 
 /*

@@ -65,6 +65,21 @@ unsigned vhd_rt_nworkers(const struct vhd_rt *rt)
     return 2;
 }
 
+/* Floating workers: the NUMA report (runtime/numa.c) has nothing to warn about. */
+int vhd_rt_worker_cpu(const struct vhd_rt *rt, unsigned worker)
+{
+    (void)rt;
+    (void)worker;
+    return -1;
+}
+
+int vhd_rt_worker_node(const struct vhd_rt *rt, unsigned worker)
+{
+    (void)rt;
+    (void)worker;
+    return -1;
+}
+
 int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
 {
     (void)rt;
