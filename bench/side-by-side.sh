@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 #
-# bench/side-by-side.sh: vhostd against qemu-storage-daemon (qsd), driven by the
-# very same vhostd-bench settings, run alternately (A B, then B A, ...) for N
-# rounds so that the machine's drift hits both daemons alike. For every run it
+# bench/side-by-side.sh: vhostd against qemu-storage-daemon (qsd), and SPDK's
+# vhost target when --spdk-vhost is given (null cases), driven by the very same
+# vhostd-bench settings, run alternately (A B [C], then B [C] A, ...) for N
+# rounds so that the machine's drift hits every daemon alike. For every run it
 # keeps the bench's --json, and the daemon's CPU time (utime+stime from
 # /proc/PID/stat, plus the per-thread schedstat sum in ns as a finer cross-check)
 # read before and after the run: CPU per I/O = delta / I/Os done.
@@ -43,6 +44,11 @@ usage: bench/side-by-side.sh [options]
   --bench-cpu N       CPU for vhostd-bench (default 0)
   --vhostd-sandbox M  vhostd --sandbox on|off|log (default on: vhostd's default)
   --build DIR         where vhostd and vhostd-bench are built (default build)
+  --spdk-vhost PATH   also run SPDK's vhost target (an SPDK tree's build/bin/vhost,
+                      e.g. as built by bench/spdk-side-by-side.sh) in the null cases:
+                      a null bdev (8 GiB, 4 KiB blocks), one vhost-blk controller,
+                      reactor and controller on the daemon CPU, --no-huge -s 1024 -u
+  --spdk-rpc PATH     its scripts/rpc.py (default: ../../scripts/rpc.py from the binary)
   --keep-image        do not remove the image at the end
   --no-plot           skip the gnuplot PNG
   --help
@@ -65,6 +71,8 @@ VHOSTD_SANDBOX=on
 BUILD="$root/build"
 KEEP_IMAGE=0
 PLOT=1
+SPDK_VHOST=""
+SPDK_RPC=""
 
 # need "$@": the option's value, from --opt=VALUE or from the next argument.
 need() {
@@ -93,6 +101,8 @@ while [ $# -gt 0 ]; do
     --bench-cpu) need "$@"; BCPU=$val ;;
     --vhostd-sandbox) need "$@"; VHOSTD_SANDBOX=$val ;;
     --build) need "$@"; BUILD=$val ;;
+    --spdk-vhost) need "$@"; SPDK_VHOST=$val ;;
+    --spdk-rpc) need "$@"; SPDK_RPC=$val ;;
     --keep-image) KEEP_IMAGE=1 ;;
     --no-plot) PLOT=0 ;;
     --help | -h) usage; exit 0 ;;
@@ -111,6 +121,15 @@ done
 for b in vhostd vhostd-bench; do
     [ -x "$BUILD/$b" ] || { echo "side-by-side: $BUILD/$b missing: build first (ninja -C build)" >&2; exit 1; }
 done
+
+DAEMONS="vhostd qsd"
+if [ -n "$SPDK_VHOST" ]; then
+    [ -x "$SPDK_VHOST" ] || { echo "side-by-side: --spdk-vhost $SPDK_VHOST: not an executable (an SPDK tree's build/bin/vhost)" >&2; exit 2; }
+    [ -n "$SPDK_RPC" ] || SPDK_RPC=$(dirname "$SPDK_VHOST")/../../scripts/rpc.py
+    [ -f "$SPDK_RPC" ] || { echo "side-by-side: SPDK's rpc.py not found at $SPDK_RPC (--spdk-rpc PATH)" >&2; exit 2; }
+    python3 "$SPDK_RPC" --help >/dev/null 2>&1 || { echo "side-by-side: python3 $SPDK_RPC does not run (python3-tabulate, python3-jinja2, python3-yaml?)" >&2; exit 2; }
+    DAEMONS="vhostd qsd spdk"
+fi
 
 mkdir -p "$OUT/raw" "$OUT/logs" "$OUT/bin"
 RUN=$(mktemp -d /tmp/vhd-sbs.XXXXXX) # sockets (short paths: sun_path is 108 bytes)
@@ -267,6 +286,11 @@ run_one() {
         # shellcheck disable=SC2207
         cmd=("$VHOSTD" --workers 1 $(cfg_vhostd_poll "$cfg") --sandbox "$VHOSTD_SANDBOX"
             --log-level warn --blk "$spec")
+    elif [ "$daemon" = spdk ]; then
+        # SPDK always polls (its reactor): the config only changes the bench's completion.
+        # The controller is named after the socket file SPDK creates in -S DIR.
+        cmd=("$SPDK_VHOST" -S "$RUN" --no-huge -s 1024 -m "$(printf '0x%x' $((1 << DCPU)))" -u
+            -r "$RUN/spdk-rpc.sock")
     else
         local bdev
         if [ "$backend" = null ]; then
@@ -284,7 +308,17 @@ run_one() {
     taskset -c "$DCPU" "${cmd[@]}" >>"$log" 2>&1 &
     DPID=$!
     local status=ok
-    if ! wait_socket "$sock" "$DPID"; then
+    if [ "$daemon" = spdk ]; then
+        local mask
+        mask=$(printf '0x%x' $((1 << DCPU)))
+        if ! wait_socket "$RUN/spdk-rpc.sock" "$DPID" ||
+            ! python3 "$SPDK_RPC" -s "$RUN/spdk-rpc.sock" bdev_null_create Null0 8192 4096 >>"$log" 2>&1 ||
+            ! python3 "$SPDK_RPC" -s "$RUN/spdk-rpc.sock" vhost_create_blk_controller --cpumask "$mask" \
+                "$(basename "$sock")" Null0 >>"$log" 2>&1; then
+            status="daemon-start-failed"
+        fi
+    fi
+    if [ "$status" = ok ] && ! wait_socket "$sock" "$DPID"; then
         status="daemon-start-failed"
     fi
     local c0 c1 load1 brc=0 t0 t1
@@ -309,6 +343,7 @@ run_one() {
         fi
     fi
     stop_pid "$DPID"
+    [ "$daemon" = spdk ] && rm -rf "/var/run/dpdk/spdk_pid$DPID" "$RUN/spdk-rpc.sock"
     DPID=""
     rm -f "$sock"
 
@@ -347,6 +382,9 @@ calibrate() {
     echo "host: $(uname -srm), $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
     echo "vhostd: $(cd "$root" && git describe --always --dirty 2>/dev/null || echo unknown) ($("$VHOSTD" --version 2>&1 | head -1))"
     echo "qsd: $(qemu-storage-daemon --version | head -1)"
+    if [ -n "$SPDK_VHOST" ]; then
+        echo "spdk: $SPDK_VHOST ($(cat "$(dirname "$SPDK_VHOST")/../../VERSION" 2>/dev/null || git -C "$(dirname "$SPDK_VHOST")" describe --always 2>/dev/null || echo unknown))"
+    fi
     echo "buildtype: $(meson introspect "$BUILD" --buildoptions 2>/dev/null | jq -r '.[] | select(.name=="buildtype") | .value' 2>/dev/null || echo unknown)"
     echo "settings: rounds=$ROUNDS runtime=${RUNTIME}s daemon-cpu=$DCPU bench-cpu=$BCPU file-mode=$FILE_MODE image=$IMAGE_SIZE vhostd-sandbox=$VHOSTD_SANDBOX"
     echo "loadavg before: $(cat /proc/loadavg)"
@@ -355,13 +393,19 @@ calibrate() {
 psi0=$(psi_some_us)
 t_start=$(date +%s)
 
-echo "side-by-side: ${#ROWS[@]} cases x 2 daemons x $ROUNDS rounds, ${RUNTIME}s each; results in $OUT" >&2
+read -r -a daemons <<<"$DAEMONS"
+echo "side-by-side: ${#ROWS[@]} cases x ${#daemons[@]} daemons ($DAEMONS) x $ROUNDS rounds, ${RUNTIME}s each; results in $OUT" >&2
 for round in $(seq "$ROUNDS"); do
-    # Alternate who goes first: vhostd first in odd rounds, qsd first in even ones.
-    if [ $((round % 2)) = 1 ]; then order="vhostd qsd"; else order="qsd vhostd"; fi
+    # Rotate who goes first: round 1 vhostd qsd [spdk], round 2 qsd [spdk] vhostd, ...
+    order=""
+    for i in $(seq 0 $((${#daemons[@]} - 1))); do
+        order+=" ${daemons[$(((round - 1 + i) % ${#daemons[@]}))]}"
+    done
     for row in "${ROWS[@]}"; do
         read -r cfg name backend rw q depth <<<"$row"
         for daemon in $order; do
+            # SPDK has a null bdev here, no file-backed one.
+            [ "$daemon" = spdk ] && [ "$backend" != null ] && continue
             run_one "$cfg" "$name" "$backend" "$rw" "$q" "$depth" "$daemon" "$round"
         done
     done

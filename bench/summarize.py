@@ -13,7 +13,10 @@ vhostd/qsd (higher is better for vhostd) and CPU per I/O qsd/vhostd (how many
 times less CPU vhostd spends per I/O), each the median of the per-round
 ratios of the two back-to-back runs of a round (paired: both saw about the
 same machine), with their min-max range as the noise indicator; the ratio of
-the medians is in summary.json too.
+the medians is in summary.json too. When the runs include SPDK's vhost target
+(side-by-side.sh --spdk-vhost), its IOPS, CPU per I/O and the paired ratios
+vhostd/SPDK stand next to qsd's in the same table (n/a in the cases SPDK does
+not run: the file backend).
 """
 import csv
 import json
@@ -34,6 +37,8 @@ CONFIG_DESC = {
 }
 TARGET_CASE = "null-randread-q1-d32"
 TARGET = 3.0
+SPDK_TARGET = 1.3  # issue 15: >= 1.3x SPDK's IOPS (polling)
+OTHERS = ("qsd", "spdk")
 
 
 def med(xs):
@@ -73,7 +78,7 @@ def main():
     rows = []
     for (cfg, case), g in groups.items():
         row = {"config": cfg, "case": case, "completion": g["completion"]}
-        for d in ("vhostd", "qsd"):
+        for d in ("vhostd",) + OTHERS:
             rs = g.get(d, [])
             iops = [float(r["iops"]) for r in rs]
             m = med(iops)
@@ -94,32 +99,40 @@ def main():
                     [float(r["cpu_s"]) / float(r["runtime_s"]) for r in rs if float(r["runtime_s"]) > 0]
                 ),
             }
-        v, q = row["vhostd"], row["qsd"]
-        row["iops_ratio_of_medians"] = v["iops"] / q["iops"] if q["iops"] > 0 else float("nan")
-        row["cpu_ratio_of_medians"] = (
-            q["cpu_us_per_io"] / v["cpu_us_per_io"] if v["cpu_us_per_io"] > 0 else float("nan")
-        )
-        # Paired ratios, round by round.
-        by_round = {}
-        for d in ("vhostd", "qsd"):
-            for r in g.get(d, []):
-                by_round.setdefault(r["round"], {})[d] = r
-        pi, pc = [], []
-        for rnd in sorted(by_round, key=int):
-            p = by_round[rnd]
-            if "vhostd" not in p or "qsd" not in p:
-                continue
-            a, b = p["vhostd"], p["qsd"]
-            if float(b["iops"]) > 0:
-                pi.append(float(a["iops"]) / float(b["iops"]))
-            ca = float(a["cpu_s"]) / float(a["ios"]) if float(a["ios"]) > 0 else 0
-            cb = float(b["cpu_s"]) / float(b["ios"]) if float(b["ios"]) > 0 else 0
-            if ca > 0:
-                pc.append(cb / ca)
-        row["iops_ratios"] = pi
-        row["cpu_ratios"] = pc
-        row["iops_ratio"] = med(pi)
-        row["cpu_ratio"] = med(pc)
+        v = row["vhostd"]
+        for o in OTHERS:
+            q = row[o]
+            # qsd's keep their historical names; SPDK's carry a suffix.
+            sfx = "" if o == "qsd" else "_" + o
+            row["iops_ratio_of_medians" + sfx] = (
+                v["iops"] / q["iops"] if q["iops"] > 0 else float("nan")
+            )
+            row["cpu_ratio_of_medians" + sfx] = (
+                q["cpu_us_per_io"] / v["cpu_us_per_io"]
+                if v["cpu_us_per_io"] > 0 and q["cpu_us_per_io"] == q["cpu_us_per_io"]
+                else float("nan")
+            )
+            # Paired ratios, round by round.
+            by_round = {}
+            for d in ("vhostd", o):
+                for r in g.get(d, []):
+                    by_round.setdefault(r["round"], {})[d] = r
+            pi, pc = [], []
+            for rnd in sorted(by_round, key=int):
+                p = by_round[rnd]
+                if "vhostd" not in p or o not in p:
+                    continue
+                a, b = p["vhostd"], p[o]
+                if float(b["iops"]) > 0:
+                    pi.append(float(a["iops"]) / float(b["iops"]))
+                ca = float(a["cpu_s"]) / float(a["ios"]) if float(a["ios"]) > 0 else 0
+                cb = float(b["cpu_s"]) / float(b["ios"]) if float(b["ios"]) > 0 else 0
+                if ca > 0:
+                    pc.append(cb / ca)
+            row["iops_ratios" + sfx] = pi
+            row["cpu_ratios" + sfx] = pc
+            row["iops_ratio" + sfx] = med(pi)
+            row["cpu_ratio" + sfx] = med(pc)
         rows.append(row)
     rows.sort(
         key=lambda r: (
@@ -138,21 +151,45 @@ def main():
     def rng(xs):
         return f"{min(xs):.2f}-{max(xs):.2f}" if xs else "n/a"
 
-    md.append(
-        "| config | case | vhostd IOPS | qsd IOPS | IOPS ratio | (range) | vhostd p99 us "
-        "| qsd p99 us | vhostd CPU us/IO | qsd CPU us/IO | CPU ratio | (range) "
-        "| cores v / q |"
-    )
-    md.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    spdk = any(r["spdk"]["runs"] for r in rows)
+    if not spdk:
+        md.append(
+            "| config | case | vhostd IOPS | qsd IOPS | IOPS ratio | (range) | vhostd p99 us "
+            "| qsd p99 us | vhostd CPU us/IO | qsd CPU us/IO | CPU ratio | (range) "
+            "| cores v / q |"
+        )
+        md.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    else:
+        md.append(
+            "| config | case | vhostd IOPS | qsd IOPS | SPDK IOPS | IOPS ×qsd | (range) "
+            "| IOPS ×SPDK | (range) | vhostd p99 us | qsd p99 us | SPDK p99 us "
+            "| vhostd CPU us/IO | qsd CPU us/IO | SPDK CPU us/IO | CPU ×qsd | (range) "
+            "| CPU ×SPDK | (range) | cores v / q / s |"
+        )
+        md.append("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        v, q = r["vhostd"], r["qsd"]
+        v, q, sp = r["vhostd"], r["qsd"], r["spdk"]
+        if not spdk:
+            md.append(
+                f"| {r['config']} | {r['case']} | {fmt_int(v['iops'])} | {fmt_int(q['iops'])} "
+                f"| **{fmt(r['iops_ratio'], 2)}x** | {rng(r['iops_ratios'])} "
+                f"| {fmt(v['p99_us'])} | {fmt(q['p99_us'])} "
+                f"| {fmt(v['cpu_us_per_io'], 2)} | {fmt(q['cpu_us_per_io'], 2)} "
+                f"| **{fmt(r['cpu_ratio'], 2)}x** | {rng(r['cpu_ratios'])} "
+                f"| {fmt(v['cores'], 2)} / {fmt(q['cores'], 2)} |"
+            )
+            continue
         md.append(
             f"| {r['config']} | {r['case']} | {fmt_int(v['iops'])} | {fmt_int(q['iops'])} "
+            f"| {fmt_int(sp['iops'])} "
             f"| **{fmt(r['iops_ratio'], 2)}x** | {rng(r['iops_ratios'])} "
-            f"| {fmt(v['p99_us'])} | {fmt(q['p99_us'])} "
+            f"| **{fmt(r['iops_ratio_spdk'], 2)}x** | {rng(r['iops_ratios_spdk'])} "
+            f"| {fmt(v['p99_us'])} | {fmt(q['p99_us'])} | {fmt(sp['p99_us'])} "
             f"| {fmt(v['cpu_us_per_io'], 2)} | {fmt(q['cpu_us_per_io'], 2)} "
+            f"| {fmt(sp['cpu_us_per_io'], 2)} "
             f"| **{fmt(r['cpu_ratio'], 2)}x** | {rng(r['cpu_ratios'])} "
-            f"| {fmt(v['cores'], 2)} / {fmt(q['cores'], 2)} |"
+            f"| **{fmt(r['cpu_ratio_spdk'], 2)}x** | {rng(r['cpu_ratios_spdk'])} "
+            f"| {fmt(v['cores'], 2)} / {fmt(q['cores'], 2)} / {fmt(sp['cores'], 2)} |"
         )
     md.append("")
     md.append(
@@ -161,6 +198,13 @@ def main():
         "of the per-round ratios of back-to-back runs, (range) their min-max over the "
         "rounds. CPU = the daemon's utime+stime (/proc/PID/stat) over the run; cores = CPU "
         "seconds per second of run."
+        + (
+            " ×SPDK columns: the same paired ratios against SPDK's vhost target (a null bdev "
+            "that does not zero the buffer; its reactor polls whatever the config, so its "
+            "cores are ~1.0); n/a where SPDK did not run (file cases)."
+            if spdk
+            else ""
+        )
     )
     for c in CONFIG_ORDER:
         if any(r["config"] == c for r in rows):
@@ -180,6 +224,19 @@ def main():
             f"{fmt(r['cpu_ratio'], 2)}x less ({ok_c}; rounds "
             f"{', '.join(f'{x:.2f}' for x in r['cpu_ratios'])})"
         )
+    if spdk:
+        md.append("")
+        md.append(f"Against SPDK (issue 15): {TARGET_CASE}, vhostd >= {SPDK_TARGET}x SPDK IOPS:")
+        md.append("")
+        for r in rows:
+            if r["case"] != TARGET_CASE or not r["spdk"]["runs"]:
+                continue
+            ok_i = "met" if r["iops_ratio_spdk"] >= SPDK_TARGET else "NOT met"
+            md.append(
+                f"- {r['config']}: IOPS {fmt(r['iops_ratio_spdk'], 2)}x ({ok_i}; rounds "
+                f"{', '.join(f'{x:.2f}' for x in r['iops_ratios_spdk'])}), CPU/IO "
+                f"{fmt(r['cpu_ratio_spdk'], 2)}x less"
+            )
     if failed:
         md.append("")
         md.append(f"{len(failed)} run(s) failed and are left out:")
