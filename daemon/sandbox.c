@@ -313,6 +313,10 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ANY(mincore, "the NUMA report looks up only guest-memory pages that exist"),
     ARG_EQ(get_mempolicy, 4, 3 /* MPOL_F_NODE | MPOL_F_ADDR */,
            "the NUMA report reads which node a guest-memory page is on"),
+    ANY(getcpu, "a pinned worker learns its NUMA node (when the vDSO falls back to the syscall)"),
+    /* move_pages(0, n, pages, nodes, status, MPOL_MF_MOVE): our own pages only. */
+    ARG_MASKED_AND_MASKED(move_pages, 0, ~0ull, 0, 5, ~0ull, 2 /* MPOL_MF_MOVE */, 0,
+                          "a pinned worker moves a queue's state to its NUMA node (attach)"),
 #if VHD_SANDBOX_SANITIZER
     /* ---- sanitizer builds only (ASan/UBSan/TSan runtimes; never in a release build) ---- */
     ANY(sigaltstack, "the sanitizer runtime sets up and tears down a thread's signal stack"),

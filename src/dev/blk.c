@@ -24,6 +24,7 @@
 #include "util/compiler.h"
 #include "util/iov.h"
 #include "runtime/log.h"
+#include "runtime/numa.h"
 #include "runtime/rt.h"
 #include "spec/virtio_blk.h"
 #include "util/errmsg.h"
@@ -1155,6 +1156,19 @@ static int blk_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     return 0;
 }
 
+/* A pinned worker took q: its request slots go to the worker's node (dev.h). */
+static int blk_queue_place(struct vhd_queue *q)
+{
+    struct blk_queue *bq = q->priv;
+
+    if (!bq)
+        return 0;
+    int rc = vhd_numa_move_here(bq, sizeof(*bq));
+    if (rc == 0)
+        rc = vhd_numa_move_here(bq->reqs, (size_t)bq->nreqs * sizeof(struct blk_req));
+    return rc;
+}
+
 static void blk_reset(struct vhd_dev *dev)
 {
     struct vhd_blk *blk = to_blk(dev);
@@ -1171,6 +1185,7 @@ const struct vhd_dev_ops vhd_blk_ops = {
     .get_config = blk_get_config,
     .set_config = blk_set_config,
     .queue_init = blk_queue_init,
+    .queue_place = blk_queue_place,
     .queue_fini = blk_queue_fini,
     .queue_process = blk_queue_process,
     .reset = blk_reset,

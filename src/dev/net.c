@@ -21,6 +21,7 @@
 #include "util/iov.h"
 #include "runtime/efd.h"
 #include "runtime/log.h"
+#include "runtime/numa.h"
 #include "runtime/rt.h"
 #include "spec/virtio_net.h"
 #include "util/errmsg.h"
@@ -143,6 +144,7 @@ struct vhd_net {
 struct net_queue {
     struct vhd_queue *q;
     struct vhd_net *net;
+    size_t alloc_size;  /* this allocation's bytes (iovecs and run slots included) */
     uint8_t role;       /* enum net_role */
     uint16_t pair;      /* rx/tx: the pair's number */
     bool mrg;           /* rx: MRG_RXBUF negotiated (5.1.6.3.1) */
@@ -1321,6 +1323,13 @@ static int net_get_config(struct vhd_dev *dev, void *buf, uint32_t off, uint32_t
 }
 
 /* Fold a finished ring run's counters into the session totals. Control thread, q detached. */
+/* A pinned worker took q: its state (iovecs, run slots) goes to the worker's node (dev.h). */
+static int net_queue_place(struct vhd_queue *q)
+{
+    struct net_queue *nq = q->priv;
+    return nq ? vhd_numa_move_here(nq, nq->alloc_size) : 0;
+}
+
 static void net_queue_fini(struct vhd_dev *dev, struct vhd_queue *q)
 {
     struct vhd_net *net = to_net(dev);
@@ -1384,6 +1393,7 @@ static int net_queue_init(struct vhd_dev *dev, struct vhd_queue *q)
     memset(nq, 0, sizeof(*nq));
     nq->q = q;
     nq->net = net;
+    nq->alloc_size = sz;
     nq->role = role;
     nq->pair = (uint16_t)(q->index / 2);
     nq->niov = niov;
@@ -1526,6 +1536,7 @@ const struct vhd_dev_ops vhd_net_ops = {
     .get_config = net_get_config,
     .set_config = NULL,
     .queue_init = net_queue_init,
+    .queue_place = net_queue_place,
     .queue_fini = net_queue_fini,
     .queue_process = net_queue_process,
     .reset = net_reset,

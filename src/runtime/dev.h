@@ -144,6 +144,16 @@ struct vhd_dev_ops {
      * q->inflight_io to reach 0. On the owning worker.
      */
     void (*queue_stop)(struct vhd_queue *q);
+
+    /*
+     * queue_place - optional: q's worker is pinned to a CPU (rt.h,
+     * opts.cpus) and has just taken q: move the device's per-queue state
+     * (q->priv and what it points to, allocated by queue_init on the
+     * control thread) to the worker's NUMA node, vhd_numa_move_here()
+     * (numa.h). On the owning worker, at attach. 0 or -errno (the state just
+     * stays where it is).
+     */
+    int (*queue_place)(struct vhd_queue *q);
 };
 
 /* One virtqueue of a device. Cache-line aligned; never written by two threads at once. */

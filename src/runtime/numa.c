@@ -17,7 +17,6 @@
 #include "dev.h"
 #include "log.h"
 #include "numa.h"
-#include "rt.h"
 
 #define MOVE_BATCH 64 /* pages per move_pages call */
 /* <numaif.h> is libnuma's: the kernel's values. */
@@ -29,7 +28,7 @@ int vhd_numa_node_here(void)
 {
     unsigned cpu, node;
 
-    if (syscall(SYS_getcpu, &cpu, &node, NULL) < 0)
+    if (getcpu(&cpu, &node) < 0) /* the vDSO's: usually no syscall */
         return -errno;
     return (int)node;
 }
@@ -94,8 +93,8 @@ static unsigned sample_region(uint8_t *base, uint64_t len, unsigned *counts, uns
     return resident;
 }
 
-unsigned vhd_numa_report_mem(const struct vhd_dev *dev, const unsigned *qworker, unsigned nq,
-                             bool last)
+unsigned vhd_numa_report_mem(const struct vhd_dev *dev, const struct vhd_numa_qplace *q,
+                             unsigned nq, bool last)
 {
     unsigned counts[VHD_NUMA_MAX_NODE + 1] = {0};
     unsigned sampled = 0, resident = 0, best = 0;
@@ -135,18 +134,18 @@ unsigned vhd_numa_report_mem(const struct vhd_dev *dev, const unsigned *qworker,
     /* Each worker once: warn when it is pinned to a CPU of another node. */
     uint64_t seen = 0;
     for (unsigned i = 0; i < nq; i++) {
-        unsigned w = qworker[i];
+        unsigned w = q[i].worker;
         if (w >= 64 || (seen >> w & 1))
             continue;
         seen |= 1ull << w;
-        int node = vhd_rt_worker_node(dev->rt, w);
+        int node = q[i].node;
         if (node < 0 || (unsigned)node == best)
             continue;
         vhd_log(VHD_LOG_WARN,
                 "%s: queues run on worker %u (CPU %d, NUMA node %d) but guest memory is on node "
                 "%u: every request crosses nodes; pin its workers to CPUs of node %u (--cpus, "
                 "workers=)",
-                dev->name, w, vhd_rt_worker_cpu(dev->rt, w), node, best, best);
+                dev->name, w, q[i].cpu, node, best, best);
     }
     return resident;
 }

@@ -13,6 +13,13 @@
 
 struct vhd_dev;
 
+/* Where queue i of a device runs: its worker, and that worker's CPU and node (-1: floating). */
+struct vhd_numa_qplace {
+    unsigned worker;
+    int cpu;
+    int node;
+};
+
 /* The NUMA node of the CPU the calling thread runs on, or -errno. Any thread. */
 int vhd_numa_node_here(void);
 
@@ -29,16 +36,16 @@ int vhd_numa_move_here(void *addr, size_t len);
  * vhd_numa_report_mem - log which node(s) dev's guest memory sits on (up to
  * VHD_NUMA_SAMPLES pages of each region: those the memory file has, through
  * mincore and get_mempolicy; a hole is never faulted in), and warn when one of dev's queues runs on
- * a worker pinned to a CPU of another node. qworker[i] is the worker of
- * queue i (nq queues). Info line:
+ * a worker pinned to a CPU of another node. q[i] says where queue i runs
+ * (nq queues). Info line:
  *   "NAME: guest memory on NUMA node 0 (16 of 16 sampled pages)".
  * When no sampled page is resident yet (a front-end that has not touched
  * its memory), says so only when `last` is set and returns 0: the caller
  * asks again later (the transport: when a ring starts). Returns the number
  * of resident pages seen. Control thread; dev->mem may be NULL.
  */
-unsigned vhd_numa_report_mem(const struct vhd_dev *dev, const unsigned *qworker, unsigned nq,
-                             bool last);
+unsigned vhd_numa_report_mem(const struct vhd_dev *dev, const struct vhd_numa_qplace *q,
+                             unsigned nq, bool last);
 
 #define VHD_NUMA_SAMPLES  16u /* pages looked up per memory region */
 #define VHD_NUMA_MAX_NODE 64  /* nodes counted separately; higher ones are reported as ">= 64" */

@@ -748,6 +748,13 @@ static int worker_do_attach(struct vhd_worker *w, struct vhd_queue *q)
     e->pending = true;
     worker_entry_set_notify(w, e);
     w->entries[w->nentries++] = e;
+    if (w->cpu >= 0 && q->dev->ops->queue_place) {
+        /* Pinned: the queue's state follows the worker to its node (first touch was elsewhere). */
+        int rc = q->dev->ops->queue_place(q);
+        VHD_LOG_RL(VHD_LOG_DEBUG, "%s: queue %u: state %s worker %u's NUMA node %d%s%s",
+                   q->dev->name, q->index, rc == 0 ? "moved to" : "not moved to", w->index, w->node,
+                   rc == 0 ? "" : ": ", rc == 0 ? "" : strerror(-rc));
+    }
     return 0;
 }
 

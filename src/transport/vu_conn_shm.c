@@ -21,6 +21,7 @@
 #include "core/memguard.h"
 #include "runtime/log.h"
 #include "runtime/numa.h"
+#include "runtime/rt.h"
 #include "vu_conn_int.h"
 
 /* Do q's rings (as the engine will map them) lie inside mem? Front-end VAs. */
@@ -89,12 +90,15 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
 void vhd_vu__report_numa(struct vhd_vu_conn *c, bool last)
 {
     struct vhd_dev *dev = c->dev;
-    unsigned *qw = calloc(dev->num_queues ? dev->num_queues : 1, sizeof(*qw));
+    struct vhd_numa_qplace *qw = calloc(dev->num_queues ? dev->num_queues : 1, sizeof(*qw));
 
     if (!qw)
         return; /* only a log line lost */
-    for (uint32_t i = 0; i < dev->num_queues; i++)
-        qw[i] = vhd_vu__queue_worker_of(dev, i);
+    for (uint32_t i = 0; i < dev->num_queues; i++) {
+        qw[i].worker = vhd_vu__queue_worker_of(dev, i);
+        qw[i].cpu = vhd_rt_worker_cpu(dev->rt, qw[i].worker);
+        qw[i].node = vhd_rt_worker_node(dev->rt, qw[i].worker);
+    }
     c->numa_pending = vhd_numa_report_mem(dev, qw, dev->num_queues, last) == 0 && !last;
     free(qw);
 }

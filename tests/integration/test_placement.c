@@ -347,14 +347,18 @@ VHD_TEST(daemon_spin_option)
     test_done();
 }
 
-/* A front-end's memory table: the daemon says which node it is on (node 0 on one node). */
+/*
+ * A front-end's memory table: the daemon says which node it is on (node 0 on
+ * one node); and the pinned worker that takes each queue moves the queue's
+ * state to its node.
+ */
 VHD_TEST(daemon_reports_guest_memory_node)
 {
     static struct daemon dm;
     int a = allowed_cpu(0);
     char list[16];
     snprintf(list, sizeof(list), "%d", a);
-    const char *extra[] = {"--cpus", list, NULL};
+    const char *extra[] = {"--cpus", list, "--log-level", "debug", NULL};
     start(&dm, extra);
     struct vhd_blkdrv_opts o = {.socket_path = dm.sock, .num_queues = 2};
     struct vhd_blkdrv *d;
@@ -378,6 +382,9 @@ VHD_TEST(daemon_reports_guest_memory_node)
     /* One node: the workers are on it too, so no warning. */
     if (node == 0)
         VHD_CHECK(!daemon_log_has(&dm, "every request crosses nodes"));
+    /* Both queues went to worker 0, pinned: their state followed it. */
+    wait_log(&dm, "d.sock: queue 0: state moved to worker 0's NUMA node ");
+    wait_log(&dm, "d.sock: queue 1: state moved to worker 0's NUMA node ");
     vhd_blkdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     g_test_ok = true;
