@@ -53,6 +53,10 @@ def fmt(x, nd=1):
     return "n/a" if x != x else f"{x:.{nd}f}"
 
 
+def fmt_ratio(x):
+    return "n/a" if x != x else f"**{x:.2f}x**"
+
+
 def case_key(name):
     # null before file; queues, then iodepth ascending
     parts = name.split("-")
@@ -183,12 +187,12 @@ def main():
             f"| {r['config']} | {r['case']} | {fmt_int(v['iops'])} | {fmt_int(q['iops'])} "
             f"| {fmt_int(sp['iops'])} "
             f"| **{fmt(r['iops_ratio'], 2)}x** | {rng(r['iops_ratios'])} "
-            f"| **{fmt(r['iops_ratio_spdk'], 2)}x** | {rng(r['iops_ratios_spdk'])} "
+            f"| {fmt_ratio(r['iops_ratio_spdk'])} | {rng(r['iops_ratios_spdk'])} "
             f"| {fmt(v['p99_us'])} | {fmt(q['p99_us'])} | {fmt(sp['p99_us'])} "
             f"| {fmt(v['cpu_us_per_io'], 2)} | {fmt(q['cpu_us_per_io'], 2)} "
             f"| {fmt(sp['cpu_us_per_io'], 2)} "
             f"| **{fmt(r['cpu_ratio'], 2)}x** | {rng(r['cpu_ratios'])} "
-            f"| **{fmt(r['cpu_ratio_spdk'], 2)}x** | {rng(r['cpu_ratios_spdk'])} "
+            f"| {fmt_ratio(r['cpu_ratio_spdk'])} | {rng(r['cpu_ratios_spdk'])} "
             f"| {fmt(v['cores'], 2)} / {fmt(q['cores'], 2)} / {fmt(sp['cores'], 2)} |"
         )
     md.append("")
