@@ -1224,8 +1224,10 @@ static int worker_start(struct vhd_worker *w)
     int rc;
 
     if (w->cpu >= 0) {
-        w->node = vhd_numa_node_here();
-        rc = w->node < 0 ? w->node : vhd_numa_move_here(w, sizeof(*w));
+        rc = vhd_numa_node_here();
+        w->node = rc < 0 ? -1 : rc;
+        if (rc >= 0)
+            rc = vhd_numa_move_here(w, sizeof(*w));
         if (rc < 0 && rc != -ENOSYS)
             vhd_log(VHD_LOG_DEBUG, "worker %u: state not moved to its NUMA node: %s", w->index,
                     strerror(-rc));
