@@ -76,8 +76,10 @@ static void report_globals(const struct vhd_options *a, const struct vhd_options
     int n = 0;
     if (a->workers_set != b->workers_set || a->workers != b->workers)
         what[n++] = "workers";
-    if (a->poll_mode != b->poll_mode || a->poll_us != b->poll_us)
+    if (a->poll_mode != b->poll_mode || a->poll_us != b->poll_us || a->spin_us != b->spin_us)
         what[n++] = "poll";
+    if (a->ncpus != b->ncpus || memcmp(a->cpus, b->cpus, a->ncpus * sizeof(a->cpus[0])))
+        what[n++] = "cpus";
     if (a->log_level != b->log_level)
         what[n++] = "log-level";
     if (a->sandbox != b->sandbox || !same_str(a->user, b->user))
