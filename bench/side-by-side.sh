@@ -305,7 +305,13 @@ run_one() {
             --export "type=vhost-user-blk,id=e,node-name=n,addr.type=unix,addr.path=$sock,writable=on,num-queues=$q,iothread=io0")
     fi
     echo "${cmd[*]}" >"$log"
-    taskset -c "$DCPU" "${cmd[@]}" >>"$log" 2>&1 &
+    if [ "$daemon" = spdk ]; then
+        # A build against packaged DPDK is shared: its libraries stay in the tree (build/lib).
+        LD_LIBRARY_PATH="$(dirname "$SPDK_VHOST")/../lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+            taskset -c "$DCPU" "${cmd[@]}" >>"$log" 2>&1 &
+    else
+        taskset -c "$DCPU" "${cmd[@]}" >>"$log" 2>&1 &
+    fi
     DPID=$!
     local status=ok
     if [ "$daemon" = spdk ]; then
