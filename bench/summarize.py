@@ -204,8 +204,8 @@ def main():
         "seconds per second of run."
         + (
             " ×SPDK columns: the same paired ratios against SPDK's vhost target (a null bdev "
-            "that does not zero the buffer; its reactor polls whatever the config, so its "
-            "cores are ~1.0); n/a where SPDK did not run (file cases)."
+            "that does not zero the buffer; its reactor polls whatever the config: "
+            "~1.0 core on an idle CPU); n/a where SPDK did not run (file cases)."
             if spdk
             else ""
         )
