@@ -14,10 +14,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "api/api.h"
+#include "core/mem.h"
+#include "runtime/dev.h"
+#include "runtime/log.h"
+#include "runtime/numa.h"
 #include "harness.h"
 #include "runtime/rt.h"
 #include "vhostd/blk_driver.h"
@@ -222,6 +227,79 @@ VHD_TEST(ctx_spin_reaches_workers)
     VHD_CHECK_EQ(vhd_ctx_new(&cfg, &ctx), -EINVAL);
 }
 
+/* ---- the NUMA report, with placements a one-node host cannot have ---- */
+
+/* Run vhd_numa_report_mem(dev, q, nq, last) with stderr (the log) captured into out. */
+static unsigned report_captured(const struct vhd_dev *dev, const struct vhd_numa_qplace *q,
+                                unsigned nq, bool last, char *out, size_t len)
+{
+    FILE *tmp = tmpfile();
+    VHD_CHECK(tmp != NULL);
+    fflush(stderr);
+    int saved = dup(2);
+    VHD_CHECK(saved >= 0 && dup2(fileno(tmp), 2) == 2);
+    unsigned r = vhd_numa_report_mem(dev, q, nq, last);
+    fflush(stderr);
+    VHD_CHECK(dup2(saved, 2) == 2);
+    close(saved);
+    rewind(tmp);
+    size_t n = fread(out, 1, len - 1, tmp);
+    out[n] = '\0';
+    fclose(tmp);
+    return r;
+}
+
+VHD_TEST(numa_report_warns_about_remote_workers)
+{
+    int here = vhd_numa_node_here();
+    VHD_CHECK(here >= 0);
+    /* Guest memory: 64 pages of a memfd, every one touched here (so on this node). */
+    size_t len = 64 * 4096;
+    int fd = memfd_create("guest", MFD_CLOEXEC);
+    VHD_CHECK(fd >= 0 && ftruncate(fd, (off_t)len) == 0);
+    struct vhd_mem_region_desc d = {.gpa = 0, .size = len, .uva = 0x10000000, .fd = fd};
+    static struct vhd_dev dev;
+    snprintf(dev.name, sizeof(dev.name), "g0");
+    VHD_CHECK_EQ(vhd_mem_new(&d, 1, &dev.mem), 0);
+    char log[4096], want[128];
+    vhd_log_set_level(VHD_LOG_INFO);
+
+    /* Nothing resident yet: silent unless it is the last chance; no page is faulted in. */
+    struct vhd_numa_qplace q[3] = {{0, -1, -1}, {1, 5, here + 1}, {1, 5, here + 1}};
+    VHD_CHECK_EQ(report_captured(&dev, q, 3, false, log, sizeof(log)), 0u);
+    VHD_CHECK_EQ(log[0], '\0');
+    VHD_CHECK_EQ(report_captured(&dev, q, 3, true, log, sizeof(log)), 0u);
+    VHD_CHECK(strstr(log, "g0: guest memory: none of 16 sampled pages is resident yet") != NULL);
+    unsigned char vec[64];
+    VHD_CHECK(mincore(dev.mem->regions[0].hva, len, vec) == 0);
+    for (int i = 0; i < 64; i++)
+        VHD_CHECK_EQ(vec[i] & 1, 0);
+
+    /* Touched (through another mapping of the file, as a front-end would). */
+    uint8_t *fe = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    VHD_CHECK(fe != MAP_FAILED);
+    memset(fe, 1, len);
+    VHD_CHECK_EQ(report_captured(&dev, q, 3, false, log, sizeof(log)), 16u);
+    snprintf(want, sizeof(want), "g0: guest memory on NUMA node %d (16 of 16 sampled pages)", here);
+    VHD_CHECK(strstr(log, want) != NULL);
+    /* Worker 1 (queues 1 and 2) is pinned on another node: one warning; floating worker 0 none. */
+    snprintf(want, sizeof(want),
+             "g0: queues run on worker 1 (CPU 5, NUMA node %d) but guest memory is on node %d",
+             here + 1, here);
+    char *w = strstr(log, want);
+    VHD_CHECK(w != NULL);
+    VHD_CHECK(strstr(w + strlen(want), "but guest memory is on node") == NULL);
+    VHD_CHECK(strstr(log, "worker 0 (") == NULL);
+
+    /* Every worker on the memory's node: no warning. */
+    q[1].node = q[2].node = here;
+    report_captured(&dev, q, 3, false, log, sizeof(log));
+    VHD_CHECK(strstr(log, "crosses nodes") == NULL);
+    munmap(fe, len);
+    vhd_mem_free(dev.mem);
+    close(fd);
+}
+
 /* ---- the daemon ---- */
 
 static void start(struct daemon *dm, const char *const *extra)
@@ -343,6 +421,50 @@ VHD_TEST(daemon_spin_option)
     start(&dm, dflt);
     wait_log(&dm, "polling never, spin 10 us"); /* --poll-us 0 is event mode with the spin */
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    g_test_ok = true;
+    test_done();
+}
+
+/* The same options from a config file: `cpus LIST` and `spin-us N`, and a bad list refused. */
+VHD_TEST(daemon_config_file_keys)
+{
+    static struct daemon dm;
+    int a = allowed_cpu(0), b = allowed_cpu(1);
+    if (b < 0)
+        vhd_test_skip("needs two CPUs");
+    char cfg[] = "/tmp/vhd-test-pl-cfg-XXXXXX";
+    int fd = mkstemp(cfg);
+    VHD_CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    VHD_CHECK(f != NULL);
+    fprintf(f, "# placement\ncpus %d,%d\npoll never\nspin-us 7\n", b, a);
+    fclose(f);
+    const char *extra[] = {"--config", cfg, NULL};
+    start(&dm, extra);
+    check_pinned(dm.pid, 0, b);
+    check_pinned(dm.pid, 1, a);
+    wait_log(&dm, "2 worker(s), polling never, spin 7 us");
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+
+    f = fopen(cfg, "w");
+    VHD_CHECK(f != NULL);
+    fprintf(f, "cpus 1-\n");
+    fclose(f);
+    const char *bin = vhostd_path();
+    char cmd[PATH_MAX + 128];
+    snprintf(cmd, sizeof(cmd),
+             "%s --config %s --blk socket=/tmp/vhd-pl-none.sock,backend=null 2>&1", bin, cfg);
+    FILE *p = popen(cmd, "r");
+    VHD_CHECK(p != NULL);
+    char out[512] = "";
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    unlink(cfg);
+    if (!strstr(out, ":1: --cpus 1-: expected a CPU list"))
+        fprintf(stderr, "  output: %s", out);
+    VHD_CHECK(strstr(out, ":1: --cpus 1-: expected a CPU list") != NULL);
+    VHD_CHECK(WIFEXITED(st) && WEXITSTATUS(st) != 0);
     g_test_ok = true;
     test_done();
 }
