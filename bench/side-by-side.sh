@@ -18,7 +18,7 @@
 # --daemon-cpu (default 1); vhostd-bench, all its jobs, on --bench-cpu (default
 # 0). Each side owns one CPU, so a polling daemon cannot starve the bench and
 # vice versa; vhostd runs with --workers 1, the same single thread that serves
-# every queue in qsd (one iothread). See docs/PERFORMANCE.md for the rationale.
+# every queue in qsd (one iothread). See docs/perf-log/2026-11-30.md ("Method") for the rationale.
 #
 # Every process the script starts is stopped by pid on every exit path (normal
 # end, error, SIGINT/SIGTERM); sockets are removed, the image too unless
