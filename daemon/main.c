@@ -224,6 +224,8 @@ static int create_devices(struct daemon *d)
         d->ndev++;
         if (d->rpc && vhd_rpc_adopt(d->rpc, d->dev[d->ndev - 1], false, b->name, b->spec) < 0)
             goto oom;
+        if (d->rpc && b->fd > 0) /* --fd: closed when the device is removed */
+            vhd_rpc_own_fd(d->rpc, b->name, b->fd);
     }
     for (int i = 0; i < d->opts.nnet; i++) {
         const struct vhd_opt_net *n = &d->opts.net[i];
@@ -234,6 +236,8 @@ static int create_devices(struct daemon *d)
         d->ndev++;
         if (d->rpc && vhd_rpc_adopt(d->rpc, d->dev[d->ndev - 1], true, n->name, n->spec) < 0)
             goto oom;
+        if (d->rpc && n->fd > 0)
+            vhd_rpc_own_fd(d->rpc, n->name, n->fd);
     }
     return 0;
 oom:

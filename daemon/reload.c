@@ -92,10 +92,46 @@ static void report_globals(const struct vhd_options *a, const struct vhd_options
         vhd_log(VHD_LOG_WARN, "reload: %s changed: not applied (read at start only)", what[i]);
 }
 
+/*
+ * argv without the conventions' device (--fd, --socket-path, --keys, --type,
+ * --blk-file, --read-only, each with its value): the --fd device is not
+ * parsed again (the command line does not change; its fd may be closed, its
+ * number another file's, and reading its address is a syscall the sandbox
+ * forbids after start). The new argc, or -1 when out of memory (*out:
+ * malloc'd array, not strings).
+ */
+static int without_conv_device(int argc, char **argv, char ***out)
+{
+    static const char *const opts[] = {"fd", "socket-path", "keys", "type", "blk-file"};
+    char **v = calloc((size_t)argc + 1, sizeof(*v));
+    int n = 0;
+    if (!v)
+        return -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        bool drop = i > 0 && (!strcmp(a, "--read-only") || !strncmp(a, "--read-only=", 12));
+        for (size_t k = 0; i > 0 && !drop && k < sizeof(opts) / sizeof(opts[0]); k++) {
+            size_t l = strlen(opts[k]);
+            if (strncmp(a, "--", 2) || strncmp(a + 2, opts[k], l))
+                continue;
+            if (a[2 + l] == '=')
+                drop = true;
+            else if (!a[2 + l]) {
+                drop = true;
+                i++; /* its value */
+            }
+        }
+        if (!drop)
+            v[n++] = argv[i];
+    }
+    *out = v;
+    return n;
+}
+
 int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, char **argv,
                struct vhd_reload_result *res)
 {
-    struct vhd_options *o = malloc(sizeof(*o)); /* ~1 MiB: not on the stack */
+    struct vhd_options *o = calloc(1, sizeof(*o)); /* ~1 MiB: not on the stack */
     char err[512] = "";
     int rc = 0;
 
@@ -104,7 +140,24 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
         vhd_log(VHD_LOG_ERROR, "reload: out of memory: nothing changed");
         return -1;
     }
-    if (vhd_options_parse(o, argc, argv, err, sizeof(err)) < 0) {
+    char **v = NULL;
+    const char *fd_name = NULL; /* the --fd device's name, while the table owns its socket */
+    for (int i = 0; i < running->nblk && running->conv.fd > 0; i++)
+        if (running->blk[i].fd > 0)
+            fd_name = running->blk[i].name;
+    for (int i = 0; i < running->nnet && running->conv.fd > 0; i++)
+        if (running->net[i].fd > 0)
+            fd_name = running->net[i].name;
+    if (fd_name && !vhd_rpc_owns_fd(r, running->conv.fd))
+        fd_name = NULL; /* removed since start: not the configuration's any more */
+    if (running->conv.fd > 0 && (argc = without_conv_device(argc, argv, &v)) < 0) {
+        vhd_log(VHD_LOG_ERROR, "reload: out of memory: nothing changed");
+        rc = -1;
+        goto out;
+    }
+    int prc = vhd_options_parse(o, argc, v ? v : argv, err, sizeof(err));
+    free(v);
+    if (prc < 0) {
         vhd_log(VHD_LOG_ERROR, "reload: %s: nothing changed", err);
         rc = -1;
         goto out;
@@ -125,6 +178,10 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
         bool net, want_net;
         struct vhd_device *dev;
         vhd_rpc_device_at(r, i, &name, &net, &spec, &dev);
+        if (fd_name && !strcmp(name, fd_name)) {
+            res->unchanged++; /* the command line's --fd device: as it started */
+            continue;
+        }
         if (find_in(o, name, &want_net, &want_spec)) {
             if (want_net == net && !strcmp(spec, want_spec)) {
                 res->unchanged++;
@@ -135,6 +192,10 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
                         "%s %s (remove it and reload, or use the management API)",
                         name, want_net ? "net" : "blk", want_spec, net ? "net" : "blk", spec);
             }
+            continue;
+        }
+        if (vhd_rpc_device_origin(r, i) == VHD_RPC_ORIGIN_API) {
+            res->api++; /* added through the management API: not the file's to remove */
             continue;
         }
         enum vhd_device_state st = vhd_device_state(dev);
@@ -193,6 +254,7 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
             json_object_object_add(p, "kind", json_object_new_string(k ? "net" : "blk"));
             json_object_object_add(p, "spec", json_object_new_string(spec));
             if (call(r, "device.add", p, err, sizeof(err)) == 0) {
+                vhd_rpc_set_origin(r, name, VHD_RPC_ORIGIN_RELOAD);
                 res->added++;
                 vhd_log(VHD_LOG_INFO, "reload: added %s device %s", k ? "net" : "blk", name);
             } else {
@@ -203,8 +265,9 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
     }
     vhd_log(VHD_LOG_INFO,
             "reload: %u added, %u removed, %u unchanged, %u changed (not applied), %u gone but "
-            "connected (kept), %u failed",
-            res->added, res->removed, res->unchanged, res->changed, res->kept, res->failed);
+            "connected (kept), %u failed, %u added through the API (kept)",
+            res->added, res->removed, res->unchanged, res->changed, res->kept, res->failed,
+            res->api);
 out:
     vhd_options_free(o);
     free(o);

@@ -17,19 +17,23 @@ struct vhd_reload_result {
     unsigned changed;   /* the same name, other kind or keys: left as it runs, logged */
     unsigned kept;      /* gone from it but a front-end is connected: kept, logged */
     unsigned failed;    /* an add or a remove the device table refused: logged */
+    unsigned api;       /* added through the management API, gone from it: not touched */
 };
 
 /*
  * vhd_reload - parse argc/argv again (the options vhostd started with; a
  * --config file is read anew) into a fresh set of options, and apply the
  * difference of its devices to the table r, by device name: add the new
- * ones, remove the gone ones that have no front-end connected, and report
+ * ones, remove the gone ones that a configuration made (at start or by a
+ * reload, not through the API) and have no front-end connected, and report
  * in the log, without touching them, the changed ones and the gone ones
  * that are connected. Adds and removes go through the management API's
  * own methods (device.add, device.remove): the same checks and messages.
  * Global options (workers, polling, sandbox, ...) are read at start only:
  * a change is logged. 0 and *res, or -1 when the configuration does not
- * parse (logged; nothing changed). Control thread.
+ * parse (logged; nothing changed). The --fd device is not parsed again:
+ * unchanged while it runs, gone once removed (its socket was closed with it).
+ * Control thread.
  */
 int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, char **argv,
                struct vhd_reload_result *res);

@@ -32,6 +32,8 @@ struct rdev {
     char *spec;     /* KEY=VALUE,... as given, for save-config */
     char **strings; /* the parsed options' owned strings (the config pointed into them) */
     int nstrings;
+    enum vhd_rpc_origin origin; /* what may remove it besides device.remove (reload.c) */
+    int owned_fd;               /* closed when the entry goes (vhd_rpc_own_fd); -1: none */
 };
 
 struct client {
@@ -108,7 +110,12 @@ static int table_add(struct vhd_rpc *r, struct vhd_device *dev, bool net, const 
         r->devs = n;
     }
     struct rdev *d = &r->devs[r->ndevs];
-    *d = (struct rdev){.dev = dev, .net = net, .name = strdup(name), .spec = strdup(spec)};
+    *d = (struct rdev){.dev = dev,
+                       .net = net,
+                       .name = strdup(name),
+                       .spec = strdup(spec),
+                       .origin = VHD_RPC_ORIGIN_API,
+                       .owned_fd = -1};
     if (!d->name || !d->spec) {
         free(d->name);
         free(d->spec);
@@ -125,6 +132,8 @@ static void table_del(struct vhd_rpc *r, struct rdev *d)
     free(d->name);
     free(d->spec);
     free_strings(d->strings, d->nstrings);
+    if (d->owned_fd >= 0) /* the device accepted on its own duplicate, closed at its stop */
+        close(d->owned_fd);
     *d = r->devs[--r->ndevs];
 }
 
@@ -145,7 +154,37 @@ int vhd_rpc_new(struct vhd_ctx *ctx, const struct vhd_options *opts, const struc
 int vhd_rpc_adopt(struct vhd_rpc *r, struct vhd_device *dev, bool net, const char *name,
                   const char *spec)
 {
-    return table_add(r, dev, net, name, spec, NULL, 0);
+    int rc = table_add(r, dev, net, name, spec, NULL, 0);
+    if (rc == 0)
+        r->devs[r->ndevs - 1].origin = VHD_RPC_ORIGIN_STARTUP;
+    return rc;
+}
+
+void vhd_rpc_set_origin(struct vhd_rpc *r, const char *name, enum vhd_rpc_origin origin)
+{
+    struct rdev *d = find_dev(r, name);
+    if (d)
+        d->origin = origin;
+}
+
+enum vhd_rpc_origin vhd_rpc_device_origin(const struct vhd_rpc *r, unsigned i)
+{
+    return r->devs[i].origin;
+}
+
+bool vhd_rpc_owns_fd(const struct vhd_rpc *r, int fd)
+{
+    for (unsigned i = 0; i < r->ndevs; i++)
+        if (r->devs[i].owned_fd == fd)
+            return true;
+    return false;
+}
+
+void vhd_rpc_own_fd(struct vhd_rpc *r, const char *name, int fd)
+{
+    struct rdev *d = find_dev(r, name);
+    if (d)
+        d->owned_fd = fd;
 }
 
 unsigned vhd_rpc_ndevices(const struct vhd_rpc *r)

@@ -63,12 +63,39 @@ int vhd_rpc_new(struct vhd_ctx *ctx, const struct vhd_options *opts, const struc
                 struct vhd_rpc **out);
 
 /*
+ * Where a device of the table came from. A reload (reload.h) removes only
+ * the devices a configuration made (STARTUP, RELOAD) and that it no longer
+ * names; those added through the API stay until device.remove.
+ */
+enum vhd_rpc_origin {
+    VHD_RPC_ORIGIN_API = 0,     /* device.add (the default of every entry) */
+    VHD_RPC_ORIGIN_STARTUP = 1, /* the command line or --config at start (vhd_rpc_adopt) */
+    VHD_RPC_ORIGIN_RELOAD = 2,  /* added by a reload */
+};
+
+/*
  * vhd_rpc_adopt - add a device created elsewhere (the command line's) to the
- * table; spec is its KEY=VALUE,... text (copied), for save-config.
- * 0, or -ENOMEM / -ENOSPC.
+ * table, origin VHD_RPC_ORIGIN_STARTUP; spec is its KEY=VALUE,... text
+ * (copied), for save-config. 0, or -ENOMEM / -ENOSPC.
  */
 int vhd_rpc_adopt(struct vhd_rpc *r, struct vhd_device *dev, bool net, const char *name,
                   const char *spec);
+
+/* Set the origin of the device named name (no such device: nothing). Control thread. */
+void vhd_rpc_set_origin(struct vhd_rpc *r, const char *name, enum vhd_rpc_origin origin);
+
+/* The origin of the i-th device (i < vhd_rpc_ndevices). Control thread. */
+enum vhd_rpc_origin vhd_rpc_device_origin(const struct vhd_rpc *r, unsigned i);
+
+/*
+ * vhd_rpc_own_fd - the table owns fd (an --fd listening socket the device
+ * named name serves) and closes it when the entry leaves the table, so that a
+ * removed device's socket stops accepting connections. Control thread.
+ */
+void vhd_rpc_own_fd(struct vhd_rpc *r, const char *name, int fd);
+
+/* Whether a device of the table owns fd (vhd_rpc_own_fd). */
+bool vhd_rpc_owns_fd(const struct vhd_rpc *r, int fd);
 
 /*
  * vhd_rpc_listen - serve the API on a Unix socket at path (mode 0600; a

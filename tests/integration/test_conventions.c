@@ -317,11 +317,14 @@ static int rpc_connect(const char *path)
     return fd;
 }
 
-/* device.list's devices array (the caller puts it). */
-static json_object *list(const char *rpc)
+/* One request (params: JSON text or NULL) on a new connection: its response (the caller puts it).
+ */
+static json_object *rpc_call(const char *rpc, const char *method, const char *params)
 {
     static char resp[1 << 16];
-    const char req[] = "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"device.list\"}\n";
+    char req[1024];
+    snprintf(req, sizeof(req), "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"%s\"%s%s}\n", method,
+             params ? ",\"params\":" : "", params ? params : "");
     int fd = rpc_connect(rpc);
     VHD_CHECK_EQ(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
     size_t have = 0;
@@ -337,12 +340,55 @@ static json_object *list(const char *rpc)
     }
     resp[have] = '\0';
     close(fd);
-    json_object *o = json_tokener_parse(resp), *r, *devs;
-    VHD_CHECK(o && json_object_object_get_ex(o, "result", &r) &&
+    json_object *o = json_tokener_parse(resp);
+    VHD_CHECK(o != NULL);
+    return o;
+}
+
+/* A method that must succeed. */
+static void rpc_ok(const char *rpc, const char *method, const char *params)
+{
+    json_object *o = rpc_call(rpc, method, params), *r;
+    if (!json_object_object_get_ex(o, "result", &r))
+        fprintf(stderr, "  %s: %s\n", method, json_object_to_json_string(o));
+    VHD_CHECK(json_object_object_get_ex(o, "result", &r));
+    json_object_put(o);
+}
+
+/* device.list's devices array (the caller puts it). */
+static json_object *list(const char *rpc)
+{
+    json_object *o = rpc_call(rpc, "device.list", NULL), *r, *devs;
+    VHD_CHECK(json_object_object_get_ex(o, "result", &r) &&
               json_object_object_get_ex(r, "devices", &devs));
     json_object_get(devs);
     json_object_put(o);
     return devs;
+}
+
+/* How many times needle is in dm's log (its first 64 KiB). */
+static int log_count(const struct daemon *dm, const char *needle)
+{
+    static char buf[1 << 16];
+    int fd = open(dm->log, O_RDONLY | O_CLOEXEC), n = 0;
+    if (fd < 0)
+        return 0;
+    ssize_t len = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    buf[len > 0 ? len : 0] = '\0';
+    for (const char *p = buf; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Wait (bounded) until needle is in dm's log want times. */
+static void wait_log_count(const struct daemon *dm, const char *needle, int want)
+{
+    uint64_t t0 = ms_now();
+    while (log_count(dm, needle) < want) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
 }
 
 /* The device named name in devs, or NULL. */
@@ -414,6 +460,12 @@ VHD_TEST(reload)
         sleep_ms(10);
     }
 
+    /* An API device (vhostctl add): not the file's, it survives every reload. */
+    char params[512];
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/api.sock,backend=null,size=1M\"}", dm.dir);
+    rpc_ok(dm.sock, "device.add", params);
+
     snprintf(text, sizeof(text),
              "# after: a and b gone, c changed, d and e new\n"
              "blk socket=%s/c.sock,backend=null,size=2M\n"
@@ -433,11 +485,13 @@ VHD_TEST(reload)
         sleep_ms(10);
     }
     VHD_CHECK(daemon_log_has(&dm, "reload: 2 added, 1 removed, 0 unchanged, 1 changed"));
+    VHD_CHECK(daemon_log_has(&dm, "0 failed, 1 added through the API (kept)"));
     VHD_CHECK(daemon_log_has(&dm, "reload: device b.sock is gone from the configuration but a "
                                   "front-end is connected: kept"));
     VHD_CHECK(daemon_log_has(&dm, "reload: device c.sock changed"));
     devs = list(dm.sock);
-    VHD_CHECK_EQ(json_object_array_length(devs), 4u);
+    VHD_CHECK_EQ(json_object_array_length(devs), 5u);
+    VHD_CHECK(dev_named(devs, "api.sock") != NULL);
     VHD_CHECK(dev_named(devs, "a.sock") == NULL);
     VHD_CHECK(!strcmp(field(dev_named(devs, "b.sock"), "connected"), "true"));
     VHD_CHECK(!strcmp(field(dev_named(devs, "c.sock"), "size"), "1048576")); /* as it ran */
@@ -463,10 +517,81 @@ VHD_TEST(reload)
         sleep_ms(10);
     }
     devs = list(dm.sock);
-    VHD_CHECK_EQ(json_object_array_length(devs), 4u);
+    VHD_CHECK_EQ(json_object_array_length(devs), 5u);
     json_object_put(devs);
     drv_rw(b, 0, 0, false);
     vhd_blkdrv_disconnect(b);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * Reload with an --fd device: the same file twice reports nothing added or
+ * removed, everything unchanged. Removing the --fd device through the API
+ * closes the inherited socket (a connect is refused, it does not hang in the
+ * backlog), and a reload after that still parses (the closed --fd is left out).
+ */
+VHD_TEST(reload_fd)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
+    track(&dm);
+    char conf[256], text[512], fdsock[256];
+    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
+    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
+    write_file(conf, text);
+    snprintf(fdsock, sizeof(fdsock), "%s/fd.sock", dm.dir);
+    listen_as_fd(fdsock, 7);
+    char *argv[] = {(char *)bin(), "--rpc",  dm.sock,
+                    "--config",    conf,     "--fd",
+                    "7",           "--keys", "backend=null,size=1M,name=fd",
+                    "--workers",   "1",      NULL};
+    daemon_spawn(&dm, argv);
+    close(7);
+    for (int i = 1; i <= 2; i++) {
+        VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
+        wait_log_count(&dm, "reload: 0 added, 0 removed, 2 unchanged, 0 changed", i);
+    }
+    VHD_CHECK_EQ(log_count(&dm, "reload: "), 2);
+
+    rpc_ok(dm.sock, "device.remove", "{\"name\":\"fd\"}");
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, fdsock, strlen(fdsock) + 1);
+    int c = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(c >= 0);
+    int rc = connect(c, (struct sockaddr *)&sa, sizeof(sa));
+    int e = errno;
+    close(c);
+    VHD_CHECK(rc < 0 && e == ECONNREFUSED); /* closed, not listening with nobody accepting */
+
+    VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
+    wait_log_count(&dm, "reload: ", 3);
+    VHD_CHECK(daemon_log_has(
+        &dm, "reload: 0 added, 0 removed, 1 unchanged, 0 changed (not applied), 0 gone "
+             "but connected (kept), 0 failed"));
+    VHD_CHECK(!daemon_log_has(&dm, "nothing changed"));
+    json_object *devs = list(dm.sock);
+    VHD_CHECK_EQ(json_object_array_length(devs), 1u);
+    json_object_put(devs);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/* SIGHUP without --rpc: logged and ignored; the daemon keeps serving. */
+VHD_TEST(sighup_without_rpc)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "disk.sock");
+    track(&dm);
+    char *argv[] = {(char *)bin(),          "--socket-path", dm.sock, "--keys",
+                    "backend=null,size=1M", "--workers",     "1",     NULL};
+    daemon_spawn(&dm, argv);
+    VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
+    wait_log_count(&dm, "SIGHUP: reloading the configuration needs --rpc", 1);
+    VHD_CHECK_EQ(waitpid(dm.pid, NULL, WNOHANG), 0); /* still running */
+    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    drv_rw(d, 0, 0, false);
+    vhd_blkdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
