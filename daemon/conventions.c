@@ -19,7 +19,11 @@ int vhd_conv_print_capabilities(int argc, char **argv, FILE *out)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--print-capabilities"))
             asked = true;
-        else if (!strcmp(argv[i], "--type") && i + 1 < argc)
+        else if (!strncmp(argv[i], "--print-capabilities=", 21)) {
+            /* A flag: with a value it is a mistake, never a reason to start serving. */
+            fprintf(stderr, "vhostd: --print-capabilities takes no value\n");
+            return -1;
+        } else if (!strcmp(argv[i], "--type") && i + 1 < argc)
             type = argv[++i];
         else if (!strncmp(argv[i], "--type=", 7))
             type = argv[i] + 7;

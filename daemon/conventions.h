@@ -16,7 +16,7 @@
  * object ({"type": "block", "features": [...]} or {"type": "net"}) and
  * return 1; every other option is ignored, as the spec asks. 0 when not
  * asked; -1 with a message on stderr for a --type that is neither blk nor
- * net.
+ * net, or for --print-capabilities=VALUE (a flag: never a daemon started).
  */
 int vhd_conv_print_capabilities(int argc, char **argv, FILE *out);
 

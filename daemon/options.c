@@ -774,11 +774,15 @@ static int parse_conv(struct vhd_options *o, const char *k, const char *v, char 
     struct vhd_opt_conv *c = &o->conv;
     uint64_t n;
 
-    if (!strcmp(k, "read-only")) {
+    if (!strcmp(k, "read-only")) { /* --read-only, or --read-only=on|off */
         c->read_only = true;
+        if (v && parse_bool(v, &c->read_only))
+            return fail(err, errlen, "--read-only=%s: expected on or off", v);
         return 0;
     }
     if (!strcmp(k, "print-capabilities")) {
+        if (v) /* main.c's pre-scan refuses it too: it must never start a daemon */
+            return fail(err, errlen, "--print-capabilities takes no value");
         c->print_capabilities = true;
         return 0;
     }
@@ -856,21 +860,63 @@ static int conv_device(struct vhd_options *o, const char *argv0, char *err, size
         return fail(err, errlen, "--keys: socket= is --socket-path (or --fd)");
     if (o->nblk + o->nnet >= VHD_OPT_MAX_DEVICES)
         return fail(err, errlen, "too many devices (at most %d)", VHD_OPT_MAX_DEVICES);
-    char *spec = NULL;
+    /*
+     * The key parser has no escaping: a path pasted into the text would be cut
+     * at its first ',' and the rest read as keys. The paths go in as
+     * placeholders ("/": no file name, so name= is left unset) and are set
+     * after parsing; the text (logs, reload, save-config) shows them as given.
+     */
+    const char *paths[2] = {sock, c->blk_file};
+    for (int i = 0; i < 2 && paths[i]; i++)
+        for (const char *p = paths[i]; *p; p++) {
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                return fail(err, errlen, "%s: control characters are not allowed in a path",
+                            paths[i] == sock ? (c->fd ? "--fd" : "--socket-path") : "--blk-file");
+            /* config.save writes the device as one KEY=VALUE,... line of a config file. */
+            if ((*p == ',' || *p == '#') && o->rpc)
+                return fail(err, errlen,
+                            "%s %s: with --rpc a path may not contain ',' or '#' (config.save "
+                            "could not write it as a device line)",
+                            paths[i] == sock ? (c->fd ? "--fd" : "--socket-path") : "--blk-file",
+                            paths[i]);
+        }
+    char *parse = NULL, *spec = NULL;
+    if (asprintf(&parse, "socket=/%s%s%s%s", c->blk_file ? ",image=/" : "",
+                 c->read_only ? ",ro=on" : "", c->keys ? "," : "", c->keys ? c->keys : "") < 0)
+        return fail(err, errlen, "out of memory");
     if (asprintf(&spec, "socket=%s%s%s%s%s%s", sock, c->blk_file ? ",image=" : "",
                  c->blk_file ? c->blk_file : "", c->read_only ? ",ro=on" : "", c->keys ? "," : "",
-                 c->keys ? c->keys : "") < 0)
+                 c->keys ? c->keys : "") < 0) {
+        free(parse);
         return fail(err, errlen, "out of memory");
-    int rc;
-    if (net) {
-        rc = vhd_options_parse_net(o, spec, &o->net[o->nnet], err, errlen);
-        if (rc == 0)
-            o->net[o->nnet++].fd = c->fd;
-    } else {
-        rc = vhd_options_parse_blk(o, spec, &o->blk[o->nblk], err, errlen);
-        if (rc == 0)
-            o->blk[o->nblk++].fd = c->fd;
     }
+    const char *osock = own(o, sock), *ospec = own(o, spec);
+    const char *slash = osock ? strrchr(osock, '/') : NULL;
+    int rc = osock && ospec ? 0 : fail(err, errlen, "out of memory");
+    if (rc == 0 && net) {
+        struct vhd_opt_net *n = &o->net[o->nnet];
+        rc = vhd_options_parse_net(o, parse, n, err, errlen);
+        if (rc == 0) {
+            n->socket = osock;
+            n->spec = ospec;
+            n->name = *n->name ? n->name : slash ? slash + 1 : osock;
+            n->fd = c->fd;
+            o->nnet++;
+        }
+    } else if (rc == 0) {
+        struct vhd_opt_blk *b = &o->blk[o->nblk];
+        rc = vhd_options_parse_blk(o, parse, b, err, errlen);
+        if (rc == 0) {
+            b->socket = osock;
+            b->spec = ospec;
+            if (c->blk_file && !strcmp(b->image, "/")) /* else --keys image= came after it */
+                b->image = c->blk_file;
+            b->name = *b->name ? b->name : slash ? slash + 1 : osock;
+            b->fd = c->fd;
+            o->nblk++;
+        }
+    }
+    free(parse);
     free(spec);
     return rc;
 }

@@ -225,6 +225,65 @@ VHD_TEST(blk_file_read_only)
     test_done();
 }
 
+/* Grep a file (the first 64 KiB) for needle. */
+static bool file_has(const char *path, const char *needle)
+{
+    static char buf[65536];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    buf[n > 0 ? n : 0] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/*
+ * A ',' in --socket-path is part of the path (it used to start keys: this one
+ * served a null disk of 1M instead of the image); --read-only=off is
+ * writable; --print-capabilities=x is refused at once (it used to be missed by
+ * the pre-scan: the daemon started serving).
+ */
+VHD_TEST(paths_and_flags)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "a,backend=null,size=1M");
+    track(&dm);
+    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
+    int fd = open(dm.img, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    static uint8_t blk[4096];
+    memset(blk, 0x5a, sizeof(blk));
+    VHD_CHECK_EQ(pwrite(fd, blk, sizeof(blk), 8192), (ssize_t)sizeof(blk));
+    VHD_CHECK_EQ(ftruncate(fd, 2 << 20), 0);
+    close(fd);
+    char *argv[] = {(char *)bin(),     "--socket-path", dm.sock, "--blk-file", dm.img,
+                    "--read-only=off", "--workers",     "1",     NULL};
+    daemon_spawn(&dm, argv);
+    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->capacity, 2ull << 20);
+    VHD_CHECK(!vhd_blkdrv_get_info(d)->read_only);
+    drv_rw(d, 8192, 0x5a, false);              /* the image, not a null disk */
+    VHD_CHECK_EQ(drv_rw(d, 0, 0x33, true), 0); /* --read-only=off: writable */
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+
+    char sock2[256], out[256];
+    snprintf(sock2, sizeof(sock2), "%s/caps.sock", dm.dir);
+    char *a2[] = {(char *)bin(),
+                  "--print-capabilities=x",
+                  "--socket-path",
+                  sock2,
+                  "--keys",
+                  "backend=null,size=1M",
+                  NULL};
+    VHD_CHECK_EQ(run(a2, out, sizeof(out), dm.log), 2);
+    VHD_CHECK(file_has(dm.log, "--print-capabilities takes no value"));
+    struct stat st;
+    VHD_CHECK(stat(sock2, &st) < 0);
+    test_done();
+}
+
 /* A listening socket at path, as fd number want (no close-on-exec): what a manager passes. */
 static void listen_as_fd(const char *path, int want)
 {
@@ -264,19 +323,6 @@ VHD_TEST(inherited_fd)
     struct stat st;
     VHD_CHECK(stat(dm.sock, &st) == 0 && S_ISSOCK(st.st_mode));
     test_done();
-}
-
-/* Grep a file (the first 64 KiB) for needle. */
-static bool file_has(const char *path, const char *needle)
-{
-    static char buf[65536];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    buf[n > 0 ? n : 0] = '\0';
-    return strstr(buf, needle) != NULL;
 }
 
 /* --fd that is not a listening Unix socket, or not open: a clear error, exit non-zero. */

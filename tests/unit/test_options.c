@@ -798,3 +798,63 @@ VHD_TEST(backend_program_conventions)
     VHD_CHECK(strstr(err, "are for --type blk") != NULL);
     vhd_options_free(&o);
 }
+
+/*
+ * --socket-path and --blk-file are paths, not key text: a ',' in them is part
+ * of the path (it used to start keys: "a,backend=null,size=1M" served a null
+ * disk); with --rpc such a path is refused (config.save writes KEY=VALUE
+ * lines). --read-only takes on|off; --print-capabilities takes no value.
+ */
+VHD_TEST(conventions_paths_and_flags)
+{
+    struct vhd_options o;
+    char err[256] = "";
+    VHD_CHECK_EQ(parse(&o, err, "--socket-path=/t/a,backend=null,size=1M", "--blk-file=/i,ro=on",
+                       NULL, NULL),
+                 0);
+    VHD_CHECK_EQ(o.nblk, 1);
+    VHD_CHECK(!strcmp(o.blk[0].socket, "/t/a,backend=null,size=1M"));
+    VHD_CHECK(!strcmp(o.blk[0].image, "/i,ro=on"));
+    VHD_CHECK(!strcmp(o.blk[0].backend, "uring") && !o.blk[0].ro && o.blk[0].size == 0);
+    VHD_CHECK(!strcmp(o.blk[0].name, "a,backend=null,size=1M"));
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--socket-path=/t/n,mac=02:00:00:00:00:01", "--type=net",
+                       "--keys=name=n0", NULL),
+                 0);
+    VHD_CHECK(o.nnet == 1 && !o.net[0].mac_set && !strcmp(o.net[0].name, "n0"));
+    VHD_CHECK(!strcmp(o.net[0].socket, "/t/n,mac=02:00:00:00:00:01"));
+    vhd_options_free(&o);
+    /* --keys image= after --blk-file wins, as it did in the text. */
+    VHD_CHECK_EQ(parse(&o, err, "--socket-path=/t/a", "--blk-file=/i", "--keys=image=/j", NULL), 0);
+    VHD_CHECK(!strcmp(o.blk[0].image, "/j"));
+    vhd_options_free(&o);
+
+    VHD_CHECK(parse(&o, err, "--socket-path=/t/a,b", "--blk-file=/i", "--rpc=/r", NULL) < 0);
+    VHD_CHECK(strstr(err, "may not contain ','") != NULL);
+    vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--socket-path=/t/a\nblk x", "--blk-file=/i", NULL, NULL) < 0);
+    VHD_CHECK(strstr(err, "control characters") != NULL);
+    vhd_options_free(&o);
+
+    static const struct {
+        const char *arg;
+        int ro; /* -1: refused */
+    } ro[] = {{"--read-only", 1},
+              {"--read-only=on", 1},
+              {"--read-only=off", 0},
+              {"--read-only=maybe", -1}};
+    for (size_t i = 0; i < sizeof(ro) / sizeof(ro[0]); i++) {
+        int rc = parse(&o, err, "--socket-path=/t/a", "--blk-file=/i", ro[i].arg, NULL);
+        if (ro[i].ro < 0) {
+            VHD_CHECK(rc < 0 && strstr(err, "expected on or off") != NULL);
+        } else {
+            VHD_CHECK_EQ(rc, 0);
+            VHD_CHECK_EQ(o.blk[0].ro, ro[i].ro == 1);
+        }
+        vhd_options_free(&o);
+    }
+    VHD_CHECK(
+        parse(&o, err, "--print-capabilities=x", "--socket-path=/t/a", "--blk-file=/i", NULL) < 0);
+    VHD_CHECK(strstr(err, "takes no value") != NULL);
+    vhd_options_free(&o);
+}
