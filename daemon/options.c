@@ -954,6 +954,10 @@ static int parse_config(struct vhd_options *o, const char *path, char *err, size
                 v++;
         }
         char sub[512];
+        if (!strcmp(p, "fd")) { /* the number is the starting process's, not the file's */
+            rc = fail(err, errlen, "%s:%d: fd is a command-line option (--fd N)", path, lineno);
+            break;
+        }
         rc = parse_global(o, p, *v ? v : NULL, sub, sizeof(sub), depth + 1);
         if (rc)
             fail(err, errlen, "%s:%d: %s", path, lineno, sub);

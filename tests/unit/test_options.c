@@ -4,6 +4,7 @@
  * rejected value with its one-line message, config files.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -856,5 +857,18 @@ VHD_TEST(conventions_paths_and_flags)
     VHD_CHECK(
         parse(&o, err, "--print-capabilities=x", "--socket-path=/t/a", "--blk-file=/i", NULL) < 0);
     VHD_CHECK(strstr(err, "takes no value") != NULL);
+    vhd_options_free(&o);
+
+    /* An inherited fd is the starting process's: not in a --config file (a reload reads it). */
+    char conf[] = "/tmp/vhd-test-opt-XXXXXX";
+    int cfd = mkstemp(conf);
+    VHD_CHECK(cfd >= 0);
+    VHD_CHECK_EQ(write(cfd, "fd 5\nkeys backend=null,size=1M\n", 31), 31);
+    close(cfd);
+    char carg[64];
+    snprintf(carg, sizeof(carg), "--config=%s", conf);
+    VHD_CHECK(parse(&o, err, carg, NULL, NULL, NULL) < 0);
+    unlink(conf);
+    VHD_CHECK(strstr(err, "fd is a command-line option") != NULL);
     vhd_options_free(&o);
 }
