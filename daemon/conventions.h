@@ -20,4 +20,15 @@
  */
 int vhd_conv_print_capabilities(int argc, char **argv, FILE *out);
 
+/*
+ * Readiness for a service manager (systemd Type=notify), without libsystemd:
+ * vhd_conv_notify_open connects a datagram socket to $NOTIFY_SOCKET (a path,
+ * or "@name" in the abstract namespace) while the daemon may still connect
+ * (before the sandbox); -1 when unset or unusable (logged). Then, once every
+ * socket serves, vhd_conv_notify_ready writes READY=1 on it (a plain write:
+ * allowed after the sandbox) and closes it; -1 does nothing.
+ */
+int vhd_conv_notify_open(void);
+void vhd_conv_notify_ready(int fd);
+
 #endif /* VHD_CONVENTIONS_H */

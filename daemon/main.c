@@ -327,6 +327,19 @@ int main(int argc, char **argv)
     static struct daemon d = {.sigfd = -1};
     char err[512] = "";
 
+    /*
+     * SIGHUP, SIGUSR1 and SIGUSR2 kill by default: blocked before anything
+     * else (a reload asked while --config is still being read waits for the
+     * control loop). SIGINT and SIGTERM keep killing until the devices exist,
+     * then go to the signalfd too (below).
+     */
+    sigset_t early;
+    sigemptyset(&early);
+    sigaddset(&early, SIGHUP);
+    sigaddset(&early, SIGUSR1);
+    sigaddset(&early, SIGUSR2);
+    sigprocmask(SIG_BLOCK, &early, NULL);
+
     /* The vhost-user spec: print them and exit, whatever else the command line says. */
     int caps = vhd_conv_print_capabilities(argc, argv, stdout);
     if (caps != 0)
@@ -424,8 +437,13 @@ int main(int argc, char **argv)
                 vhd_version(), d.ndev, nworkers,
                 cc.poll == VHD_CTX_POLL_ALWAYS ? "always" : "never",
                 cc.poll == VHD_CTX_POLL_ALWAYS ? 0 : cc.spin_us);
-    if (enter_sandbox(&d) < 0)
+    int notify = vhd_conv_notify_open(); /* connected while the sandbox allows it */
+    if (enter_sandbox(&d) < 0) {
+        if (notify >= 0)
+            close(notify);
         goto fail;
+    }
+    vhd_conv_notify_ready(notify); /* every device and the RPC socket accept connections */
 
     rc = vhd_ctx_run(d.ctx);
     if (rc < 0)

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -638,6 +639,109 @@ VHD_TEST(sighup_without_rpc)
     struct vhd_blkdrv *d = drv_connect(dm.sock);
     drv_rw(d, 0, 0, false);
     vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * The writer of a FIFO --config: SIGHUP once vhostd is reading it, then the
+ * file; then the file again for the reload.
+ */
+struct fifo_writer {
+    const char *path;
+    const char *text;
+    struct daemon *dm;
+};
+
+static void *write_fifo(void *arg)
+{
+    struct fifo_writer *w = arg;
+    int fd = open(w->path, O_WRONLY | O_CLOEXEC); /* returns once vhostd opened it */
+    pid_t pid;
+    while (!(pid = __atomic_load_n(&w->dm->pid, __ATOMIC_ACQUIRE)))
+        sleep_ms(1);
+    if (fd >= 0) {
+        kill(pid, SIGHUP); /* start-up: killed vhostd when it was not blocked yet */
+        sleep_ms(50);
+        if (write(fd, w->text, strlen(w->text)) < 0)
+            perror("fifo write");
+        close(fd);
+    }
+    /* The reload that SIGHUP asked for reads it again, once start-up is over. */
+    struct stat st;
+    uint64_t t0 = ms_now();
+    while ((stat(w->dm->sock, &st) < 0 || !S_ISSOCK(st.st_mode)) && ms_now() - t0 < WAIT_MS)
+        sleep_ms(5);
+    if ((fd = open(w->path, O_WRONLY | O_CLOEXEC)) >= 0) {
+        if (write(fd, w->text, strlen(w->text)) < 0)
+            perror("fifo write");
+        close(fd);
+    }
+    return NULL;
+}
+
+/*
+ * A SIGHUP while vhostd is still starting (reading its --config from a FIFO)
+ * does not kill it; the reload it asked for runs once the control loop does.
+ */
+VHD_TEST(sighup_during_startup)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
+    track(&dm);
+    char fifo[256], text[512];
+    snprintf(fifo, sizeof(fifo), "%s/vhostd.conf", dm.dir);
+    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
+    VHD_CHECK_EQ(mkfifo(fifo, 0600), 0);
+    struct fifo_writer w = {.path = fifo, .text = text, .dm = &dm};
+    pthread_t t;
+    VHD_CHECK_EQ(pthread_create(&t, NULL, write_fifo, &w), 0);
+    char *argv[] = {(char *)bin(), "--rpc", dm.sock, "--config", fifo, "--workers", "1", NULL};
+    daemon_spawn(&dm, argv);
+    VHD_CHECK_EQ(pthread_join(t, NULL), 0);
+    wait_log_count(&dm, "reload: 0 added, 0 removed, 1 unchanged", 1);
+    json_object *devs = list(dm.sock);
+    VHD_CHECK_EQ(json_object_array_length(devs), 1u);
+    json_object_put(devs);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
+
+/*
+ * Type=notify: READY=1 arrives on $NOTIFY_SOCKET (a datagram socket the test
+ * binds) once the management socket accepts connections: a connect right
+ * after it succeeds.
+ */
+VHD_TEST(notify_ready)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "notify.sock");
+    track(&dm);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, dm.sock, strlen(dm.sock) + 1);
+    int n = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    VHD_CHECK(n >= 0);
+    VHD_CHECK_EQ(bind(n, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    char rpc[256], dsock[256];
+    snprintf(rpc, sizeof(rpc), "%s/rpc.sock", dm.dir);
+    snprintf(dsock, sizeof(dsock), "%s/d.sock", dm.dir);
+    VHD_CHECK_EQ(setenv("NOTIFY_SOCKET", dm.sock, 1), 0);
+    char *argv[] = {
+        (char *)bin(), "--rpc", rpc, "--socket-path", dsock, "--keys", "backend=null,size=1M",
+        "--workers",   "1",     NULL};
+    daemon_spawn(&dm, argv); /* returns at once: the socket it waits for is ours */
+    unsetenv("NOTIFY_SOCKET");
+    struct pollfd p = {.fd = n, .events = POLLIN};
+    VHD_CHECK_EQ(poll(&p, 1, WAIT_MS), 1);
+    char msg[256];
+    ssize_t len = recv(n, msg, sizeof(msg) - 1, 0);
+    VHD_CHECK(len > 0);
+    msg[len] = '\0';
+    VHD_CHECK(strstr(msg, "READY=1") != NULL);
+    close(rpc_connect(rpc)); /* already listening */
+    struct vhd_blkdrv *d = drv_connect(dsock);
+    vhd_blkdrv_disconnect(d);
+    close(n);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
