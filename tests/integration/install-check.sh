@@ -10,7 +10,8 @@
 #   unit         `systemd-analyze verify` passes on the installed vhostd.service with no
 #                message at all (paths re-rooted into the tree, man pages looked up there), and
 #                flags each of three broken copies (unknown key, missing binary, bad value): a
-#                check that can fail
+#                check that can fail; the hardening lines are there (Type=notify, the syscall
+#                filter, device policy, ...) and the filter allows io_uring and seccomp
 #   config       the example configuration is installed, vhostd.conf made from it, an edited
 #                vhostd.conf survives a second install, and vhostd accepts the example
 # systemd-analyze comes from the systemd package, installed first when missing (as
@@ -128,8 +129,38 @@ else
         fail unit/execstart "ExecStart lacks --rpc /run/vhostd/rpc.sock --config"
     # shellcheck disable=SC2016 # $MAINPID is the unit's, not ours
     for k in NoNewPrivileges=yes ProtectSystem=strict PrivateTmp=yes RuntimeDirectory=vhostd \
-        RestrictAddressFamilies= CapabilityBoundingSet= 'ExecReload=/bin/kill -HUP $MAINPID'; do
-        grep -q "^$k" "$unit" || fail "unit/$k" "missing"
+        RestrictAddressFamilies= CapabilityBoundingSet= 'ExecReload=/bin/kill -HUP $MAINPID' \
+        Type=notify RuntimeDirectoryMode=0755 SupplementaryGroups=kvm \
+        'SystemCallFilter=@system-service seccomp' SystemCallErrorNumber=EPERM \
+        ProtectProc=invisible PrivateMounts=yes DevicePolicy=closed \
+        'DeviceAllow=/dev/net/tun rw' 'DeviceAllow=block-\* rw'; do
+        if grep -q "^$k\$" "$unit" || { [ "${k%=}" != "$k" ] && grep -q "^$k" "$unit"; }; then
+            pass "unit/$k"
+        else
+            fail "unit/$k" "missing"
+        fi
+    done
+    # The unit's syscall filter lets the daemon run: io_uring (its block I/O) and seccomp (its own
+    # filter) are in it, expanded through systemd's groups.
+    expand() { # expand NAME...: the syscalls of each group (recursively) or the name itself
+        local x
+        for x in "$@"; do
+            # shellcheck disable=SC2046 # a group's members, one word each
+            case $x in
+            @*) expand $(systemd-analyze syscall-filter "$x" | sed -n '2,$p' | sed 's/#.*//') ;;
+            *) echo "$x" ;;
+            esac
+        done
+    }
+    filter=$(sed -n 's/^SystemCallFilter=//p' "$unit")
+    # shellcheck disable=SC2086 # a list of names
+    allowed=$(expand $filter | sort -u)
+    for sc in io_uring_setup io_uring_enter io_uring_register seccomp prctl setresuid ioctl; do
+        if grep -qx "$sc" <<<"$allowed"; then
+            pass "unit/syscall $sc"
+        else
+            fail "unit/syscall $sc" "not in SystemCallFilter=$filter"
+        fi
     done
     if out=$(verify "$WORK/ok/vhostd.service") && [ -z "$out" ]; then
         pass "unit/verify"
