@@ -75,7 +75,11 @@ struct vhd_endpoint {
      * with exponential back-off whenever a connect fails or a session ends.
      */
     bool client;
+    unsigned reconnect_min_ms;         /* client: first retry delay (0: 50 ms) */
+    unsigned reconnect_max_ms;         /* client: the delay doubles up to this (0: 2000 ms) */
+    struct vhd_endpoint_access access; /* who may connect (zero: the defaults) */
     /*
+     * (Last, added after the fields above: they keep their offsets.)
      * Server mode with a listening socket made by someone else (a management
      * layer, systemd socket activation, the vhost-user spec's --fd): when
      * listen_fd_set, the device accepts on listen_fd (an AF_UNIX SOCK_STREAM
@@ -89,9 +93,6 @@ struct vhd_endpoint {
      */
     bool listen_fd_set;
     int listen_fd;
-    unsigned reconnect_min_ms;         /* client: first retry delay (0: 50 ms) */
-    unsigned reconnect_max_ms;         /* client: the delay doubles up to this (0: 2000 ms) */
-    struct vhd_endpoint_access access; /* who may connect (zero: the defaults) */
 };
 
 /* What happened to a device (its event callback's argument). */
