@@ -24,8 +24,9 @@
 # vhostd (each by its pid) are stopped.
 #
 # Env: VHOSTD (build/vhostd), VHOSTCTL (next to VHOSTD), GUEST_DIR (build/guest), LOG_DIR
-# (build/libvirt: console and daemon logs are kept there), GUEST_TIMEOUT (300 s for the whole
-# domain), CASES ("hotplug").
+# (build/libvirt: each run keeps its console and daemon logs in a directory of its own made
+# there, run.XXXXXX, and points LOG_DIR/latest at it; nothing else in LOG_DIR is touched, so
+# runs may share it), GUEST_TIMEOUT (300 s for the whole domain), CASES ("hotplug").
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -130,10 +131,12 @@ done
 KERNEL=$GUEST_DIR/vmlinuz
 [ -s "$GUEST_DIR/vmlinux" ] && KERNEL=$GUEST_DIR/vmlinux
 
-mkdir -p "$LOG_DIR"
-# A console left from an earlier run would show its markers: only this run's files.
-rm -rf "$LOG_DIR/libvirt-log"
-rm -f "$LOG_DIR"/*.log "$LOG_DIR"/*.xml
+# This run's own directory, absolute (the domain XML and the bind mounts name it): a console
+# left from an earlier or a concurrent run cannot show its markers here.
+mkdir -p "$LOG_DIR" || fatal "cannot create $LOG_DIR"
+LOG_DIR=$(cd "$LOG_DIR" && mktemp -d "$(pwd -P)/run.XXXXXX") || fatal "mktemp -d in $LOG_DIR failed"
+ln -sfn "$(basename "$LOG_DIR")" "$(dirname "$LOG_DIR")/latest" 2>/dev/null || true
+say "logs in $LOG_DIR"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/vhostd-libvirt.XXXXXX")
 LV=$WORK/lv
 mkdir -p "$LOG_DIR/libvirt-log" "$LV"
