@@ -59,8 +59,9 @@ static void on_signal(void *opaque, uint32_t events)
                     (void)vhd_blk_device_resume(d->dev[i]); /* -EINVAL for net devices */
         } else if (si.ssi_signo == SIGHUP) {
             struct vhd_reload_result res;
+            char msg[512];
             if (d->rpc) /* the table adds and removes devices at runtime */
-                (void)vhd_reload(d->rpc, &d->opts, d->argc, d->argv, &res);
+                (void)vhd_reload(d->rpc, &d->opts, d->argc, d->argv, &res, msg, sizeof(msg));
             else
                 vhd_log(VHD_LOG_WARN, "SIGHUP: reloading the configuration needs --rpc "
                                       "(devices are added at runtime): ignored");
@@ -122,6 +123,14 @@ static unsigned worker_count(const struct vhd_options *o)
         .endpoint.listen_fd_set = (o)->fd > 0,                   \
         .endpoint.listen_fd = (o)->fd,                           \
     })
+
+/* config.reload (rpc.h): SIGHUP's reload, its outcome in msg. */
+static int reload_op(void *opaque, char *msg, size_t msglen)
+{
+    struct daemon *d = opaque;
+    struct vhd_reload_result res;
+    return vhd_reload(d->rpc, &d->opts, d->argc, d->argv, &res, msg, msglen);
+}
 
 /* The library's config of one --blk device (pointers into b). 0, or -errno with a reason. */
 static int blk_config(struct daemon *d, const struct vhd_opt_blk *b, struct vhd_blk_config *out,
@@ -407,8 +416,11 @@ int main(int argc, char **argv)
         goto fail;
     }
     if (d.opts.rpc) {
-        const struct vhd_rpc_ops ops = {
-            .new_blk = new_blk, .new_net = new_net, .open_blk = open_blk, .opaque = &d};
+        const struct vhd_rpc_ops ops = {.new_blk = new_blk,
+                                        .new_net = new_net,
+                                        .open_blk = open_blk,
+                                        .reload = reload_op,
+                                        .opaque = &d};
         rc = vhd_rpc_new(d.ctx, &d.opts, &ops, &d.rpc);
         if (rc < 0) {
             fprintf(stderr, "vhostd: --rpc: %s\n", strerror(-rc));

@@ -129,13 +129,14 @@ static int without_conv_device(int argc, char **argv, char ***out)
 }
 
 int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, char **argv,
-               struct vhd_reload_result *res)
+               struct vhd_reload_result *res, char *msg, size_t msglen)
 {
     struct vhd_options *o = calloc(1, sizeof(*o)); /* ~1 MiB: not on the stack */
     char err[512] = "";
     int rc = 0;
 
     memset(res, 0, sizeof(*res));
+    snprintf(msg, msglen, "out of memory: nothing changed");
     if (!o) {
         vhd_log(VHD_LOG_ERROR, "reload: out of memory: nothing changed");
         return -1;
@@ -159,6 +160,7 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
     free(v);
     if (prc < 0) {
         vhd_log(VHD_LOG_ERROR, "reload: %s: nothing changed", err);
+        snprintf(msg, msglen, "%s: nothing changed", err);
         rc = -1;
         goto out;
     }
@@ -263,11 +265,12 @@ int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, c
             }
         }
     }
-    vhd_log(VHD_LOG_INFO,
-            "reload: %u added, %u removed, %u unchanged, %u changed (not applied), %u gone but "
-            "connected (kept), %u failed, %u added through the API (kept)",
-            res->added, res->removed, res->unchanged, res->changed, res->kept, res->failed,
-            res->api);
+    snprintf(msg, msglen,
+             "%u added, %u removed, %u unchanged, %u changed (not applied), %u gone but "
+             "connected (kept), %u failed, %u added through the API (kept)",
+             res->added, res->removed, res->unchanged, res->changed, res->kept, res->failed,
+             res->api);
+    vhd_log(VHD_LOG_INFO, "reload: %s", msg);
 out:
     vhd_options_free(o);
     free(o);

@@ -31,11 +31,12 @@ struct vhd_reload_result {
  * own methods (device.add, device.remove): the same checks and messages.
  * Global options (workers, polling, sandbox, ...) are read at start only:
  * a change is logged. 0 and *res, or -1 when the configuration does not
- * parse (logged; nothing changed). The --fd device is not parsed again:
- * unchanged while it runs, gone once removed (its socket was closed with it).
+ * parse (logged; nothing changed); msg gets the summary line, or the reason
+ * of the -1. The --fd device is not parsed again: unchanged while it runs,
+ * gone once removed (its socket was closed with it).
  * Control thread.
  */
 int vhd_reload(struct vhd_rpc *r, const struct vhd_options *running, int argc, char **argv,
-               struct vhd_reload_result *res);
+               struct vhd_reload_result *res, char *msg, size_t msglen);
 
 #endif /* VHD_RELOAD_H */

@@ -731,13 +731,26 @@ static json_object *m_save_config(struct call *c)
     return res;
 }
 
+/* reload: the configuration read again and applied, as SIGHUP does; {"summary": "..."}. */
+static json_object *m_reload(struct call *c)
+{
+    char msg[512] = "";
+    if (!c->r->ops.reload)
+        return failf(c, VHD_RPC_E_FAILED, "reloading is not available");
+    if (c->r->ops.reload(c->r->ops.opaque, msg, sizeof(msg)) < 0)
+        return failf(c, VHD_RPC_E_FAILED, "%s", msg);
+    json_object *res = json_object_new_object();
+    json_object_object_add(res, "summary", json_object_new_string(msg));
+    return res;
+}
+
 static const struct {
     const char *name;
     json_object *(*fn)(struct call *c);
 } methods[] = {
     {"version", m_version},    {"device.add", m_add},          {"device.remove", m_remove},
     {"device.list", m_list},   {"device.resume", m_resume},    {"device.resize", m_resize},
-    {"device.stats", m_stats}, {"config.save", m_save_config},
+    {"device.stats", m_stats}, {"config.save", m_save_config}, {"config.reload", m_reload},
 };
 
 /* ---- requests ---- */

@@ -52,6 +52,12 @@ struct vhd_rpc_ops {
      */
     int (*open_blk)(void *opaque, const struct vhd_opt_blk *b, vhd_device_open_fn done,
                     void *done_opaque, char *err, size_t errlen);
+    /*
+     * config.reload: what SIGHUP does (reload.h). 0 with the summary line in
+     * msg, or -1 with the reason (the configuration does not parse). NULL:
+     * the method answers that reloading is not available.
+     */
+    int (*reload)(void *opaque, char *msg, size_t msglen);
     void *opaque;
 };
 

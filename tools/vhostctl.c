@@ -36,6 +36,8 @@ static const char usage[] =
     "  resize NAME SIZE [--force] change a blk device's capacity\n"
     "  resume NAME               resume a device paused by an error policy\n"
     "  save-config               print the running configuration as a --config file\n"
+    "  reload                    read the daemon's configuration again and apply it (as\n"
+    "                            SIGHUP does); exit 1 with the reason if it does not parse\n"
     "  version                   the daemon's version\n"
     "--rpc PATH: the daemon's socket (default $VHOSTD_RPC, else " DEFAULT_RPC ")\n";
 
@@ -499,6 +501,10 @@ int main(int argc, char **argv)
         NEED(1, "");
         res = call(path, "config.save", p);
         fputs(get_str(res, "config"), stdout);
+    } else if (!strcmp(cmd, "reload")) {
+        NEED(1, "");
+        res = call(path, "config.reload", p);
+        printf("%s\n", get_str(res, "summary"));
     } else if (!strcmp(cmd, "version")) {
         NEED(1, "");
         res = call(path, "version", p);

@@ -127,9 +127,8 @@ else
     sed "s|$prefix/|$dest$prefix/|g" "$unit" >"$WORK/ok/vhostd.service"
     grep -q '^ExecStart=.*--rpc /run/vhostd/rpc.sock --config ' "$unit" ||
         fail unit/execstart "ExecStart lacks --rpc /run/vhostd/rpc.sock --config"
-    # shellcheck disable=SC2016 # $MAINPID is the unit's, not ours
     for k in NoNewPrivileges=yes ProtectSystem=strict PrivateTmp=yes RuntimeDirectory=vhostd \
-        RestrictAddressFamilies= CapabilityBoundingSet= 'ExecReload=/bin/kill -HUP $MAINPID' \
+        RestrictAddressFamilies= CapabilityBoundingSet= 'ExecReload=.*/vhostctl --rpc /run/vhostd/rpc.sock reload' \
         Type=notify RuntimeDirectoryMode=0755 SupplementaryGroups=kvm \
         'SystemCallFilter=@system-service seccomp' SystemCallErrorNumber=EPERM \
         ProtectProc=invisible PrivateMounts=yes DevicePolicy=closed \

@@ -745,3 +745,48 @@ VHD_TEST(notify_ready)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_done();
 }
+
+/*
+ * vhostctl reload (config.reload, the unit's ExecReload=): SIGHUP's reload
+ * with its summary printed; a file that does not parse: exit 1 with the
+ * reason, nothing changed.
+ */
+VHD_TEST(vhostctl_reload)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
+    track(&dm);
+    char ctl[4096], conf[256], text[512], out[1024], errlog[256];
+    VHD_CHECK(realpath(bin(), ctl) != NULL);
+    snprintf(strrchr(ctl, '/') + 1, sizeof(ctl) - (size_t)(strrchr(ctl, '/') + 1 - ctl),
+             "vhostctl");
+    if (access(ctl, X_OK) != 0)
+        vhd_test_skip("vhostctl not built next to vhostd");
+    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
+    snprintf(errlog, sizeof(errlog), "%s/vhostctl.err", dm.dir);
+    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
+    write_file(conf, text);
+    char *argv[] = {(char *)bin(), "--rpc", dm.sock, "--config", conf, "--workers", "1", NULL};
+    daemon_spawn(&dm, argv);
+    char *a[] = {ctl, "--rpc", dm.sock, "reload", NULL};
+    VHD_CHECK_EQ(run(a, out, sizeof(out), errlog), 0);
+    VHD_CHECK(strstr(out, "0 added, 0 removed, 1 unchanged") != NULL);
+
+    snprintf(text, sizeof(text),
+             "blk socket=%s/a.sock,backend=null,size=1M\n"
+             "blk socket=%s/b.sock,backend=null,size=1M\n",
+             dm.dir, dm.dir);
+    write_file(conf, text);
+    VHD_CHECK_EQ(run(a, out, sizeof(out), errlog), 0);
+    VHD_CHECK(strstr(out, "1 added, 0 removed, 1 unchanged") != NULL);
+
+    write_file(conf, "blk socket=/nowhere,no-such-key=1\n");
+    VHD_CHECK_EQ(run(a, out, sizeof(out), errlog), 1);
+    VHD_CHECK(file_has(errlog, "unknown key 'no-such-key'"));
+    VHD_CHECK(file_has(errlog, "nothing changed"));
+    json_object *devs = list(dm.sock);
+    VHD_CHECK_EQ(json_object_array_length(devs), 2u);
+    json_object_put(devs);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_done();
+}
