@@ -5,9 +5,12 @@
  * schema, whatever else the command line says, the type from --type or the
  * program name), one device on --socket-path or on an inherited listening
  * --fd (served through our blk driver; an fd that is not a listening socket
- * refused), and SIGHUP re-reading --config: new devices added, gone ones
- * removed unless connected, changed ones left running, a broken file
- * changing nothing (checked through the management API's device.list).
+ * refused; its socket closed when the device is removed), paths taken as
+ * paths (a ',' starts no keys), and SIGHUP re-reading --config: new devices
+ * added, gone ones removed unless connected or added through the API,
+ * changed ones left running, a broken file changing nothing (checked through
+ * the management API's device.list); SIGHUP during start-up, READY=1 on
+ * $NOTIFY_SOCKET, and vhostctl reload.
  */
 #include <errno.h>
 #include <fcntl.h>
