@@ -78,6 +78,10 @@ static const char *req_name(uint32_t req)
         return "SET_INFLIGHT_FD";
     case VHOST_USER_SET_LOG_BASE:
         return "SET_LOG_BASE";
+    case VHOST_USER_IOTLB_MSG:
+        return "IOTLB_MSG";
+    case VHOST_USER_SET_BACKEND_REQ_FD:
+        return "SET_BACKEND_REQ_FD";
     default:
         return "request";
     }
@@ -396,6 +400,13 @@ int vhd_vuf_set_backend_req_fd(struct vhd_vuf *f, int fd)
     if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ))
         return fail(f, -ENOTSUP, "SET_BACKEND_REQ_FD: BACKEND_REQ not negotiated");
     return call_noreply(f, VHOST_USER_SET_BACKEND_REQ_FD, NULL, 0, &fd, 1);
+}
+
+int vhd_vuf_iotlb_msg(struct vhd_vuf *f, const struct vu_iotlb *m)
+{
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK))
+        return fail(f, -ENOTSUP, "IOTLB_MSG: REPLY_ACK not negotiated");
+    return call_noreply(f, VHOST_USER_IOTLB_MSG, m, sizeof(*m), NULL, 0);
 }
 
 int vhd_vuf_send_rarp(struct vhd_vuf *f, const uint8_t mac[6])

@@ -118,6 +118,15 @@ int vhd_vuf_ring_start(struct vhd_vuf *f, const struct vhd_vuf_ring *r);
 int vhd_vuf_set_backend_req_fd(struct vhd_vuf *f, int fd);
 
 /*
+ * vhd_vuf_iotlb_msg - one IOTLB_MSG (UPDATE or INVALIDATE) with NEED_REPLY,
+ * and wait for the ack (QEMU's way: the ack of an INVALIDATE means the
+ * back-end no longer touches the range). Needs REPLY_ACK (-ENOTSUP); a
+ * refusal is -EIO.
+ */
+struct vu_iotlb;
+int vhd_vuf_iotlb_msg(struct vhd_vuf *f, const struct vu_iotlb *m);
+
+/*
  * vhd_vuf_send_rarp - SEND_RARP for mac (what a front-end sends after a
  * migration). Needs the RARP protocol feature (-ENOTSUP).
  */
