@@ -91,25 +91,59 @@ struct vhd_netdrv_opts {
      * their header's flags and gso_type.
      */
     uint64_t offloads;
+    /*
+     * Act as the device's IOMMU (VIRTIO_F_ACCESS_PLATFORM, vhost-user "IOMMU
+     * support"): 0 off; else the IOMMU page size, a power of two from 4096 to
+     * 1 GiB (2 MiB: huge-page mappings). The rings are mapped once at
+     * connect; each receive buffer is mapped while it is posted and each TX
+     * slot while its frame is in flight (IOTLB UPDATE, acknowledged, then
+     * INVALIDATE), at IOVAs unrelated to the memory's guest-physical
+     * addresses, so a back-end that ignores the IOTLB fails. Needs a back-end
+     * that offers ACCESS_PLATFORM, BACKEND_REQ and REPLY_ACK (-ENOTSUP with
+     * the reason otherwise). A thread of the driver answers the back-end's
+     * IOTLB misses on the back-end channel; config change notifications are
+     * then not delivered (vhd_netdrv_config_wait: -ENOTSUP).
+     */
+    uint64_t iommu_page_size;
+    /* Strict: INVALIDATE at each unmap and wait for the ack (Linux intel_iommu=strict); else lazy.
+     */
+    bool iommu_strict;
+    uint32_t iommu_batch; /* lazy: INVALIDATEs go out every this many unmaps (0: 32) */
+    /*
+     * Map TX slots read-only and receive buffers write-only, as the device
+     * uses them (else read-write: DPDK's vhost asks read-write access to
+     * receive buffers and fails with write-only ones).
+     */
+    bool iommu_exact_perms;
 };
 
 /* What was negotiated and read from the device. */
 struct vhd_netdrv_info {
-    uint64_t features;     /* negotiated virtio feature bits */
-    uint8_t mac[6];        /* config mac (zero when VIRTIO_NET_F_MAC or CONFIG is missing) */
-    uint16_t status;       /* config status (VIRTIO_NET_S_LINK_UP assumed without STATUS) */
-    uint32_t device_pairs; /* pairs the device has (max_virtqueue_pairs / GET_QUEUE_NUM) */
-    uint32_t queue_num;    /* the GET_QUEUE_NUM reply (queue pairs for net; 1 without MQ) */
-    uint32_t num_pairs;    /* pairs in use */
-    uint32_t queue_size;   /* ring entries per queue */
-    uint32_t rx_buf_size;  /* bytes of each receive buffer, header included */
-    uint32_t max_tx_frame; /* largest frame tx_burst takes */
-    bool packed;           /* packed rings in use */
-    bool event_idx;        /* VIRTIO_F_EVENT_IDX in use */
-    bool mrg_rxbuf;        /* VIRTIO_NET_F_MRG_RXBUF in use */
-    bool reply_ack;        /* the session uses REPLY_ACK */
-    bool ctrl_vq;          /* the control queue runs */
-    bool config_notify;    /* config change notifications arrive (back-end channel) */
+    uint64_t features;        /* negotiated virtio feature bits */
+    uint8_t mac[6];           /* config mac (zero when VIRTIO_NET_F_MAC or CONFIG is missing) */
+    uint16_t status;          /* config status (VIRTIO_NET_S_LINK_UP assumed without STATUS) */
+    uint32_t device_pairs;    /* pairs the device has (max_virtqueue_pairs / GET_QUEUE_NUM) */
+    uint32_t queue_num;       /* the GET_QUEUE_NUM reply (queue pairs for net; 1 without MQ) */
+    uint32_t num_pairs;       /* pairs in use */
+    uint32_t queue_size;      /* ring entries per queue */
+    uint32_t rx_buf_size;     /* bytes of each receive buffer, header included */
+    uint32_t max_tx_frame;    /* largest frame tx_burst takes */
+    bool packed;              /* packed rings in use */
+    bool event_idx;           /* VIRTIO_F_EVENT_IDX in use */
+    bool mrg_rxbuf;           /* VIRTIO_NET_F_MRG_RXBUF in use */
+    bool reply_ack;           /* the session uses REPLY_ACK */
+    bool ctrl_vq;             /* the control queue runs */
+    bool config_notify;       /* config change notifications arrive (back-end channel) */
+    uint64_t iommu_page_size; /* the driver is the IOMMU with pages of this size (0: off) */
+};
+
+/* IOTLB traffic of a driver acting as the IOMMU, since connect. */
+struct vhd_netdrv_iommu_stats {
+    uint64_t updates;     /* UPDATE messages acknowledged (misses answered included) */
+    uint64_t invalidates; /* INVALIDATE messages acknowledged */
+    uint64_t misses;      /* MISS messages from the back-end */
+    uint64_t misses_bad;  /* ... for IOVAs not mapped (left unanswered, as the spec says) */
+    uint64_t mapped;      /* buffers and rings mapped now */
 };
 
 /*
@@ -260,6 +294,12 @@ int vhd_netdrv_read_config(struct vhd_netdrv *d);
  * the RARP protocol feature. Control call.
  */
 int vhd_netdrv_send_rarp(struct vhd_netdrv *d, const uint8_t mac[6]);
+
+/*
+ * vhd_netdrv_iommu_stats - IOTLB counters (opts.iommu_page_size): 0, or
+ * -ENOTSUP when the driver is not the IOMMU. Any thread.
+ */
+int vhd_netdrv_iommu_stats(struct vhd_netdrv *d, struct vhd_netdrv_iommu_stats *s);
 
 /* Counters of the pair since connect. */
 void vhd_netdrv_pair_stats(const struct vhd_netdrv_pair *p, struct vhd_netdrv_pair_stats *s);

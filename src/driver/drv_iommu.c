@@ -15,6 +15,17 @@
 #include "transport/vu_sock.h"
 #include "drv_iommu.h"
 
+/*
+ * Every mapping is followed by one IOVA page that is never mapped: a device
+ * running past a buffer faults instead of reaching the next one, and a
+ * back-end that treats an INVALIDATE's end as inclusive cannot drop a live
+ * neighbour. DPDK's vhost does (lib/vhost/iotlb.c, cache_remove: it stops
+ * only at an entry starting beyond iova + size, so the entry starting at
+ * iova + size goes too): without the gap, strict invalidation of one buffer
+ * evicts the next and the device misses on it (frames dropped).
+ */
+#define GUARD_PAGES 1u
+
 /* ---- growable arrays ---- */
 
 static int grow(void **arr, size_t *cap, size_t need, size_t elem)
@@ -93,9 +104,11 @@ static uint64_t iova_alloc(struct vhd_drv_iommu *io, uint64_t n)
     return UINT64_MAX;
 }
 
+/* A mapping's IOVA pages and its guard page (see GUARD_PAGES) go back. */
 static int release_range(struct vhd_drv_iommu *io, const struct vhd_drv_iommu_map *m)
 {
-    return iova_free(io, (m->iova - io->p.iova_base) >> io->page_shift, m->size >> io->page_shift);
+    return iova_free(io, (m->iova - io->p.iova_base) >> io->page_shift,
+                     (m->size >> io->page_shift) + GUARD_PAGES);
 }
 
 /* ---- mapping table ---- */
@@ -245,7 +258,7 @@ int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, 
     uint64_t npages = (end - start) >> io->page_shift;
 
     pthread_mutex_lock(&io->lock);
-    uint64_t page = iova_alloc(io, npages);
+    uint64_t page = iova_alloc(io, npages + GUARD_PAGES);
     if (page == UINT64_MAX) {
         rc = -ENOSPC;
         goto out;
@@ -286,12 +299,19 @@ static int flush_locked(struct vhd_drv_iommu *io)
             io->pend[j] = io->pend[j - 1];
         io->pend[j] = t;
     }
+    uint64_t guard = (uint64_t)GUARD_PAGES << io->page_shift;
     while (i < io->npend) {
-        /* One message for a run of IOVA-adjacent ranges. */
+        /*
+         * One message for a run of ranges whose IOVA allocations are adjacent
+         * (the guard pages between them included: never mapped); it ends at
+         * the last range's end, before its guard page.
+         */
         struct vhd_drv_iommu_map run = io->pend[i];
         size_t j = i + 1;
-        while (j < io->npend && run.iova + run.size == io->pend[j].iova)
-            run.size += io->pend[j++].size;
+        while (j < io->npend && run.iova + run.size + guard == io->pend[j].iova) {
+            run.size = io->pend[j].iova + io->pend[j].size - run.iova;
+            j++;
+        }
         rc = send_iotlb(io, VHOST_IOTLB_INVALIDATE, &run);
         if (rc < 0)
             break;
@@ -352,6 +372,16 @@ int vhd_drv_iommu_miss(struct vhd_drv_iommu *io, uint64_t iova, uint8_t perm)
     if (rc == 0)
         rc = 1;
 out:
+    pthread_mutex_unlock(&io->lock);
+    return rc;
+}
+
+int vhd_drv_iommu_replay(struct vhd_drv_iommu *io)
+{
+    int rc = 0;
+    pthread_mutex_lock(&io->lock);
+    for (size_t i = 0; i < io->nmaps && rc == 0; i++)
+        rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &io->maps[i]);
     pthread_mutex_unlock(&io->lock);
     return rc;
 }

@@ -13,7 +13,7 @@
  * bytes: the page-aligned span around the buffer, which must lie in one
  * region of the shared memory (regions are aligned to page_size for that).
  * An IOVA range is not reused before the back-end acknowledged its
- * invalidation.
+ * invalidation, and an unmapped guard page follows every mapping.
  *
  * Messages go through a send callback that returns only after the back-end
  * acknowledged (REPLY_ACK): 0, or -errno. Threading: every call takes the
@@ -148,6 +148,14 @@ int vhd_drv_iommu_flush(struct vhd_drv_iommu *io);
  * invalid IOVA), or the send's error.
  */
 int vhd_drv_iommu_miss(struct vhd_drv_iommu *io, uint64_t iova, uint8_t perm);
+
+/*
+ * vhd_drv_iommu_replay - UPDATE every live mapping again (in IOVA order). A
+ * back-end may drop updates it gets before its rings exist (DPDK keeps its
+ * IOTLB per ring): sent once every ring is announced, it spares a miss per
+ * mapping. 0 or the first send error.
+ */
+int vhd_drv_iommu_replay(struct vhd_drv_iommu *io);
 
 /*
  * vhd_drv_iommu_lookup - the live mapping covering iova, copied to *out: 0

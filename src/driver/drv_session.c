@@ -9,8 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include "spec/vhost_user.h"
 #include "spec/virtio.h"
 #include "util/bits.h"
 #include "drv_session.h"
@@ -67,14 +69,94 @@ int vhd_drv_ring_announce(struct vhd_vuf *f, const struct vhd_guestmem *gm,
     struct vhd_vuf_ring r = {
         .index = index,
         .num = dq->size,
-        .desc = vhd_guestmem_uva(gm, dq->desc_gpa),
-        .avail = vhd_guestmem_uva(gm, dq->avail_gpa),
-        .used = vhd_guestmem_uva(gm, dq->used_gpa),
+        .desc = gm ? vhd_guestmem_uva(gm, dq->desc_gpa) : dq->desc_gpa,
+        .avail = gm ? vhd_guestmem_uva(gm, dq->avail_gpa) : dq->avail_gpa,
+        .used = gm ? vhd_guestmem_uva(gm, dq->used_gpa) : dq->used_gpa,
         .base = base,
         .kick_fd = kick_fd,
         .call_fd = call_fd,
     };
     return vhd_vuf_ring_start(f, &r);
+}
+
+int vhd_drv_iommu_check_opts(uint64_t page_size, char *err, size_t errlen)
+{
+    if (page_size && (page_size < VHD_DRV_IOMMU_MIN_PAGE || page_size > VHD_DRV_IOMMU_MAX_PAGE ||
+                      (page_size & (page_size - 1)))) {
+        snprintf(err, errlen, "iommu_page_size %llu: a power of two from 4096 to 1 GiB",
+                 (unsigned long long)page_size);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int vhd_drv_iommu_check_peer(const struct vhd_vuf *f, char *err, size_t errlen)
+{
+    if (!(f->offered & BIT(VIRTIO_F_ACCESS_PLATFORM))) {
+        snprintf(err, errlen,
+                 "the IOMMU was asked for, but the back-end does not offer "
+                 "VIRTIO_F_ACCESS_PLATFORM (no IOTLB support)");
+        return -ENOTSUP;
+    }
+    if (!vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ) ||
+        !vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK)) {
+        snprintf(err, errlen,
+                 "the IOMMU needs the BACKEND_REQ and REPLY_ACK protocol features; the "
+                 "back-end offers 0x%llx",
+                 (unsigned long long)f->proto_offered);
+        return -ENOTSUP;
+    }
+    return 0;
+}
+
+/* The IOMMU's messages: IOTLB_MSG with NEED_REPLY on the session. */
+static int iotlb_send(void *ctx, const struct vu_iotlb *m)
+{
+    return vhd_vuf_iotlb_msg(ctx, m);
+}
+
+int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
+                        uint64_t page_size, bool strict, uint32_t batch, char *err, size_t errlen)
+{
+    struct vhd_drv_iommu_params p = {.page_size = page_size,
+                                     .strict = strict,
+                                     .batch = batch,
+                                     .send = iotlb_send,
+                                     .send_ctx = f};
+    int rc = vhd_drv_iommu_init(io, &p);
+    for (uint32_t i = 0; rc == 0 && i < gm->nregions; i++)
+        rc = vhd_drv_iommu_add_region(io, (uint64_t)(uintptr_t)gm->r[i].hva, gm->r[i].size);
+    if (rc < 0) {
+        snprintf(err, errlen, "IOMMU set-up: %s", strerror(-rc));
+        vhd_drv_iommu_fini(io);
+    }
+    return rc;
+}
+
+int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd, char *err,
+                          size_t errlen)
+{
+    int rc;
+    if (*backend_fd < 0) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "back-end channel: socketpair: %s", strerror(-rc));
+            return rc;
+        }
+        rc = vhd_vuf_set_backend_req_fd(f, sv[1]);
+        close(sv[1]);
+        if (rc < 0) {
+            close(sv[0]);
+            snprintf(err, errlen, "%s", vhd_vuf_strerror(f));
+            return rc;
+        }
+        *backend_fd = sv[0];
+    }
+    rc = vhd_drv_iommu_serve(io, *backend_fd, f->timeout_ms);
+    if (rc < 0)
+        snprintf(err, errlen, "IOMMU miss thread: %s", strerror(-rc));
+    return rc;
 }
 
 void vhd_drv_drain_eventfd(int fd)

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drv_iommu.h"
 #include "guestmem.h"
 #include "vring.h"
 #include "vu_frontend.h"
@@ -60,11 +61,47 @@ static inline uint32_t vhd_drv_ring_fresh_base(bool packed)
 /*
  * vhd_drv_ring_announce - start ring index of dq (laid out in gm) on the
  * back-end from base, with its two eventfds (vhd_vuf_ring_start: the fds stay
- * ours). 0, or -errno with the reason in vhd_vuf_strerror(f).
+ * ours). gm NULL: dq's addresses are IOVAs (the driver is the IOMMU) and go
+ * as they are. 0, or -errno with the reason in vhd_vuf_strerror(f).
  */
 int vhd_drv_ring_announce(struct vhd_vuf *f, const struct vhd_guestmem *gm,
                           const struct vhd_drv_vq *dq, uint32_t index, uint32_t base, int kick_fd,
                           int call_fd);
+
+/* ---- the driver as the IOMMU (drv_iommu.h) ---- */
+
+/* The smallest IOMMU page; larger ones are powers of two up to 1 GiB. */
+#define VHD_DRV_IOMMU_MIN_PAGE 4096ull
+#define VHD_DRV_IOMMU_MAX_PAGE (1ull << 30)
+
+/* vhd_drv_iommu_check_opts - page_size 0 (off) or a power of two 4 KiB..1 GiB: 0 or -EINVAL. */
+int vhd_drv_iommu_check_opts(uint64_t page_size, char *err, size_t errlen);
+
+/*
+ * vhd_drv_iommu_check_peer - after the handshake, before SET_FEATURES: the
+ * back-end must offer VIRTIO_F_ACCESS_PLATFORM and have negotiated
+ * BACKEND_REQ and REPLY_ACK (every IOTLB message is acknowledged; misses come
+ * on the back-end channel). 0 or -ENOTSUP with the reason.
+ */
+int vhd_drv_iommu_check_peer(const struct vhd_vuf *f, char *err, size_t errlen);
+
+/*
+ * vhd_drv_iommu_setup - after SET_MEM_TABLE: an IOMMU in io whose messages
+ * go through f (vhd_vuf_iotlb_msg), allowed to map every region of gm.
+ * 0 or -errno with the reason.
+ */
+int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
+                        uint64_t page_size, bool strict, uint32_t batch, char *err, size_t errlen);
+
+/*
+ * vhd_drv_iommu_channel - once every ring is announced: open the back-end
+ * channel when *backend_fd is -1 (SET_BACKEND_REQ_FD; *backend_fd gets our
+ * non-blocking end, the caller's to close after vhd_drv_iommu_fini), and
+ * start the thread answering misses on it. From then on every exchange on f
+ * must hold vhd_drv_iommu_lock. 0 or -errno with the reason.
+ */
+int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd, char *err,
+                          size_t errlen);
 
 /* Read a non-blocking eventfd until it is empty (a stale call signal goes). */
 void vhd_drv_drain_eventfd(int fd);

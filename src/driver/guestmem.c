@@ -10,13 +10,49 @@
 
 #include "guestmem.h"
 
+/*
+ * Map size bytes of fd at an address that is a multiple of align: reserve
+ * size + align of address space, put the mapping at the first aligned
+ * address inside, give the rest back.
+ */
+static void *map_aligned(int fd, uint64_t size, uint64_t align)
+{
+    if (align <= (uint64_t)sysconf(_SC_PAGESIZE))
+        return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    uint8_t *res =
+        mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED)
+        return MAP_FAILED;
+    uint8_t *a = (uint8_t *)(((uintptr_t)res + align - 1) & ~(uintptr_t)(align - 1));
+    void *p = mmap(a, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        munmap(res, size + align);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (a > res)
+        munmap(res, (size_t)(a - res));
+    if (res + size + align > a + size)
+        munmap(a + size, (size_t)(res + size + align - (a + size)));
+    return p;
+}
+
 int vhd_guestmem_init(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size, uint64_t base,
                       uint64_t gap)
+{
+    return vhd_guestmem_init_aligned(gm, nregions, size, base, gap, 0);
+}
+
+int vhd_guestmem_init_aligned(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size,
+                              uint64_t base, uint64_t gap, uint64_t align)
 {
     long page = sysconf(_SC_PAGESIZE);
 
     memset(gm, 0, sizeof(*gm));
     if (nregions == 0 || nregions > VHD_GUESTMEM_MAX_REGIONS || size == 0 || size % (uint64_t)page)
+        return -EINVAL;
+    if (align & (align - 1) || (align && size % align))
         return -EINVAL;
     uint64_t gpa = base;
     for (uint32_t i = 0; i < nregions; i++) {
@@ -28,7 +64,7 @@ int vhd_guestmem_init(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size,
             close(fd);
             goto fail;
         }
-        void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        void *p = map_aligned(fd, size, align);
         if (p == MAP_FAILED) {
             close(fd);
             goto fail;

@@ -38,6 +38,13 @@ struct vhd_guestmem {
  */
 int vhd_guestmem_init(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size, uint64_t base,
                       uint64_t gap);
+/*
+ * vhd_guestmem_init_aligned - the same, each region mapped at an address that
+ * is a multiple of align (0 or a power of two; size a multiple of it): what
+ * IOMMU mappings of align-sized pages need (drv_iommu.h).
+ */
+int vhd_guestmem_init_aligned(struct vhd_guestmem *gm, uint32_t nregions, uint64_t size,
+                              uint64_t base, uint64_t gap, uint64_t align);
 void vhd_guestmem_fini(struct vhd_guestmem *gm);
 
 /* Region descriptions (fd, gpa, size, uva = our hva) for vhd_mem_new or SET_MEM_TABLE. */

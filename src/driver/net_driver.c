@@ -23,6 +23,7 @@
 #include "util/compiler.h"
 #include "spec/virtio.h"
 #include "spec/virtio_net.h"
+#include "driver/drv_iommu.h"
 #include "driver/drv_session.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
@@ -85,6 +86,11 @@ struct vhd_netdrv_pair {
     uint32_t pend_want; /* its num_buffers */
     struct iovec *iov;  /* qsize entries: the segments handed to the callback */
 
+    /* The driver as the IOMMU (NULL: off): IOVAs of the mapped buffers, by index. */
+    struct vhd_drv_iommu *io;
+    uint64_t *rx_iova, *tx_iova;
+    uint8_t rx_perm, tx_perm;
+
     /* TX slots: header + max_tx_frame bytes each, tx_stride apart. */
     uint8_t *txbuf;
     uint64_t txbuf_gpa;
@@ -115,6 +121,8 @@ struct vhd_netdrv {
     uint64_t cbuf_gpa;
     bool ctrl_broken; /* a command went unanswered: the queue is out of step */
     int backend_fd;   /* our end of the SET_BACKEND_REQ_FD socket pair, or -1 */
+    bool iommu;       /* opts.iommu_page_size: io is set up */
+    struct vhd_drv_iommu io;
     char err[256];
 };
 
@@ -149,6 +157,34 @@ static inline void publish_and_kick(struct vhd_netdrv_pair *p, struct netdrv_rin
         kick(p, r);
 }
 
+/* ======================= IOMMU ======================= */
+
+/*
+ * With the IOMMU on, map len bytes at b for the device and store the IOVA in
+ * *addr; without, *addr (the GPA) stays. A failure breaks the pair: the
+ * session is gone or the back-end refuses its IOTLB.
+ */
+static inline int buf_map(struct vhd_netdrv_pair *p, const void *b, uint32_t len, uint8_t perm,
+                          uint64_t *addr)
+{
+    if (!p->io)
+        return 0;
+    if (vhd_unlikely(vhd_drv_iommu_map(p->io, b, len, perm, addr) < 0)) {
+        p->broken = true;
+        return -EIO;
+    }
+    return 0;
+}
+
+static inline int buf_unmap(struct vhd_netdrv_pair *p, uint64_t iova)
+{
+    if (p->io && vhd_unlikely(vhd_drv_iommu_unmap(p->io, iova) < 0)) {
+        p->broken = true;
+        return -EIO;
+    }
+    return 0;
+}
+
 /* ======================= transmit ======================= */
 
 int vhd_netdrv_tx_reap(struct vhd_netdrv_pair *p)
@@ -168,8 +204,11 @@ int vhd_netdrv_tx_reap(struct vhd_netdrv_pair *p)
             return -EIO;
         }
         /* ck is slot + 1 of a request in flight (vring returns only those). */
-        p->tx_free[p->tx_nfree++] = (uint32_t)((uintptr_t)ck - 1);
+        uint32_t slot = (uint32_t)((uintptr_t)ck - 1);
+        p->tx_free[p->tx_nfree++] = slot;
         n++;
+        if (buf_unmap(p, p->tx_iova ? p->tx_iova[slot] : 0) < 0)
+            return -EIO;
     }
     p->stats.tx_done += (uint64_t)n;
     return n;
@@ -202,6 +241,12 @@ int vhd_netdrv_tx_burst(struct vhd_netdrv_pair *p, const struct iovec *frames, u
         memcpy(b + VHD_NETDRV_HDR_LEN, frames[sent].iov_base, len);
         struct vhd_drv_buf buf = {.gpa = p->txbuf_gpa + (uint64_t)slot * p->tx_stride,
                                   .len = (uint32_t)(VHD_NETDRV_HDR_LEN + len)};
+        if (buf_map(p, b, buf.len, p->tx_perm, &buf.gpa) < 0) {
+            rc = -EIO;
+            break;
+        }
+        if (p->io)
+            p->tx_iova[slot] = buf.gpa;
         if (vhd_drv_vq_add(&p->tx.dq, &buf, 1, 0, false, (void *)(uintptr_t)(slot + 1)) < 0)
             break; /* ring full: cannot happen with one descriptor per slot, but survive it */
         p->tx_nfree--;
@@ -233,6 +278,10 @@ int vhd_netdrv_tx_hdr(struct vhd_netdrv_pair *p, const struct iovec *frame, cons
     memcpy(b + VHD_NETDRV_HDR_LEN, frame->iov_base, len);
     struct vhd_drv_buf buf = {.gpa = p->txbuf_gpa + (uint64_t)slot * p->tx_stride,
                               .len = (uint32_t)(VHD_NETDRV_HDR_LEN + len)};
+    if (buf_map(p, b, buf.len, p->tx_perm, &buf.gpa) < 0)
+        return -EIO;
+    if (p->io)
+        p->tx_iova[slot] = buf.gpa;
     if (vhd_drv_vq_add(&p->tx.dq, &buf, 1, 0, false, (void *)(uintptr_t)(slot + 1)) < 0)
         return 0;
     p->tx_nfree--;
@@ -253,6 +302,10 @@ static inline int rx_post(struct vhd_netdrv_pair *p, uint32_t idx)
 {
     struct vhd_drv_buf buf = {.gpa = p->rxbuf_gpa + (uint64_t)idx * p->rx_stride,
                               .len = p->rx_buf_size};
+    if (buf_map(p, p->rxbuf + (size_t)idx * p->rx_stride, buf.len, p->rx_perm, &buf.gpa) < 0)
+        return -EIO;
+    if (p->io)
+        p->rx_iova[idx] = buf.gpa;
     return vhd_drv_vq_add(&p->rx.dq, &buf, 0, 1, false, (void *)(uintptr_t)(idx + 1));
 }
 
@@ -262,7 +315,8 @@ static void rx_repost(struct vhd_netdrv_pair *p)
     if (!p->nrepost)
         return;
     for (uint32_t k = 0; k < p->nrepost; k++)
-        (void)rx_post(p, p->repost[k]); /* they came out of this ring: room is certain */
+        (void)rx_post(p, p->repost[k]); /* they came out of this ring: room is certain; a failed
+                                           mapping broke the pair */
     p->nrepost = 0;
     publish_and_kick(p, &p->rx);
 }
@@ -292,6 +346,9 @@ static int rx_take(struct vhd_netdrv_pair *p)
     p->pend_len[p->npend] = len;
     p->npend++;
     p->stats.rx_buffers++;
+    /* Used: the device is done with it (unmapped before we read it, as a DMA unmap would). */
+    if (buf_unmap(p, p->rx_iova ? p->rx_iova[p->pend[p->npend - 1]] : 0) < 0)
+        return -EIO;
     return 1;
 }
 
@@ -500,8 +557,12 @@ static int ring_start(struct vhd_netdrv *d, struct netdrv_ring *r)
 
 static int ring_announce(struct vhd_netdrv *d, struct netdrv_ring *r)
 {
-    int rc = vhd_drv_ring_announce(&d->vuf, &d->gm, &r->dq, r->index,
+    if (d->iommu) /* the miss thread answers on the same session */
+        vhd_drv_iommu_lock(&d->io);
+    int rc = vhd_drv_ring_announce(&d->vuf, d->iommu ? NULL : &d->gm, &r->dq, r->index,
                                    vhd_drv_ring_fresh_base(d->info.packed), r->kick_fd, r->call_fd);
+    if (d->iommu)
+        vhd_drv_iommu_unlock(&d->io);
     if (rc < 0)
         return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
     return 0;
@@ -583,6 +644,49 @@ static int backend_channel_open(struct vhd_netdrv *d)
     return 0;
 }
 
+/*
+ * The driver as the IOMMU, after SET_MEM_TABLE: the table, every ring area
+ * and the control buffer mapped read-write for good (a coherent mapping, as
+ * Linux's dma_alloc_coherent), at IOVAs that replace their GPAs; buffers are
+ * mapped one by one as they go to the device.
+ */
+static int iommu_setup(struct vhd_netdrv *d)
+{
+    const struct vhd_netdrv_opts *o = &d->o;
+    int rc = vhd_drv_iommu_setup(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
+                                 o->iommu_batch, d->err, sizeof(d->err));
+    if (rc < 0)
+        return rc;
+    d->iommu = true;
+    /*
+     * Misses may come as soon as the rings are announced (DPDK translates
+     * them at SET_VRING_KICK, and drops updates sent before a ring exists):
+     * the channel and its thread first.
+     */
+    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->err, sizeof(d->err));
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < o->num_pairs; i++) {
+        struct vhd_netdrv_pair *p = d->p[i];
+        struct netdrv_ring *rings[2] = {&p->rx, &p->tx};
+        for (int k = 0; k < 2 && rc == 0; k++)
+            rc = vhd_drv_iommu_map(&d->io, rings[k]->area, rings[k]->area_len, VHOST_ACCESS_RW,
+                                   &rings[k]->area_gpa);
+        p->io = &d->io;
+        p->rx_perm = o->iommu_exact_perms ? VHOST_ACCESS_WO : VHOST_ACCESS_RW;
+        p->tx_perm = o->iommu_exact_perms ? VHOST_ACCESS_RO : VHOST_ACCESS_RW;
+    }
+    if (rc == 0 && o->ctrl_vq)
+        rc = vhd_drv_iommu_map(&d->io, d->ctrl.area, d->ctrl.area_len, VHOST_ACCESS_RW,
+                               &d->ctrl.area_gpa);
+    if (rc == 0 && o->ctrl_vq)
+        rc = vhd_drv_iommu_map(&d->io, d->cbuf, CTRL_BUF_BYTES, VHOST_ACCESS_RW, &d->cbuf_gpa);
+    if (rc < 0)
+        return dfail(d, rc, "IOMMU mapping of the rings: %s",
+                     d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+    return 0;
+}
+
 static int session_open(struct vhd_netdrv *d)
 {
     struct vhd_vuf *f = &d->vuf;
@@ -592,19 +696,27 @@ static int session_open(struct vhd_netdrv *d)
     const struct vhd_drv_session_params sp = {
         .path = d->path,
         .timeout_ms = o->timeout_ms,
-        .want_proto = BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
-                      BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_RARP) |
-                      (o->ctrl_vq ? BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) : 0),
+        .want_proto =
+            BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
+            BIT(VHOST_USER_PROTOCOL_F_CONFIG) | BIT(VHOST_USER_PROTOCOL_F_RARP) |
+            (o->ctrl_vq || o->iommu_page_size ? BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ) : 0),
         .packed = o->packed};
     int rc = vhd_drv_session_open(f, &sp, d->err, sizeof(d->err));
     if (rc < 0)
         return rc;
+    if (o->iommu_page_size) {
+        rc = vhd_drv_iommu_check_peer(f, d->err, sizeof(d->err));
+        if (rc < 0)
+            goto fail;
+    }
     uint64_t offered = f->offered;
     if (o->mrg_rxbuf && !(offered & BIT(VIRTIO_NET_F_MRG_RXBUF))) {
         rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_NET_F_MRG_RXBUF");
         goto fail;
     }
     uint64_t feat = offered & wanted_features(o);
+    if (o->iommu_page_size)
+        feat |= BIT(VIRTIO_F_ACCESS_PLATFORM); /* offered: checked above */
     if (o->ctrl_vq && !(feat & BIT(VIRTIO_NET_F_CTRL_VQ))) {
         rc = dfail(d, -ENOTSUP, "the back-end does not offer VIRTIO_NET_F_CTRL_VQ");
         goto fail;
@@ -653,12 +765,18 @@ static int session_open(struct vhd_netdrv *d)
     in->event_idx = (feat & BIT(VIRTIO_F_EVENT_IDX)) != 0;
     in->mrg_rxbuf = (feat & BIT(VIRTIO_NET_F_MRG_RXBUF)) != 0;
     in->reply_ack = vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK);
+    in->iommu_page_size = o->iommu_page_size;
 
     rc = vhd_vuf_set_features(f, feat);
     if (rc == 0)
         rc = vhd_vuf_set_mem_table(f, &d->gm);
     if (rc < 0)
         goto fail_vuf;
+    if (o->iommu_page_size) {
+        rc = iommu_setup(d);
+        if (rc < 0)
+            goto fail;
+    }
     for (uint32_t i = 0; i < o->num_pairs; i++) {
         struct vhd_netdrv_pair *p = d->p[i];
         rc = pair_start(d, p);
@@ -675,15 +793,19 @@ static int session_open(struct vhd_netdrv *d)
         rc = ctrl_setup(d);
         if (rc == 0)
             rc = ring_announce(d, &d->ctrl);
-        if (rc == 0 && vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ) &&
+        if (rc == 0 && !d->iommu && vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ) &&
             vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_CONFIG))
-            rc = backend_channel_open(d);
+            rc = backend_channel_open(d); /* with the IOMMU, its miss thread owns the channel */
         if (rc < 0)
             goto fail;
     }
     rc = vhd_vuf_sync(f);
     if (rc < 0)
         goto fail_vuf;
+    if (d->iommu && vhd_drv_iommu_replay(&d->io) < 0) {
+        rc = dfail(d, -EIO, "%s", vhd_drv_iommu_strerror(&d->io));
+        goto fail;
+    }
     /* The receive buffers were posted before the rings started: tell the device once. */
     for (uint32_t i = 0; i < o->num_pairs; i++)
         kick(d->p[i], &d->p[i]->rx);
@@ -704,6 +826,7 @@ static int session_open(struct vhd_netdrv *d)
 fail_vuf:
     dfail(d, rc, "%s", vhd_vuf_strerror(f));
 fail:
+    vhd_drv_iommu_fini(&d->io); /* its thread may use the session: it goes first */
     vhd_vuf_close(f);
     return rc;
 }
@@ -711,6 +834,8 @@ fail:
 /* Stop every ring (the back-end stops touching our memory before it answers), close. */
 static void session_end(struct vhd_netdrv *d)
 {
+    /* The miss thread goes first: the ring stops below use the session alone. */
+    vhd_drv_iommu_fini(&d->io);
     if (vhd_vuf_alive(&d->vuf)) {
         bool ok = true;
         for (uint32_t i = 0; i < 2 * d->o.num_pairs && ok; i++)
@@ -741,6 +866,8 @@ static void pair_free(struct vhd_netdrv_pair *p)
     free(p->pend_len);
     free(p->iov);
     free(p->tx_free);
+    free(p->rx_iova);
+    free(p->tx_iova);
     free(p);
 }
 
@@ -753,6 +880,7 @@ static void drv_free(struct vhd_netdrv *d)
         close(d->ctrl.kick_fd);
     if (d->ctrl.call_fd >= 0)
         close(d->ctrl.call_fd);
+    vhd_drv_iommu_fini(&d->io); /* before its channel closes */
     if (d->backend_fd >= 0)
         close(d->backend_fd);
     vhd_vuf_close(&d->vuf);
@@ -806,6 +934,12 @@ static int pair_new(struct vhd_netdrv *d, uint32_t i, uint64_t *off)
     p->tx_free = calloc(p->qsize, sizeof(*p->tx_free));
     if (!p->repost || !p->pend || !p->pend_len || !p->iov || !p->tx_free)
         return -ENOMEM;
+    if (o->iommu_page_size) {
+        p->rx_iova = calloc(p->qsize, sizeof(*p->rx_iova));
+        p->tx_iova = calloc(p->qsize, sizeof(*p->tx_iova));
+        if (!p->rx_iova || !p->tx_iova)
+            return -ENOMEM;
+    }
     for (int k = 0; k < 2; k++) {
         rings[k]->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         rings[k]->call_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -857,11 +991,18 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
         rc = dfail(d, -EINVAL, "max_tx_frame %u: at most %u", o->max_tx_frame, MAX_TX_FRAME);
         goto fail;
     }
+    rc = vhd_drv_iommu_check_opts(o->iommu_page_size, d->err, sizeof(d->err));
+    if (rc < 0)
+        goto fail;
 
     uint64_t region_size = PAGE_ALIGN(o->num_pairs * pair_bytes(o));
     if (o->ctrl_vq)
         region_size += ring_area_bytes(o) + CTRL_BUF_BYTES;
-    rc = vhd_guestmem_init(&d->gm, 1, region_size, GPA_BASE, 0);
+    /* With the IOMMU, whole pages of the region are mapped: it is aligned to and sized in them. */
+    uint64_t align = o->iommu_page_size;
+    if (align)
+        region_size = (region_size + align - 1) & ~(align - 1);
+    rc = vhd_guestmem_init_aligned(&d->gm, 1, region_size, GPA_BASE, 0, align);
     if (rc < 0) {
         dfail(d, rc, "shared memory (%llu bytes): %s", (unsigned long long)region_size,
               strerror(-rc));
@@ -990,7 +1131,11 @@ int vhd_netdrv_read_config(struct vhd_netdrv *d)
 
     if (!vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_CONFIG))
         return -ENOTSUP;
+    if (d->iommu) /* the miss thread uses the session too */
+        vhd_drv_iommu_lock(&d->io);
     int rc = vhd_vuf_get_config(&d->vuf, 0, &cfg, offsetof(struct virtio_net_config, mtu));
+    if (d->iommu)
+        vhd_drv_iommu_unlock(&d->io);
     if (rc < 0)
         return rc;
     if (in->features & BIT(VIRTIO_NET_F_MAC))
@@ -1036,8 +1181,8 @@ int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
     struct vu_rx rx;
     int64_t deadline = timeout_ms >= 0 ? (int64_t)vhd_now_ms() + timeout_ms : 0;
 
-    if (d->backend_fd < 0)
-        return -ENOTSUP;
+    if (d->backend_fd < 0 || d->iommu)
+        return -ENOTSUP; /* with the IOMMU the channel is its miss thread's */
     vu_rx_init(&rx);
     for (;;) {
         int rc = backend_drain(d, &rx);
@@ -1067,8 +1212,26 @@ int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
 
 int vhd_netdrv_send_rarp(struct vhd_netdrv *d, const uint8_t mac[6])
 {
+    if (d->iommu)
+        vhd_drv_iommu_lock(&d->io);
     int rc = vhd_vuf_send_rarp(&d->vuf, mac);
+    if (d->iommu)
+        vhd_drv_iommu_unlock(&d->io);
     if (rc < 0)
         dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
     return rc;
+}
+
+int vhd_netdrv_iommu_stats(struct vhd_netdrv *d, struct vhd_netdrv_iommu_stats *s)
+{
+    struct vhd_drv_iommu_stats st;
+    if (!d->iommu)
+        return -ENOTSUP;
+    vhd_drv_iommu_get_stats(&d->io, &st);
+    s->updates = st.updates;
+    s->invalidates = st.invalidates;
+    s->misses = st.misses;
+    s->misses_bad = st.misses_bad;
+    s->mapped = st.mapped;
+    return 0;
 }

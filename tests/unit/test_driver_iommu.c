@@ -95,9 +95,11 @@ VHD_TEST(map_rounds_to_pages_and_keeps_offset)
     VHD_CHECK_EQ(r.m[0].uva, REG + 0x1000);
     VHD_CHECK_EQ(r.m[0].perm, VHOST_ACCESS_RO);
 
-    /* 32 bytes across a page boundary: two pages, the next free IOVAs */
+    /* 32 bytes across a page boundary: two pages, after the first mapping's guard page */
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + 0x2ff0), 0x20, VHOST_ACCESS_WO, &iova), 0);
-    VHD_CHECK_EQ(iova, VHD_DRV_IOVA_BASE + P4K + 0xff0);
+    VHD_CHECK_EQ(iova, VHD_DRV_IOVA_BASE + 2 * P4K + 0xff0);
+    /* an INVALIDATE's end read as inclusive (DPDK) must not reach the next mapping */
+    VHD_CHECK(r.m[1].iova > r.m[0].iova + r.m[0].size);
     VHD_CHECK_EQ(r.m[1].size, 2 * P4K);
     VHD_CHECK_EQ(r.m[1].uva, REG + 0x2000);
     VHD_CHECK_EQ(r.m[1].perm, VHOST_ACCESS_WO);
@@ -105,11 +107,12 @@ VHD_TEST(map_rounds_to_pages_and_keeps_offset)
     /* the same page again gets its own IOVA */
     uint64_t again;
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + 0x1234), 100, VHOST_ACCESS_RW, &again), 0);
-    VHD_CHECK_EQ(again, VHD_DRV_IOVA_BASE + 3 * P4K + 0x234);
+    VHD_CHECK_EQ(again, VHD_DRV_IOVA_BASE + 5 * P4K + 0x234);
 
     struct vhd_drv_iommu_map m;
-    VHD_CHECK_EQ(vhd_drv_iommu_lookup(&io, VHD_DRV_IOVA_BASE + P4K + 5000, &m), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_lookup(&io, VHD_DRV_IOVA_BASE + 2 * P4K + 5000, &m), 0);
     VHD_CHECK_EQ(m.uaddr, REG + 0x2000);
+    VHD_CHECK_EQ(vhd_drv_iommu_lookup(&io, VHD_DRV_IOVA_BASE + P4K, &m), -ENOENT); /* guard */
     VHD_CHECK_EQ(vhd_drv_iommu_lookup(&io, VHD_DRV_IOVA_BASE + 4 * P4K, &m), -ENOENT);
     vhd_drv_iommu_fini(&io);
 }
@@ -142,7 +145,7 @@ VHD_TEST(huge_pages_cover_2m)
     VHD_CHECK_EQ(r.m[0].uva, REG + P2M);
     /* the last 2 MiB page of the region is fine, past it is not */
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + RLEN - 10), 10, VHOST_ACCESS_RW, &iova), 0);
-    VHD_CHECK_EQ(iova, VHD_DRV_IOVA_BASE + P2M + P2M - 10);
+    VHD_CHECK_EQ(iova, VHD_DRV_IOVA_BASE + 2 * P2M + P2M - 10);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + RLEN - 10), 11, VHOST_ACCESS_RW, &iova), -EINVAL);
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, VHD_DRV_IOVA_BASE + 4096), 0);
     VHD_CHECK_EQ(r.m[2].type, VHOST_IOTLB_INVALIDATE);
@@ -191,31 +194,36 @@ VHD_TEST(lazy_batches_coalesce_and_do_not_reuse_early)
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, iv[1]), 0);
     VHD_CHECK_EQ(r.n, 6);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 4096, VHOST_ACCESS_RW, &x), 0);
-    VHD_CHECK_EQ(x, VHD_DRV_IOVA_BASE + 6 * P4K);
+    VHD_CHECK_EQ(x, VHD_DRV_IOVA_BASE + 12 * P4K); /* each mapping: a page and its guard */
     VHD_CHECK_EQ(r.n, 7);
-    /* the fourth unmap fills the batch: 0+1 in one message, 3+4 in another */
+    /*
+     * The fourth unmap fills the batch: 0+1 in one message, 3+4 in another,
+     * each from the first range's start to the last one's end (the guard
+     * between them inside, the last guard outside).
+     */
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, iv[4]), 0);
     VHD_CHECK_EQ(r.n, 9);
     VHD_CHECK_EQ(r.m[7].type, VHOST_IOTLB_INVALIDATE);
     VHD_CHECK_EQ(r.m[7].iova, iv[0]);
-    VHD_CHECK_EQ(r.m[7].size, 2 * P4K);
+    VHD_CHECK_EQ(r.m[7].size, 3 * P4K);
     VHD_CHECK_EQ(r.m[8].iova, iv[3]);
-    VHD_CHECK_EQ(r.m[8].size, 2 * P4K);
+    VHD_CHECK_EQ(r.m[8].size, 3 * P4K);
     struct vhd_drv_iommu_stats st;
     vhd_drv_iommu_get_stats(&io, &st);
     VHD_CHECK_EQ(st.flushes, 1);
     VHD_CHECK_EQ(st.pending, 0);
-    VHD_CHECK_EQ(st.free_extents, 3); /* [0,2) [3,5) [7,...) */
+    VHD_CHECK_EQ(st.free_extents, 3); /* [0,4) [6,10) [14,...) in pages */
     /* an explicit flush sends the rest; IOVAs all coalesce back */
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, iv[2]), 0);
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, iv[5]), 0);
     VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, x), 0);
     VHD_CHECK_EQ(r.n, 9);
     VHD_CHECK_EQ(vhd_drv_iommu_flush(&io), 0);
-    VHD_CHECK_EQ(r.n, 11); /* 2 alone; 5 and 6 adjacent */
+    VHD_CHECK_EQ(r.n, 11); /* 2 alone; 5 and x adjacent */
     VHD_CHECK_EQ(r.m[9].iova, iv[2]);
+    VHD_CHECK_EQ(r.m[9].size, P4K);
     VHD_CHECK_EQ(r.m[10].iova, iv[5]);
-    VHD_CHECK_EQ(r.m[10].size, 2 * P4K);
+    VHD_CHECK_EQ(r.m[10].size, 3 * P4K);
     vhd_drv_iommu_get_stats(&io, &st);
     VHD_CHECK_EQ(st.free_extents, 1);
     VHD_CHECK_EQ(st.mapped, 0);
@@ -229,7 +237,8 @@ VHD_TEST(window_exhaustion_and_coalescing)
     struct rec r;
     struct vhd_drv_iommu io;
     uint64_t a, b, c, d;
-    setup(&io, &r, P4K, true, 0, 4 * P4K);
+    /* 8 pages: a [0,2) b [2,4) c [4,7), each with its guard page */
+    setup(&io, &r, P4K, true, 0, 8 * P4K);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 4096, VHOST_ACCESS_RW, &a), 0);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 4096, VHOST_ACCESS_RW, &b), 0);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 8192, VHOST_ACCESS_RW, &c), 0);
@@ -244,7 +253,9 @@ VHD_TEST(window_exhaustion_and_coalescing)
     struct vhd_drv_iommu_stats st;
     vhd_drv_iommu_get_stats(&io, &st);
     VHD_CHECK_EQ(st.free_extents, 1);
-    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 4 * 4096, VHOST_ACCESS_RW, &d), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 7 * 4096, VHOST_ACCESS_RW, &d), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, d), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 8 * 4096, VHOST_ACCESS_RW, &d), -ENOSPC);
     vhd_drv_iommu_fini(&io);
 }
 
