@@ -34,6 +34,9 @@ struct blk_opts {
     bool json;
     int indirect; /* -1 auto, 0 off, 1 on */
     uint64_t seed;
+    uint64_t iommu_page;  /* --iommu[=SIZE]: the driver is the IOMMU (0: off) */
+    bool iommu_strict;    /* --iommu-strict */
+    unsigned iommu_batch; /* --iommu-batch=N (0: the driver's default) */
 };
 
 enum net_mode { NET_TX, NET_RX, NET_ECHO, NET_NMODES };
@@ -54,11 +57,20 @@ struct net_opts {
     unsigned burst;
     bool interrupt;
     bool json;
+    uint64_t iommu_page; /* --iommu[=SIZE] (0: off) */
+    bool iommu_strict;
+    unsigned iommu_batch;
 };
 
 #define NET_MIN_FRAME 14u   /* an Ethernet header */
 #define NET_MAX_FRAME 9014u /* a jumbo frame; TX slots are sized to --size */
 #define NET_MAX_BURST 256u
+
+/*
+ * --iommu[=SIZE]: the IOMMU page size, 4k when no SIZE is given; a power of
+ * two from 4k to 1g. 0 or -1.
+ */
+int bench_parse_iommu(const char *a, uint64_t *page);
 
 /*
  * Parse argv into o (defaults first). 0, or -1 with the message and the usage

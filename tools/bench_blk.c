@@ -435,6 +435,9 @@ int bench_blk_main(int argc, char **argv)
         .num_queues = o.numjobs,
         .packed = o.packed,
         .no_indirect = o.indirect == 0,
+        .iommu_page_size = o.iommu_page,
+        .iommu_strict = o.iommu_strict,
+        .iommu_batch = o.iommu_batch,
         /* iodepth buffers of bs each, page-rounded, plus slack. */
         .pool_size = (uint64_t)o.iodepth * ((o.bs + 4095) & ~4095ull) + (64u << 10),
     };
@@ -533,6 +536,9 @@ int bench_blk_main(int argc, char **argv)
                in->packed ? "packed" : "split", in->indirect ? "+indirect" : "", in->queue_size,
                o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off",
                o.verify ? " verify=1" : "");
+    if (!o.json && o.iommu_page)
+        printf("vhostd-bench: iommu page=%" PRIu64 " %s\n", o.iommu_page,
+               o.iommu_strict ? "strict" : "lazy");
 
     struct bench_reporter rep = {
         .prog = "vhostd-bench",
@@ -627,6 +633,11 @@ int bench_blk_main(int argc, char **argv)
     }
     if (bench_stopping() && !status)
         fprintf(stderr, "vhostd-bench: interrupted\n");
+    struct vhd_blkdrv_iommu_stats is;
+    if (!o.json && vhd_blkdrv_iommu_stats(d, &is) == 0)
+        printf("iommu  updates %" PRIu64 " invalidates %" PRIu64 " misses %" PRIu64
+               " (unmapped %" PRIu64 ") mapped %" PRIu64 "\n",
+               is.updates, is.invalidates, is.misses, is.misses_bad, is.mapped);
     free(total_h);
     free(res);
     goto out;

@@ -133,6 +133,9 @@ int bench_net_main(int argc, char **argv)
         .packed = o.packed,
         .mrg_rxbuf = o.mrg,
         .max_tx_frame = o.size,
+        .iommu_page_size = o.iommu_page,
+        .iommu_strict = o.iommu_strict,
+        .iommu_batch = o.iommu_batch,
         /* Without merging, each receive buffer must hold a whole frame. */
         .rx_buf_size =
             o.mrg ? 2048
@@ -232,6 +235,11 @@ int bench_net_main(int argc, char **argv)
             status = 1;
         }
     }
+    struct vhd_netdrv_iommu_stats is;
+    if (!o.json && vhd_netdrv_iommu_stats(d, &is) == 0)
+        printf("iommu  updates %" PRIu64 " invalidates %" PRIu64 " misses %" PRIu64
+               " (unmapped %" PRIu64 ") mapped %" PRIu64 "\n",
+               is.updates, is.invalidates, is.misses, is.misses_bad, is.mapped);
     free(jobs);
     vhd_netdrv_disconnect(d);
     return status;

@@ -20,6 +20,15 @@
 const char *const rw_names[RW_NMODES] = {"read", "write", "randread", "randwrite", "randrw", "rw"};
 const char *const net_mode_names[NET_NMODES] = {"tx", "rx", "echo"};
 
+int bench_parse_iommu(const char *a, uint64_t *page)
+{
+    uint64_t v = 4096;
+    if (a && (vhd_parse_size(a, &v) || v < 4096 || v > (1ull << 30) || (v & (v - 1))))
+        return -1;
+    *page = v;
+    return 0;
+}
+
 /* ======================= blk ======================= */
 
 static void usage(FILE *f)
@@ -49,6 +58,12 @@ static void usage(FILE *f)
         "                         written by an earlier --verify=1 run with the same --bs\n"
         "  --verify_seed=N        seed of the stamps (default: from the clock)\n"
         "  --json                 print the results as one JSON object on stdout\n"
+        "  --iommu[=SIZE]         act as the device's IOMMU (VIRTIO_F_ACCESS_PLATFORM): map\n"
+        "                         rings and buffers at IOVAs with IOTLB messages, pages of SIZE\n"
+        "                         (default 4k; 2m for huge pages); the back-end must support it\n"
+        "  --iommu-strict         invalidate each buffer when its request completes and wait for\n"
+        "                         the ack (default lazy: invalidations batched)\n"
+        "  --iommu-batch=N        lazy: unmaps per batch of invalidations (default 32)\n"
         "  --help\n"
         "\n"
         "SIZE accepts k, m, g, t suffixes (powers of 1024).\n",
@@ -75,6 +90,9 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
         O_VSEED,
         O_JSON,
         O_INDIRECT,
+        O_IOMMU,
+        O_IOMMU_STRICT,
+        O_IOMMU_BATCH,
         O_HELP
     };
     static const struct option lo[] = {
@@ -97,6 +115,9 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
         {"verify_seed", required_argument, 0, O_VSEED},
         {"json", no_argument, 0, O_JSON},
         {"indirect", required_argument, 0, O_INDIRECT},
+        {"iommu", optional_argument, 0, O_IOMMU},
+        {"iommu-strict", no_argument, 0, O_IOMMU_STRICT},
+        {"iommu-batch", required_argument, 0, O_IOMMU_BATCH},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -199,6 +220,18 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
                 goto bad;
             o->indirect = (int)v;
             break;
+        case O_IOMMU:
+            if (bench_parse_iommu(a, &o->iommu_page))
+                goto bad;
+            break;
+        case O_IOMMU_STRICT:
+            o->iommu_strict = true;
+            break;
+        case O_IOMMU_BATCH:
+            if (bench_parse_uint(a, 1, 1u << 20, &v))
+                goto bad;
+            o->iommu_batch = (unsigned)v;
+            break;
         case O_HELP:
         case 'h':
             usage(stdout);
@@ -218,26 +251,31 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
 
 static void net_usage(FILE *f)
 {
-    fputs("usage: vhostd-bench net --socket=PATH [options]\n"
-          "\n"
-          "  --socket=PATH          vhost-user-net socket of the back-end (required)\n"
-          "  --mode=MODE            tx | rx | echo (default echo). tx: count TX completions;\n"
-          "                         rx: count received frames (needs a back-end that sends);\n"
-          "                         echo: send and count frames that come back (loopback)\n"
-          "  --size=N               frame bytes without the 12-byte virtio header (default 64)\n"
-          "  --pairs=N              queue pairs, one thread each (default 1)\n"
-          "  --runtime=SECONDS      run for this long (default 10)\n"
-          "  --ring=split|packed    ring layout (default split)\n"
-          "  --mrg=0|1              negotiate VIRTIO_NET_F_MRG_RXBUF (default 0)\n"
-          "  --queue-size=N         ring entries (default 256)\n"
-          "  --burst=N              frames per tx/rx call (default 32, at most 256)\n"
-          "  --completion=poll|interrupt  busy-poll the used rings (default) or sleep on the\n"
-          "                         call eventfds when idle\n"
-          "  --json                 print the results as one JSON object on stdout\n"
-          "  --help\n"
-          "\n"
-          "Gbit/s counts frame bytes (no virtio header, no Ethernet preamble or gap).\n",
-          f);
+    fputs(
+        "usage: vhostd-bench net --socket=PATH [options]\n"
+        "\n"
+        "  --socket=PATH          vhost-user-net socket of the back-end (required)\n"
+        "  --mode=MODE            tx | rx | echo (default echo). tx: count TX completions;\n"
+        "                         rx: count received frames (needs a back-end that sends);\n"
+        "                         echo: send and count frames that come back (loopback)\n"
+        "  --size=N               frame bytes without the 12-byte virtio header (default 64)\n"
+        "  --pairs=N              queue pairs, one thread each (default 1)\n"
+        "  --runtime=SECONDS      run for this long (default 10)\n"
+        "  --ring=split|packed    ring layout (default split)\n"
+        "  --mrg=0|1              negotiate VIRTIO_NET_F_MRG_RXBUF (default 0)\n"
+        "  --queue-size=N         ring entries (default 256)\n"
+        "  --burst=N              frames per tx/rx call (default 32, at most 256)\n"
+        "  --completion=poll|interrupt  busy-poll the used rings (default) or sleep on the\n"
+        "                         call eventfds when idle\n"
+        "  --json                 print the results as one JSON object on stdout\n"
+        "  --iommu[=SIZE]         act as the device's IOMMU (VIRTIO_F_ACCESS_PLATFORM), pages of\n"
+        "                         SIZE (default 4k); the back-end must support it\n"
+        "  --iommu-strict         invalidate each buffer as soon as the device used it\n"
+        "  --iommu-batch=N        lazy: unmaps per batch of invalidations (default 32)\n"
+        "  --help\n"
+        "\n"
+        "Gbit/s counts frame bytes (no virtio header, no Ethernet preamble or gap).\n",
+        f);
 }
 
 int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
@@ -254,6 +292,9 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         N_BURST,
         N_COMPL,
         N_JSON,
+        N_IOMMU,
+        N_IOMMU_STRICT,
+        N_IOMMU_BATCH,
         N_HELP
     };
     static const struct option lo[] = {
@@ -269,6 +310,9 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         {"burst", required_argument, 0, N_BURST},
         {"completion", required_argument, 0, N_COMPL},
         {"json", no_argument, 0, N_JSON},
+        {"iommu", optional_argument, 0, N_IOMMU},
+        {"iommu-strict", no_argument, 0, N_IOMMU_STRICT},
+        {"iommu-batch", required_argument, 0, N_IOMMU_BATCH},
         {"help", no_argument, 0, N_HELP},
         {0, 0, 0, 0},
     };
@@ -334,6 +378,18 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         case N_COMPL:
             if (bench_parse_completion(a, &o->interrupt))
                 goto bad;
+            break;
+        case N_IOMMU:
+            if (bench_parse_iommu(a, &o->iommu_page))
+                goto bad;
+            break;
+        case N_IOMMU_STRICT:
+            o->iommu_strict = true;
+            break;
+        case N_IOMMU_BATCH:
+            if (bench_parse_uint(a, 1, 1u << 20, &v))
+                goto bad;
+            o->iommu_batch = (unsigned)v;
             break;
         case N_JSON:
             o->json = true;

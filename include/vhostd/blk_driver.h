@@ -77,6 +77,26 @@ struct vhd_blkdrv_opts {
      */
     bool listen;
     bool no_inflight; /* do not negotiate INFLIGHT_SHMFD even when offered (see reconnect) */
+    /*
+     * Act as the device's IOMMU (VIRTIO_F_ACCESS_PLATFORM, vhost-user "IOMMU
+     * support"): 0 off; else the IOMMU page size, a power of two from 4096 to
+     * 1 GiB (2 MiB: huge-page mappings; the shared memory is then aligned to
+     * and sized in pages). The rings and the request headers are mapped once
+     * at connect; each data buffer is mapped for the time its request is in
+     * flight (IOTLB UPDATE, acknowledged, then INVALIDATE), at IOVAs
+     * unrelated to the memory's guest-physical addresses, so a back-end that
+     * ignores the IOTLB fails. Needs a back-end that offers ACCESS_PLATFORM,
+     * BACKEND_REQ and REPLY_ACK (-ENOTSUP with the reason otherwise); a
+     * thread of the driver answers its IOTLB misses on the back-end channel.
+     * vhd_blkdrv_reconnect is -ENOTSUP with the IOMMU on.
+     */
+    uint64_t iommu_page_size;
+    /* Strict: INVALIDATE at each completion and wait for the ack (Linux intel_iommu=strict); else
+     * lazy. */
+    bool iommu_strict;
+    uint32_t iommu_batch; /* lazy: INVALIDATEs go out every this many unmaps (0: 32) */
+    /* Map data read-only for writes and write-only for reads (else read-write). */
+    bool iommu_exact_perms;
 };
 
 /* What was negotiated and read from the device's configuration space. */
@@ -101,11 +121,21 @@ struct vhd_blkdrv_info {
     bool discard;                      /* VIRTIO_BLK_F_DISCARD */
     bool write_zeroes;                 /* VIRTIO_BLK_F_WRITE_ZEROES */
     bool write_zeroes_may_unmap;
-    bool packed;    /* packed rings in use */
-    bool event_idx; /* VIRTIO_F_EVENT_IDX in use */
-    bool indirect;  /* indirect descriptors in use */
-    bool reply_ack; /* the session uses REPLY_ACK */
-    bool inflight;  /* the session uses INFLIGHT_SHMFD: a reconnect resumes the rings */
+    bool packed;              /* packed rings in use */
+    bool event_idx;           /* VIRTIO_F_EVENT_IDX in use */
+    bool indirect;            /* indirect descriptors in use */
+    bool reply_ack;           /* the session uses REPLY_ACK */
+    bool inflight;            /* the session uses INFLIGHT_SHMFD: a reconnect resumes the rings */
+    uint64_t iommu_page_size; /* the driver is the IOMMU with pages of this size (0: off) */
+};
+
+/* IOTLB traffic of a driver acting as the IOMMU, since connect. */
+struct vhd_blkdrv_iommu_stats {
+    uint64_t updates;     /* UPDATE messages acknowledged (misses answered included) */
+    uint64_t invalidates; /* INVALIDATE messages acknowledged */
+    uint64_t misses;      /* MISS messages from the back-end */
+    uint64_t misses_bad;  /* ... for IOVAs not mapped (left unanswered, as the spec says) */
+    uint64_t mapped;      /* buffers and rings mapped now */
 };
 
 /* One finished request. */
@@ -275,6 +305,12 @@ unsigned vhd_blkdrv_inflight(const struct vhd_blkdrv_queue *q);
 
 /* Counters of the queue since connect. */
 void vhd_blkdrv_queue_stats(const struct vhd_blkdrv_queue *q, struct vhd_blkdrv_queue_stats *s);
+
+/*
+ * vhd_blkdrv_iommu_stats - IOTLB counters (opts.iommu_page_size): 0, or
+ * -ENOTSUP when the driver is not the IOMMU. Any thread.
+ */
+int vhd_blkdrv_iommu_stats(struct vhd_blkdrv *d, struct vhd_blkdrv_iommu_stats *s);
 
 #ifdef __cplusplus
 }

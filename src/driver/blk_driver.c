@@ -21,6 +21,7 @@
 #include "util/compiler.h"
 #include "spec/virtio.h"
 #include "spec/virtio_blk.h"
+#include "driver/drv_iommu.h"
 #include "driver/drv_session.h"
 #include "driver/guestmem.h"
 #include "driver/vring.h"
@@ -75,6 +76,7 @@ struct blkdrv_req {
     uint32_t len;   /* DEFERRED: used length */
     int16_t forced; /* DEFERRED: 0, or -ECONNRESET when the device never completed it */
     uint8_t state;  /* enum req_state */
+    uint8_t nmaps; /* IOMMU: data buffers mapped for the request (IOVAs in the queue's slot_iova) */
 };
 
 #define NO_SLOT UINT32_MAX
@@ -126,6 +128,17 @@ struct vhd_blkdrv_queue {
 
     const struct vhd_guestmem *gm; /* read-only after connect */
     struct vhd_blkdrv_queue_stats stats;
+
+    /*
+     * The driver as the IOMMU (NULL: off). The ring area and the slots are
+     * mapped for good (area_gpa then holds an IOVA, shared_iova the slots');
+     * data buffers while their request is in flight, MAX_REQ_DESCS IOVAs
+     * per slot in slot_iova.
+     */
+    struct vhd_drv_iommu *io;
+    uint64_t shared_iova;
+    uint64_t *slot_iova;
+    uint8_t data_perm_read, data_perm_write; /* a read's buffers (device writes) / a write's */
 } vhd_cacheline_aligned;
 
 struct vhd_blkdrv {
@@ -144,6 +157,9 @@ struct vhd_blkdrv {
     struct vhd_vuf_inflight inflight;
     struct vhd_blkdrv_info info;
     struct vhd_blkdrv_queue *q[MAX_QUEUES];
+    bool iommu; /* opts.iommu_page_size: io is set up (for this one session) */
+    struct vhd_drv_iommu io;
+    int backend_fd; /* our end of the back-end channel (the IOMMU's misses), or -1 */
     char err[256];
 };
 
@@ -300,6 +316,21 @@ static void deferred_push(struct vhd_blkdrv_queue *q, uint32_t s, uint32_t len, 
 }
 
 /* Turn a finished slot into a completion for the caller and free it. */
+/*
+ * IOMMU: the device is done with the request's data buffers: unmap them
+ * (strict: INVALIDATE acked before the completion is returned). After the
+ * session ended its IOTLB is gone with it: nothing to send.
+ */
+static void slot_unmap(struct vhd_blkdrv_queue *q, uint32_t s)
+{
+    struct blkdrv_req *r = &q->reqs[s];
+    if (q->io && !q->dead)
+        for (uint32_t k = 0; k < r->nmaps; k++)
+            if (vhd_drv_iommu_unmap(q->io, q->slot_iova[(size_t)s * MAX_REQ_DESCS + k]) < 0)
+                q->broken = true; /* the session is gone or the back-end refuses its IOTLB */
+    r->nmaps = 0;
+}
+
 static void slot_complete(struct vhd_blkdrv_queue *q, uint32_t s, uint32_t len, int forced,
                           struct vhd_blkdrv_completion *c)
 {
@@ -322,6 +353,7 @@ static void slot_complete(struct vhd_blkdrv_queue *q, uint32_t s, uint32_t len, 
         c->ret = -EPROTO;
     if (c->ret == 0 && r->id_out)
         memcpy(r->id_out, q->shared[s].u.id, VIRTIO_BLK_ID_BYTES);
+    slot_unmap(q, s);
     slot_free(q, s);
 }
 
@@ -381,6 +413,42 @@ static int add_segments(const struct vhd_blkdrv_queue *q, const void *p, size_t 
 }
 
 /*
+ * IOMMU: replace the GPAs of bufs[1..ndata] by IOVAs. Those inside the slots
+ * (DISCARD ranges, GET_ID answers) are mapped already; the others are mapped
+ * now, for slot s, with the access the device needs. -EFAULT for a buffer
+ * outside the shared memory, -EIO when the back-end refused an UPDATE (the
+ * queue is then broken), -ENOSPC when the IOVA window is full.
+ */
+static int iommu_map_data(struct vhd_blkdrv_queue *q, uint32_t s, struct vhd_drv_buf *bufs,
+                          unsigned ndata, bool data_writable)
+{
+    struct blkdrv_req *r = &q->reqs[s];
+    uint64_t shared_len = (uint64_t)q->nslots * sizeof(struct blkdrv_shared);
+    uint8_t perm = data_writable ? q->data_perm_read : q->data_perm_write;
+
+    r->nmaps = 0;
+    for (unsigned i = 1; i <= ndata; i++) {
+        uint64_t gpa = bufs[i].gpa;
+        if (gpa >= q->shared_gpa && gpa - q->shared_gpa < shared_len) {
+            bufs[i].gpa = q->shared_iova + (gpa - q->shared_gpa);
+            continue;
+        }
+        void *hva = vhd_guestmem_ptr(q->gm, gpa, bufs[i].len);
+        uint64_t iova;
+        int rc = hva ? vhd_drv_iommu_map(q->io, hva, bufs[i].len, perm, &iova) : -EFAULT;
+        if (rc < 0) {
+            if (rc != -EFAULT && rc != -ENOSPC)
+                q->broken = true;
+            slot_unmap(q, s);
+            return rc == -EFAULT || rc == -ENOSPC ? rc : -EIO;
+        }
+        q->slot_iova[(size_t)s * MAX_REQ_DESCS + r->nmaps++] = iova;
+        bufs[i].gpa = iova;
+    }
+    return 0;
+}
+
+/*
  * Queue one request: header (type, sector) in the slot, nr device-readable
  * then nw device-writable buffers from bufs[1..], the status byte last.
  * bufs[0] and the status entry are filled here.
@@ -398,11 +466,17 @@ static int submit_req(struct vhd_blkdrv_queue *q, uint32_t type, uint64_t sector
         return -EAGAIN;
 
     struct blkdrv_shared *sh = &q->shared[s];
+    struct blkdrv_req *r = &q->reqs[s];
+    if (q->io) {
+        int rc = iommu_map_data(q, s, bufs, ndata, data_writable);
+        if (rc < 0)
+            return rc;
+    }
     sh->hdr.type = vhd_le32(type);
     sh->hdr.reserved = 0;
     sh->hdr.sector = vhd_le64(sector);
     sh->status = STATUS_NONE;
-    uint64_t sh_gpa = q->shared_gpa + (uint64_t)s * sizeof(*sh);
+    uint64_t sh_gpa = (q->io ? q->shared_iova : q->shared_gpa) + (uint64_t)s * sizeof(*sh);
     bufs[0].gpa = sh_gpa + offsetof(struct blkdrv_shared, hdr);
     bufs[0].len = sizeof(sh->hdr);
     bufs[ndata + 1].gpa = sh_gpa + offsetof(struct blkdrv_shared, status);
@@ -411,10 +485,11 @@ static int submit_req(struct vhd_blkdrv_queue *q, uint32_t type, uint64_t sector
     uint32_t n = ndata + 2;
     uint32_t nr = data_writable ? 1 : 1 + ndata;
     bool ind = q->indirect && n <= q->max_indirect;
-    struct blkdrv_req *r = &q->reqs[s];
     int rc = vhd_drv_vq_add(&q->dq, bufs, nr, n - nr, ind, r);
-    if (rc < 0)
+    if (rc < 0) {
+        slot_unmap(q, s);
         return rc == -ENOSPC ? -EAGAIN : rc;
+    }
 
     q->free_head = r->next;
     r->state = REQ_RING;
@@ -786,8 +861,12 @@ static int queue_start(struct vhd_blkdrv *d, struct vhd_blkdrv_queue *q, bool re
         q->resume_base = vhd_drv_ring_fresh_base(in->packed);
     }
     vhd_drv_drain_eventfd(q->call_fd);
-    rc = vhd_drv_ring_announce(&d->vuf, &d->gm, &q->dq, q->index, q->resume_base, q->kick_fd,
-                               q->call_fd);
+    if (d->iommu) /* the miss thread answers on the same session */
+        vhd_drv_iommu_lock(&d->io);
+    rc = vhd_drv_ring_announce(&d->vuf, d->iommu ? NULL : &d->gm, &q->dq, q->index, q->resume_base,
+                               q->kick_fd, q->call_fd);
+    if (d->iommu)
+        vhd_drv_iommu_unlock(&d->io);
     if (rc < 0)
         return dfail(d, rc, "%s", vhd_vuf_strerror(&d->vuf));
     q->dead = false;
@@ -851,6 +930,41 @@ static void release_held(struct vhd_blkdrv *d)
         memset(d->inflight.addr, 0, d->inflight.mmap_size);
 }
 
+/*
+ * The driver as the IOMMU, after SET_MEM_TABLE: the table, the back-end
+ * channel and its miss thread (misses may come as soon as a ring is
+ * announced: DPDK translates rings at SET_VRING_KICK), then every ring area
+ * and slot array mapped read-write for good (coherent memory, as Linux's
+ * dma_alloc_coherent) at IOVAs that replace their GPAs.
+ */
+static int iommu_setup(struct vhd_blkdrv *d)
+{
+    const struct vhd_blkdrv_opts *o = &d->o;
+    int rc = vhd_drv_iommu_setup(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
+                                 o->iommu_batch, d->err, sizeof(d->err));
+    if (rc < 0)
+        return rc;
+    d->iommu = true;
+    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->err, sizeof(d->err));
+    if (rc < 0)
+        return rc;
+    for (uint32_t i = 0; i < o->num_queues && rc == 0; i++) {
+        struct vhd_blkdrv_queue *q = d->q[i];
+        rc = vhd_drv_iommu_map(&d->io, q->area, q->area_len, VHOST_ACCESS_RW, &q->area_gpa);
+        if (rc == 0)
+            rc = vhd_drv_iommu_map(&d->io, q->shared,
+                                   (uint64_t)q->nslots * sizeof(struct blkdrv_shared),
+                                   VHOST_ACCESS_RW, &q->shared_iova);
+        q->io = &d->io;
+        q->data_perm_read = o->iommu_exact_perms ? VHOST_ACCESS_WO : VHOST_ACCESS_RW;
+        q->data_perm_write = o->iommu_exact_perms ? VHOST_ACCESS_RO : VHOST_ACCESS_RW;
+    }
+    if (rc < 0)
+        return dfail(d, rc, "IOMMU mapping of the rings: %s",
+                     d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+    return 0;
+}
+
 /* A new session on a new connection: negotiate, read config, memory table, start the rings. */
 static int session_open(struct vhd_blkdrv *d)
 {
@@ -860,6 +974,8 @@ static int session_open(struct vhd_blkdrv *d)
 
     uint64_t want_proto = BIT(VHOST_USER_PROTOCOL_F_MQ) | BIT(VHOST_USER_PROTOCOL_F_REPLY_ACK) |
                           BIT(VHOST_USER_PROTOCOL_F_CONFIG);
+    if (o->iommu_page_size)
+        want_proto |= BIT(VHOST_USER_PROTOCOL_F_BACKEND_REQ);
     if (!o->no_inflight)
         want_proto |= BIT(VHOST_USER_PROTOCOL_F_INFLIGHT_SHMFD);
 
@@ -871,7 +987,14 @@ static int session_open(struct vhd_blkdrv *d)
     int rc = vhd_drv_session_open(f, &sp, d->err, sizeof(d->err));
     if (rc < 0)
         goto fail;
+    if (o->iommu_page_size) {
+        rc = vhd_drv_iommu_check_peer(f, d->err, sizeof(d->err));
+        if (rc < 0)
+            goto fail;
+    }
     uint64_t feat = f->offered & wanted_features(o);
+    if (o->iommu_page_size)
+        feat |= BIT(VIRTIO_F_ACCESS_PLATFORM); /* offered: checked above */
     if (o->num_queues > 1 && !(feat & BIT(VIRTIO_BLK_F_MQ))) {
         rc = dfail(d, -ENOTSUP, "%u queues asked for, but the device has one (no VIRTIO_BLK_F_MQ)",
                    o->num_queues);
@@ -910,6 +1033,12 @@ static int session_open(struct vhd_blkdrv *d)
         rc = vhd_vuf_set_mem_table(f, &d->gm);
     if (rc < 0)
         goto fail_vuf;
+    d->info.iommu_page_size = o->iommu_page_size;
+    if (o->iommu_page_size) {
+        rc = iommu_setup(d);
+        if (rc < 0)
+            goto fail;
+    }
     for (uint32_t i = 0; i < o->num_queues; i++) {
         rc = queue_start(d, d->q[i], resume);
         if (rc < 0)
@@ -918,6 +1047,10 @@ static int session_open(struct vhd_blkdrv *d)
     rc = vhd_vuf_sync(f);
     if (rc < 0)
         goto fail_vuf;
+    if (d->iommu && vhd_drv_iommu_replay(&d->io) < 0) {
+        rc = dfail(d, -EIO, "%s", vhd_drv_iommu_strerror(&d->io));
+        goto fail;
+    }
     for (uint32_t i = 0; i < o->num_queues; i++)
         d->q[i]->held = false;
     /*
@@ -935,6 +1068,7 @@ static int session_open(struct vhd_blkdrv *d)
 fail_vuf:
     dfail(d, rc, "%s", vhd_vuf_strerror(f));
 fail:
+    vhd_drv_iommu_fini(&d->io); /* its thread may use the session: it goes first */
     vhd_vuf_close(f);
     for (uint32_t i = 0; i < o->num_queues; i++) {
         struct vhd_blkdrv_queue *q = d->q[i];
@@ -999,11 +1133,18 @@ static void session_end(struct vhd_blkdrv *d)
         for (uint32_t i = 0; i < o->num_queues; i++) {
             if (d->q[i]->dead)
                 continue;
-            if (vhd_vuf_ring_stop(&d->vuf, i, &base[i]) < 0)
+            if (d->iommu)
+                vhd_drv_iommu_lock(&d->io);
+            int src = vhd_vuf_ring_stop(&d->vuf, i, &base[i]);
+            if (d->iommu)
+                vhd_drv_iommu_unlock(&d->io);
+            if (src < 0)
                 break; /* the session is gone or refusing: nothing more to stop */
             stopped[i] = true;
         }
     }
+    /* The IOTLB ends with the session (the miss thread before the socket). */
+    vhd_drv_iommu_fini(&d->io);
     vhd_vuf_close(&d->vuf);
     for (uint32_t i = 0; i < o->num_queues; i++) {
         struct vhd_blkdrv_queue *q = d->q[i];
@@ -1038,6 +1179,7 @@ static void queue_free(struct vhd_blkdrv_queue *q)
         close(q->call_fd);
     free(q->reqs);
     free(q->pool_map);
+    free(q->slot_iova);
     free(q);
 }
 
@@ -1045,6 +1187,9 @@ static void drv_free(struct vhd_blkdrv *d)
 {
     for (uint32_t i = 0; i < MAX_QUEUES; i++)
         queue_free(d->q[i]);
+    vhd_drv_iommu_fini(&d->io);
+    if (d->backend_fd >= 0)
+        close(d->backend_fd);
     vhd_vuf_close(&d->vuf);
     vhd_vuf_inflight_release(&d->inflight);
     vhd_guestmem_fini(&d->gm);
@@ -1097,6 +1242,11 @@ static int queue_new(struct vhd_blkdrv *d, uint32_t i, uint64_t pool, uint64_t *
         return -ENOMEM;
     memset(q->reqs, 0, rbytes);
     memset(q->pool_map, 0, mbytes);
+    if (o->iommu_page_size) {
+        q->slot_iova = calloc((size_t)q->nslots * MAX_REQ_DESCS, sizeof(*q->slot_iova));
+        if (!q->slot_iova)
+            return -ENOMEM;
+    }
     slots_reset(q);
 
     q->kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -1121,6 +1271,7 @@ int vhd_blkdrv_connect(const struct vhd_blkdrv_opts *opts, struct vhd_blkdrv **o
     }
     vhd_vuf_init(&d->vuf, opts->timeout_ms);
     vhd_vuf_inflight_init(&d->inflight);
+    d->backend_fd = -1;
     d->o = *opts;
     struct vhd_blkdrv_opts *o = &d->o;
     if (!o->num_queues)
@@ -1146,11 +1297,19 @@ int vhd_blkdrv_connect(const struct vhd_blkdrv_opts *opts, struct vhd_blkdrv **o
         goto fail;
     }
 
+    rc = vhd_drv_iommu_check_opts(o->iommu_page_size, d->err, sizeof(d->err));
+    if (rc < 0)
+        goto fail;
+
     uint64_t region_size = 0, pool = 0;
     rc = plan_memory(d, &region_size, &pool);
     if (rc < 0)
         goto fail;
-    rc = vhd_guestmem_init(&d->gm, o->mem_regions, region_size, GPA_BASE, 0);
+    /* With the IOMMU, whole pages of a region are mapped: aligned to and sized in them. */
+    uint64_t align = o->iommu_page_size;
+    if (align)
+        region_size = (region_size + align - 1) & ~(align - 1);
+    rc = vhd_guestmem_init_aligned(&d->gm, o->mem_regions, region_size, GPA_BASE, 0, align);
     if (rc < 0) {
         dfail(d, rc, "shared memory (%u x %llu bytes): %s", o->mem_regions,
               (unsigned long long)region_size, strerror(-rc));
@@ -1188,6 +1347,8 @@ void vhd_blkdrv_disconnect(struct vhd_blkdrv *d)
 
 int vhd_blkdrv_reconnect(struct vhd_blkdrv *d)
 {
+    if (d->o.iommu_page_size)
+        return dfail(d, -ENOTSUP, "reconnect: not with the IOMMU on (opts.iommu_page_size)");
     if (d->connected)
         session_end(d);
     /* Slots parked in the deferred lists stay parked; the rings restart empty. */
@@ -1217,4 +1378,18 @@ uint64_t vhd_blkdrv_capacity(const struct vhd_blkdrv *d)
 struct vhd_blkdrv_queue *vhd_blkdrv_get_queue(struct vhd_blkdrv *d, uint32_t i)
 {
     return i < d->o.num_queues ? d->q[i] : NULL;
+}
+
+int vhd_blkdrv_iommu_stats(struct vhd_blkdrv *d, struct vhd_blkdrv_iommu_stats *s)
+{
+    struct vhd_drv_iommu_stats st;
+    if (!d->iommu || !d->connected)
+        return -ENOTSUP;
+    vhd_drv_iommu_get_stats(&d->io, &st);
+    s->updates = st.updates;
+    s->invalidates = st.invalidates;
+    s->misses = st.misses;
+    s->misses_bad = st.misses_bad;
+    s->mapped = st.mapped;
+    return 0;
 }
