@@ -12,6 +12,7 @@
 
 #include "harness.h"
 #include "driver/drv_iommu.h"
+#include "driver/guestmem.h"
 #include "transport/vu_sock.h"
 
 #define REG  0x40000000ull /* a fake region of our address space: only numbers are used */
@@ -359,4 +360,45 @@ VHD_TEST(miss_thread_answers_on_the_channel)
     vhd_drv_iommu_fini(&io); /* joins the thread */
     close(sv[0]);
     close(sv[1]);
+}
+
+VHD_TEST(replay_resends_every_live_mapping_in_order)
+{
+    struct rec r;
+    struct vhd_drv_iommu io;
+    uint64_t a, b, c;
+    setup(&io, &r, P4K, true, 0, 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG), 100, VHOST_ACCESS_RO, &a), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + 0x10000), 8192, VHOST_ACCESS_WO, &b), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + 0x20000), 100, VHOST_ACCESS_RW, &c), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, b), 0);
+    r.n = 0;
+    VHD_CHECK_EQ(vhd_drv_iommu_replay(&io), 0);
+    VHD_CHECK_EQ(r.n, 2);
+    VHD_CHECK_EQ(r.m[0].type, VHOST_IOTLB_UPDATE);
+    VHD_CHECK_EQ(r.m[0].iova, a);
+    VHD_CHECK_EQ(r.m[0].uva, REG);
+    VHD_CHECK_EQ(r.m[0].perm, VHOST_ACCESS_RO);
+    VHD_CHECK_EQ(r.m[1].iova, c);
+    VHD_CHECK_EQ(r.m[1].uva, REG + 0x20000);
+    VHD_CHECK_EQ(r.m[1].perm, VHOST_ACCESS_RW);
+    r.fail_next = 1;
+    VHD_CHECK_EQ(vhd_drv_iommu_replay(&io), -EIO);
+    vhd_drv_iommu_fini(&io);
+    vhd_drv_iommu_fini(&io); /* idempotent */
+}
+
+VHD_TEST(guestmem_regions_aligned_for_huge_pages)
+{
+    struct vhd_guestmem gm;
+    VHD_CHECK_EQ(vhd_guestmem_init_aligned(&gm, 2, 2 * P2M, 0x100000, 0, P2M), 0);
+    for (uint32_t i = 0; i < gm.nregions; i++) {
+        VHD_CHECK_EQ((uintptr_t)gm.r[i].hva % P2M, 0);
+        gm.r[i].hva[0] = 1; /* mapped and writable, both ends */
+        gm.r[i].hva[gm.r[i].size - 1] = 2;
+    }
+    vhd_guestmem_fini(&gm);
+    /* a size that is not a multiple of the alignment, an alignment that is no power of two */
+    VHD_CHECK_EQ(vhd_guestmem_init_aligned(&gm, 1, P2M + 4096, 0, 0, P2M), -EINVAL);
+    VHD_CHECK_EQ(vhd_guestmem_init_aligned(&gm, 1, 3 * 4096, 0, 0, 3 * 4096), -EINVAL);
 }
