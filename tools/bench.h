@@ -37,6 +37,7 @@ struct blk_opts {
     uint64_t iommu_page;  /* --iommu[=SIZE]: the driver is the IOMMU (0: off) */
     bool iommu_strict;    /* --iommu-strict */
     unsigned iommu_batch; /* --iommu-batch=N (0: the driver's default) */
+    bool iommu_exact;     /* --iommu-exact: data mapped RO/WO as the device uses it */
 };
 
 enum net_mode { NET_TX, NET_RX, NET_ECHO, NET_NMODES };
@@ -60,6 +61,7 @@ struct net_opts {
     uint64_t iommu_page; /* --iommu[=SIZE] (0: off) */
     bool iommu_strict;
     unsigned iommu_batch;
+    bool iommu_exact;
 };
 
 #define NET_MIN_FRAME 14u   /* an Ethernet header */

@@ -438,6 +438,7 @@ int bench_blk_main(int argc, char **argv)
         .iommu_page_size = o.iommu_page,
         .iommu_strict = o.iommu_strict,
         .iommu_batch = o.iommu_batch,
+        .iommu_exact_perms = o.iommu_exact,
         /* iodepth buffers of bs each, page-rounded, plus slack. */
         .pool_size = (uint64_t)o.iodepth * ((o.bs + 4095) & ~4095ull) + (64u << 10),
     };
@@ -537,8 +538,8 @@ int bench_blk_main(int argc, char **argv)
                o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off",
                o.verify ? " verify=1" : "");
     if (!o.json && o.iommu_page)
-        printf("vhostd-bench: iommu page=%" PRIu64 " %s\n", o.iommu_page,
-               o.iommu_strict ? "strict" : "lazy");
+        printf("vhostd-bench: iommu page=%" PRIu64 " %s%s\n", o.iommu_page,
+               o.iommu_strict ? "strict" : "lazy", o.iommu_exact ? " exact-perms" : "");
 
     struct bench_reporter rep = {
         .prog = "vhostd-bench",

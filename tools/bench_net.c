@@ -136,6 +136,7 @@ int bench_net_main(int argc, char **argv)
         .iommu_page_size = o.iommu_page,
         .iommu_strict = o.iommu_strict,
         .iommu_batch = o.iommu_batch,
+        .iommu_exact_perms = o.iommu_exact,
         /* Without merging, each receive buffer must hold a whole frame. */
         .rx_buf_size =
             o.mrg ? 2048

@@ -64,6 +64,8 @@ static void usage(FILE *f)
         "  --iommu-strict         invalidate each buffer when its request completes and wait for\n"
         "                         the ack (default lazy: invalidations batched)\n"
         "  --iommu-batch=N        lazy: unmaps per batch of invalidations (default 32)\n"
+        "  --iommu-exact          map data read-only for writes, write-only for reads (default\n"
+        "                         read-write)\n"
         "  --help\n"
         "\n"
         "SIZE accepts k, m, g, t suffixes (powers of 1024).\n",
@@ -93,6 +95,7 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
         O_IOMMU,
         O_IOMMU_STRICT,
         O_IOMMU_BATCH,
+        O_IOMMU_EXACT,
         O_HELP
     };
     static const struct option lo[] = {
@@ -118,6 +121,7 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
         {"iommu", optional_argument, 0, O_IOMMU},
         {"iommu-strict", no_argument, 0, O_IOMMU_STRICT},
         {"iommu-batch", required_argument, 0, O_IOMMU_BATCH},
+        {"iommu-exact", no_argument, 0, O_IOMMU_EXACT},
         {"help", no_argument, 0, O_HELP},
         {0, 0, 0, 0},
     };
@@ -227,6 +231,9 @@ int bench_blk_parse_opts(int argc, char **argv, struct blk_opts *o)
         case O_IOMMU_STRICT:
             o->iommu_strict = true;
             break;
+        case O_IOMMU_EXACT:
+            o->iommu_exact = true;
+            break;
         case O_IOMMU_BATCH:
             if (bench_parse_uint(a, 1, 1u << 20, &v))
                 goto bad;
@@ -272,6 +279,8 @@ static void net_usage(FILE *f)
         "                         SIZE (default 4k); the back-end must support it\n"
         "  --iommu-strict         invalidate each buffer as soon as the device used it\n"
         "  --iommu-batch=N        lazy: unmaps per batch of invalidations (default 32)\n"
+        "  --iommu-exact          map TX slots read-only, receive buffers write-only (DPDK's\n"
+        "                         vhost needs read-write receive buffers)\n"
         "  --help\n"
         "\n"
         "Gbit/s counts frame bytes (no virtio header, no Ethernet preamble or gap).\n",
@@ -295,6 +304,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         N_IOMMU,
         N_IOMMU_STRICT,
         N_IOMMU_BATCH,
+        N_IOMMU_EXACT,
         N_HELP
     };
     static const struct option lo[] = {
@@ -313,6 +323,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         {"iommu", optional_argument, 0, N_IOMMU},
         {"iommu-strict", no_argument, 0, N_IOMMU_STRICT},
         {"iommu-batch", required_argument, 0, N_IOMMU_BATCH},
+        {"iommu-exact", no_argument, 0, N_IOMMU_EXACT},
         {"help", no_argument, 0, N_HELP},
         {0, 0, 0, 0},
     };
@@ -385,6 +396,9 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
             break;
         case N_IOMMU_STRICT:
             o->iommu_strict = true;
+            break;
+        case N_IOMMU_EXACT:
+            o->iommu_exact = true;
             break;
         case N_IOMMU_BATCH:
             if (bench_parse_uint(a, 1, 1u << 20, &v))

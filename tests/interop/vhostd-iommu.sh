@@ -71,6 +71,7 @@ run_case() {
 }
 
 run_case strict-4k --iommu --iommu-strict
+run_case strict-4k-exact --iommu --iommu-strict --iommu-exact
 run_case lazy-4k --iommu
 run_case strict-2m --iommu=2m --iommu-strict
 run_case lazy-2m-packed --iommu=2m --ring=packed --bs=64k
