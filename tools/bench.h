@@ -34,10 +34,11 @@ struct blk_opts {
     bool json;
     int indirect; /* -1 auto, 0 off, 1 on */
     uint64_t seed;
-    uint64_t iommu_page;  /* --iommu[=SIZE]: the driver is the IOMMU (0: off) */
-    bool iommu_strict;    /* --iommu-strict */
-    unsigned iommu_batch; /* --iommu-batch=N (0: the driver's default) */
-    bool iommu_exact;     /* --iommu-exact: data mapped RO/WO as the device uses it */
+    uint64_t iommu_page;   /* --iommu[=SIZE]: the driver is the IOMMU (0: off) */
+    bool iommu_strict;     /* --iommu-strict */
+    unsigned iommu_batch;  /* --iommu-batch=N (0: the driver's default) */
+    bool iommu_exact;      /* --iommu-exact: data mapped RO/WO as the device uses it */
+    uint64_t iommu_static; /* --iommu-static[=SIZE]: pools mapped for good (1: no SIZE) */
 };
 
 enum net_mode { NET_TX, NET_RX, NET_ECHO, NET_NMODES };

@@ -439,9 +439,12 @@ int bench_blk_main(int argc, char **argv)
         .iommu_strict = o.iommu_strict,
         .iommu_batch = o.iommu_batch,
         .iommu_exact_perms = o.iommu_exact,
+        .iommu_static = o.iommu_static != 0,
         /* iodepth buffers of bs each, page-rounded, plus slack. */
         .pool_size = (uint64_t)o.iodepth * ((o.bs + 4095) & ~4095ull) + (64u << 10),
     };
+    if (o.iommu_static > d_o.pool_size) /* --iommu-static=SIZE: that much mapped for good */
+        d_o.pool_size = o.iommu_static;
     d_o.queue_size = o.queue_size;
     if (!d_o.queue_size) {
         unsigned need = o.indirect == 0 ? 3 * o.iodepth : o.iodepth;
@@ -538,8 +541,9 @@ int bench_blk_main(int argc, char **argv)
                o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off",
                o.verify ? " verify=1" : "");
     if (!o.json && o.iommu_page)
-        printf("vhostd-bench: iommu page=%" PRIu64 " %s%s\n", o.iommu_page,
-               o.iommu_strict ? "strict" : "lazy", o.iommu_exact ? " exact-perms" : "");
+        printf("vhostd-bench: iommu page=%" PRIu64 " %s%s%s\n", o.iommu_page,
+               o.iommu_strict ? "strict" : "lazy", o.iommu_exact ? " exact-perms" : "",
+               o.iommu_static ? " static-pool" : "");
 
     struct bench_reporter rep = {
         .prog = "vhostd-bench",

@@ -97,6 +97,13 @@ struct vhd_blkdrv_opts {
     uint32_t iommu_batch; /* lazy: INVALIDATEs go out every this many unmaps (0: 32) */
     /* Map data read-only for writes and write-only for reads (else read-write). */
     bool iommu_exact_perms;
+    /*
+     * Map each queue's buffer pool once at connect, one IOTLB entry per
+     * page, and leave it mapped (a guest that maps its DMA pool for good,
+     * as DPDK on vfio-pci does): requests on pool buffers send no IOTLB
+     * message. Buffers outside the pools are still mapped per request.
+     */
+    bool iommu_static;
 };
 
 /* What was negotiated and read from the device's configuration space. */

@@ -137,6 +137,7 @@ struct vhd_blkdrv_queue {
      */
     struct vhd_drv_iommu *io;
     uint64_t shared_iova;
+    uint64_t pool_iova; /* opts.iommu_static: the pool's IOVA (else 0) */
     uint64_t *slot_iova;
     uint8_t data_perm_read, data_perm_write; /* a read's buffers (device writes) / a write's */
 } vhd_cacheline_aligned;
@@ -431,6 +432,11 @@ static int iommu_map_data(struct vhd_blkdrv_queue *q, uint32_t s, struct vhd_drv
         uint64_t gpa = bufs[i].gpa;
         if (gpa >= q->shared_gpa && gpa - q->shared_gpa < shared_len) {
             bufs[i].gpa = q->shared_iova + (gpa - q->shared_gpa);
+            continue;
+        }
+        if (q->pool_iova && gpa >= q->pool_gpa &&
+            gpa - q->pool_gpa < q->pool_pages * POOL_PAGE) { /* mapped for good */
+            bufs[i].gpa = q->pool_iova + (gpa - q->pool_gpa);
             continue;
         }
         void *hva = vhd_guestmem_ptr(q->gm, gpa, bufs[i].len);
@@ -1050,6 +1056,17 @@ static int session_open(struct vhd_blkdrv *d)
     if (d->iommu && vhd_drv_iommu_replay(&d->io) < 0) {
         rc = dfail(d, -EIO, "%s", vhd_drv_iommu_strerror(&d->io));
         goto fail;
+    }
+    /* Static pools after the replay (the rings exist now): each page is sent once. */
+    for (uint32_t i = 0; d->iommu && o->iommu_static && i < o->num_queues; i++) {
+        struct vhd_blkdrv_queue *q = d->q[i];
+        rc = vhd_drv_iommu_map_paged(&d->io, q->pool, q->pool_pages * POOL_PAGE, VHOST_ACCESS_RW,
+                                     &q->pool_iova);
+        if (rc < 0) {
+            dfail(d, rc, "IOMMU mapping of queue %u's pool: %s", i,
+                  d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+            goto fail;
+        }
     }
     for (uint32_t i = 0; i < o->num_queues; i++)
         d->q[i]->held = false;

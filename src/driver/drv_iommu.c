@@ -239,8 +239,29 @@ int vhd_drv_iommu_add_region(struct vhd_drv_iommu *io, uint64_t uaddr, uint64_t 
     return 0;
 }
 
-int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
-                      uint64_t *iova)
+/* UPDATE m, one message or (paged) one per page. On failure, what was sent is invalidated. */
+static int send_update(struct vhd_drv_iommu *io, const struct vhd_drv_iommu_map *m)
+{
+    if (!m->paged)
+        return send_iotlb(io, VHOST_IOTLB_UPDATE, m);
+    for (uint64_t off = 0; off < m->size; off += io->p.page_size) {
+        struct vhd_drv_iommu_map pg = {.iova = m->iova + off,
+                                       .size = io->p.page_size,
+                                       .uaddr = m->uaddr + off,
+                                       .perm = m->perm};
+        int rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &pg);
+        if (rc < 0) {
+            struct vhd_drv_iommu_map sent = {.iova = m->iova, .size = off};
+            if (off && send_iotlb(io, VHOST_IOTLB_INVALIDATE, &sent) < 0)
+                return -EHOSTUNREACH; /* the back-end may still hold pages: keep the IOVAs */
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int map_common(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
+                      bool paged, uint64_t *iova)
 {
     uint64_t a = (uint64_t)(uintptr_t)addr;
     uint64_t pmask = io->p.page_size - 1;
@@ -266,12 +287,17 @@ int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, 
     struct vhd_drv_iommu_map m = {.iova = io->p.iova_base + (page << io->page_shift),
                                   .size = end - start,
                                   .uaddr = start,
-                                  .perm = perm};
+                                  .perm = perm,
+                                  .paged = paged};
     rc = map_insert(io, &m);
     if (rc == 0) {
-        rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &m);
+        rc = send_update(io, &m);
         if (rc < 0) /* the back-end does not have it: forget it */
             map_remove(io, map_find(io, m.iova));
+    }
+    if (rc == -EHOSTUNREACH) {
+        rc = -EIO; /* pages the back-end may still hold: their IOVAs stay allocated for good */
+        goto out;
     }
     if (rc < 0) {
         (void)release_range(io, &m); /* merges back into what it was cut from: no allocation */
@@ -281,6 +307,18 @@ int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, 
 out:
     pthread_mutex_unlock(&io->lock);
     return rc;
+}
+
+int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
+                      uint64_t *iova)
+{
+    return map_common(io, addr, len, perm, false, iova);
+}
+
+int vhd_drv_iommu_map_paged(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
+                            uint64_t *iova)
+{
+    return map_common(io, addr, len, perm, true, iova);
 }
 
 /* INVALIDATE the pending ranges; the mutex is held. */
@@ -368,7 +406,14 @@ int vhd_drv_iommu_miss(struct vhd_drv_iommu *io, uint64_t iova, uint8_t perm)
         io->st.misses_bad++;
         goto out;
     }
-    rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &io->maps[i]);
+    struct vhd_drv_iommu_map m = io->maps[i];
+    if (m.paged) { /* the page asked for, as it was sent */
+        uint64_t off = (iova - m.iova) & ~(io->p.page_size - 1);
+        m.iova += off;
+        m.uaddr += off;
+        m.size = io->p.page_size;
+    }
+    rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &m);
     if (rc == 0)
         rc = 1;
 out:
@@ -380,8 +425,11 @@ int vhd_drv_iommu_replay(struct vhd_drv_iommu *io)
 {
     int rc = 0;
     pthread_mutex_lock(&io->lock);
-    for (size_t i = 0; i < io->nmaps && rc == 0; i++)
-        rc = send_iotlb(io, VHOST_IOTLB_UPDATE, &io->maps[i]);
+    for (size_t i = 0; i < io->nmaps && rc == 0; i++) {
+        rc = send_update(io, &io->maps[i]);
+        if (rc == -EHOSTUNREACH)
+            rc = -EIO;
+    }
     pthread_mutex_unlock(&io->lock);
     return rc;
 }

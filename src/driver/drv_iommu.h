@@ -57,6 +57,7 @@ struct vhd_drv_iommu_map {
     uint64_t size;
     uint64_t uaddr;
     uint8_t perm;
+    bool paged; /* the back-end got one UPDATE per page (vhd_drv_iommu_map_paged) */
 };
 
 /* A free IOVA range, in pages. */
@@ -124,6 +125,18 @@ int vhd_drv_iommu_add_region(struct vhd_drv_iommu *io, uint64_t uaddr, uint64_t 
  */
 int vhd_drv_iommu_map(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
                       uint64_t *iova);
+
+/*
+ * vhd_drv_iommu_map_paged - the same, but the back-end gets one UPDATE per
+ * page (contiguous IOVAs and addresses): a long-lived mapping of many
+ * page-sized IOTLB entries, as a guest that maps its buffer pool once with
+ * 4 KiB pages makes. A miss is answered with the page asked for; unmap sends
+ * one INVALIDATE for the whole range. When an UPDATE is refused midway, the
+ * pages sent are invalidated again (their IOVAs are never reused when that
+ * fails too).
+ */
+int vhd_drv_iommu_map_paged(struct vhd_drv_iommu *io, const void *addr, uint64_t len, uint8_t perm,
+                            uint64_t *iova);
 
 /*
  * vhd_drv_iommu_unmap - the buffer mapped at iova (the value map returned)

@@ -75,6 +75,7 @@ run_case strict-4k-exact --iommu --iommu-strict --iommu-exact
 run_case lazy-4k --iommu
 run_case strict-2m --iommu=2m --iommu-strict
 run_case lazy-2m-packed --iommu=2m --ring=packed --bs=64k
+run_case static-4k --iommu --iommu-static=8m
 run_case lazy-4k-2jobs --iommu --iommu-batch=8 --numjobs=2 --bs=16k
 
 kill -TERM "$vpid" 2>/dev/null

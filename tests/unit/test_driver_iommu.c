@@ -25,6 +25,7 @@ struct rec {
     struct vu_iotlb m[256];
     int n;
     int fail_next; /* refuse this many messages (-EIO) */
+    int fail_at;   /* refuse the message with this 1-based number since n was 0 (0: none) */
 };
 
 static int rec_send(void *ctx, const struct vu_iotlb *m)
@@ -32,8 +33,10 @@ static int rec_send(void *ctx, const struct vu_iotlb *m)
     struct rec *r = ctx;
     int rc = 0;
     pthread_mutex_lock(&r->lock);
-    if (r->fail_next > 0) {
-        r->fail_next--;
+    if (r->fail_next > 0 || (r->fail_at && r->n + 1 == r->fail_at)) {
+        if (r->fail_next > 0)
+            r->fail_next--;
+        r->fail_at = 0;
         rc = -EIO;
     } else if (r->n < 256) {
         r->m[r->n++] = *m;
@@ -401,4 +404,47 @@ VHD_TEST(guestmem_regions_aligned_for_huge_pages)
     /* a size that is not a multiple of the alignment, an alignment that is no power of two */
     VHD_CHECK_EQ(vhd_guestmem_init_aligned(&gm, 1, P2M + 4096, 0, 0, P2M), -EINVAL);
     VHD_CHECK_EQ(vhd_guestmem_init_aligned(&gm, 1, 3 * 4096, 0, 0, 3 * 4096), -EINVAL);
+}
+
+VHD_TEST(paged_mapping_sends_one_update_per_page)
+{
+    struct rec r;
+    struct vhd_drv_iommu io;
+    uint64_t a, b;
+    setup(&io, &r, P4K, false, 4, 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_map_paged(&io, at(REG + 0x10000), 4 * P4K, VHOST_ACCESS_RW, &a), 0);
+    VHD_CHECK_EQ(a, VHD_DRV_IOVA_BASE);
+    VHD_CHECK_EQ(r.n, 4);
+    for (int k = 0; k < 4; k++) {
+        VHD_CHECK_EQ(r.m[k].type, VHOST_IOTLB_UPDATE);
+        VHD_CHECK_EQ(r.m[k].iova, a + (uint64_t)k * P4K);
+        VHD_CHECK_EQ(r.m[k].size, P4K);
+        VHD_CHECK_EQ(r.m[k].uva, REG + 0x10000 + (uint64_t)k * P4K);
+    }
+    /* a miss gets the page asked for */
+    VHD_CHECK_EQ(vhd_drv_iommu_miss(&io, a + 2 * P4K + 100, VHOST_ACCESS_RO), 1);
+    VHD_CHECK_EQ(r.m[4].iova, a + 2 * P4K);
+    VHD_CHECK_EQ(r.m[4].size, P4K);
+    VHD_CHECK_EQ(r.m[4].uva, REG + 0x12000);
+    /* unmap: one INVALIDATE for the whole range */
+    r.n = 0;
+    VHD_CHECK_EQ(vhd_drv_iommu_unmap(&io, a), 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_flush(&io), 0);
+    VHD_CHECK_EQ(r.n, 1);
+    VHD_CHECK_EQ(r.m[0].type, VHOST_IOTLB_INVALIDATE);
+    VHD_CHECK_EQ(r.m[0].iova, a);
+    VHD_CHECK_EQ(r.m[0].size, 4 * P4K);
+    /* the third UPDATE refused: the two sent are invalidated, nothing stays mapped */
+    r.n = 0;
+    r.fail_at = 3;
+    VHD_CHECK_EQ(vhd_drv_iommu_map_paged(&io, at(REG), 4 * P4K, VHOST_ACCESS_RW, &b), -EIO);
+    VHD_CHECK_EQ(r.n, 3);
+    VHD_CHECK_EQ(r.m[2].type, VHOST_IOTLB_INVALIDATE);
+    VHD_CHECK_EQ(r.m[2].iova, r.m[0].iova);
+    VHD_CHECK_EQ(r.m[2].size, 2 * P4K);
+    struct vhd_drv_iommu_stats st;
+    vhd_drv_iommu_get_stats(&io, &st);
+    VHD_CHECK_EQ(st.mapped, 0);
+    VHD_CHECK_EQ(st.free_extents, 1);
+    vhd_drv_iommu_fini(&io);
 }
