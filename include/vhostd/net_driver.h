@@ -101,8 +101,8 @@ struct vhd_netdrv_opts {
      * addresses, so a back-end that ignores the IOTLB fails. Needs a back-end
      * that offers ACCESS_PLATFORM, BACKEND_REQ and REPLY_ACK (-ENOTSUP with
      * the reason otherwise). A thread of the driver answers the back-end's
-     * IOTLB misses on the back-end channel; config change notifications are
-     * then not delivered (vhd_netdrv_config_wait: -ENOTSUP).
+     * IOTLB misses on the back-end channel and passes config change
+     * notifications on to vhd_netdrv_config_wait.
      */
     uint64_t iommu_page_size;
     /* Strict: INVALIDATE at each unmap and wait for the ack (Linux intel_iommu=strict); else lazy.

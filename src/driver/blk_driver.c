@@ -951,7 +951,7 @@ static int iommu_setup(struct vhd_blkdrv *d)
     if (rc < 0)
         return rc;
     d->iommu = true;
-    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->err, sizeof(d->err));
+    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, -1, d->err, sizeof(d->err));
     if (rc < 0)
         return rc;
     for (uint32_t i = 0; i < o->num_queues && rc == 0; i++) {

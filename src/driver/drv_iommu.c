@@ -182,7 +182,7 @@ static int send_iotlb(struct vhd_drv_iommu *io, uint8_t type, const struct vhd_d
 int vhd_drv_iommu_init(struct vhd_drv_iommu *io, const struct vhd_drv_iommu_params *p)
 {
     memset(io, 0, sizeof(*io));
-    io->backend_fd = io->stop_fd = -1;
+    io->backend_fd = io->stop_fd = io->config_efd = -1;
     if (!p->send || p->page_size < 4096 || (p->page_size & (p->page_size - 1)))
         return -EINVAL;
     io->p = *p;
@@ -224,7 +224,7 @@ void vhd_drv_iommu_fini(struct vhd_drv_iommu *io)
     free(io->free);
     pthread_mutex_destroy(&io->lock);
     memset(io, 0, sizeof(*io));
-    io->backend_fd = io->stop_fd = -1;
+    io->backend_fd = io->stop_fd = io->config_efd = -1;
 }
 
 int vhd_drv_iommu_add_region(struct vhd_drv_iommu *io, uint64_t uaddr, uint64_t size)
@@ -483,9 +483,14 @@ static int serve_one(struct vhd_drv_iommu *io, struct vu_rx *rx)
         rx->hdr.size >= sizeof(struct vu_iotlb)) {
         const struct vu_iotlb *m = &rx->payload.iotlb;
         v = 0;
+        /* A failed answer: the device asks again. */
         if (m->type == VHOST_IOTLB_MISS)
-            (void)vhd_drv_iommu_miss(io, m->iova,
-                                     m->perm); /* a failed answer: the device asks again */
+            (void)vhd_drv_iommu_miss(io, m->iova, m->perm);
+    } else if (rx->hdr.request == VHOST_USER_BACKEND_CONFIG_CHANGE_MSG && io->config_efd >= 0) {
+        uint64_t one = 1;
+        ssize_t n = write(io->config_efd, &one, sizeof(one));
+        (void)n; /* fails only when the counter would overflow: the waiter is woken anyway */
+        v = 0;
     }
     if (rx->hdr.flags & VHOST_USER_NEED_REPLY_MASK) {
         struct vu_hdr h = {.request = rx->hdr.request,
@@ -523,7 +528,7 @@ static void *serve_main(void *arg)
     return NULL;
 }
 
-int vhd_drv_iommu_serve(struct vhd_drv_iommu *io, int backend_fd, int timeout_ms)
+int vhd_drv_iommu_serve(struct vhd_drv_iommu *io, int backend_fd, int timeout_ms, int config_efd)
 {
     if (io->thr_running)
         return -EBUSY;
@@ -532,6 +537,7 @@ int vhd_drv_iommu_serve(struct vhd_drv_iommu *io, int backend_fd, int timeout_ms
         return -errno;
     io->backend_fd = backend_fd;
     io->timeout_ms = timeout_ms;
+    io->config_efd = config_efd;
     int rc = pthread_create(&io->thr, NULL, serve_main, io);
     if (rc != 0) {
         close(io->stop_fd);

@@ -99,6 +99,7 @@ struct vhd_drv_iommu {
     bool thr_running;
     int backend_fd;
     int stop_fd;
+    int config_efd; /* signalled on a config change message, or -1 */
     int timeout_ms;
     char err[160]; /* last failure of a message */
 };
@@ -179,11 +180,13 @@ int vhd_drv_iommu_lookup(struct vhd_drv_iommu *io, uint64_t iova, struct vhd_drv
 /*
  * vhd_drv_iommu_serve - start a thread that reads back-end requests on
  * backend_fd (our end of the SET_BACKEND_REQ_FD channel; stays the caller's)
- * and answers IOTLB MISS messages (vhd_drv_iommu_miss); a request with
- * NEED_REPLY gets u64 0 (1 for a request it does not handle). It ends at
- * vhd_drv_iommu_fini or when the channel closes. 0 or -errno.
+ * and answers IOTLB MISS messages (vhd_drv_iommu_miss); a config change
+ * message is passed on by a write to config_efd (an eventfd, the caller's;
+ * -1: not handled). A request with NEED_REPLY gets u64 0 (1 for one it does
+ * not handle). It ends at vhd_drv_iommu_fini or when the channel closes. 0
+ * or -errno.
  */
-int vhd_drv_iommu_serve(struct vhd_drv_iommu *io, int backend_fd, int timeout_ms);
+int vhd_drv_iommu_serve(struct vhd_drv_iommu *io, int backend_fd, int timeout_ms, int config_efd);
 
 /* Hold the mutex around a control exchange on the session the messages use. */
 void vhd_drv_iommu_lock(struct vhd_drv_iommu *io);

@@ -133,8 +133,8 @@ int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struc
     return rc;
 }
 
-int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd, char *err,
-                          size_t errlen)
+int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd,
+                          int config_efd, char *err, size_t errlen)
 {
     int rc;
     if (*backend_fd < 0) {
@@ -153,7 +153,7 @@ int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *back
         }
         *backend_fd = sv[0];
     }
-    rc = vhd_drv_iommu_serve(io, *backend_fd, f->timeout_ms);
+    rc = vhd_drv_iommu_serve(io, *backend_fd, f->timeout_ms, config_efd);
     if (rc < 0)
         snprintf(err, errlen, "IOMMU miss thread: %s", strerror(-rc));
     return rc;

@@ -123,6 +123,7 @@ struct vhd_netdrv {
     int backend_fd;   /* our end of the SET_BACKEND_REQ_FD socket pair, or -1 */
     bool iommu;       /* opts.iommu_page_size: io is set up */
     struct vhd_drv_iommu io;
+    int config_efd; /* with the IOMMU: its miss thread signals config changes here, or -1 */
     char err[256];
 };
 
@@ -663,7 +664,13 @@ static int iommu_setup(struct vhd_netdrv *d)
      * them at SET_VRING_KICK, and drops updates sent before a ring exists):
      * the channel and its thread first.
      */
-    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->err, sizeof(d->err));
+    if (o->ctrl_vq && vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_CONFIG)) {
+        d->config_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        if (d->config_efd < 0)
+            return dfail(d, -errno, "config eventfd: %s", strerror(errno));
+    }
+    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->config_efd, d->err,
+                               sizeof(d->err));
     if (rc < 0)
         return rc;
     for (uint32_t i = 0; i < o->num_pairs; i++) {
@@ -796,6 +803,7 @@ static int session_open(struct vhd_netdrv *d)
         if (rc == 0 && !d->iommu && vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_BACKEND_REQ) &&
             vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_CONFIG))
             rc = backend_channel_open(d); /* with the IOMMU, its miss thread owns the channel */
+        in->config_notify = d->iommu ? d->config_efd >= 0 : in->config_notify;
         if (rc < 0)
             goto fail;
     }
@@ -883,6 +891,8 @@ static void drv_free(struct vhd_netdrv *d)
     vhd_drv_iommu_fini(&d->io); /* before its channel closes */
     if (d->backend_fd >= 0)
         close(d->backend_fd);
+    if (d->config_efd >= 0)
+        close(d->config_efd);
     vhd_vuf_close(&d->vuf);
     vhd_guestmem_fini(&d->gm);
     free(d->path);
@@ -963,7 +973,7 @@ int vhd_netdrv_connect(const struct vhd_netdrv_opts *opts, struct vhd_netdrv **o
         return -ENOMEM;
     }
     vhd_vuf_init(&d->vuf, opts->timeout_ms);
-    d->ctrl.kick_fd = d->ctrl.call_fd = d->backend_fd = -1;
+    d->ctrl.kick_fd = d->ctrl.call_fd = d->backend_fd = d->config_efd = -1;
     d->o = *opts;
     struct vhd_netdrv_opts *o = &d->o;
     if (!o->num_pairs)
@@ -1176,13 +1186,34 @@ static int backend_drain(struct vhd_netdrv *d, struct vu_rx *rx)
     }
 }
 
+/* With the IOMMU its miss thread reads the channel and passes config changes on: wait for those. */
+static int config_wait_iommu(struct vhd_netdrv *d, int timeout_ms)
+{
+    if (d->config_efd < 0)
+        return -ENOTSUP;
+    struct pollfd pf = {.fd = d->config_efd, .events = POLLIN};
+    int n;
+    do
+        n = poll(&pf, 1, timeout_ms);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    if (n == 0)
+        return 0;
+    vhd_drv_drain_eventfd(d->config_efd);
+    int rc = vhd_netdrv_read_config(d);
+    return rc < 0 ? rc : 1;
+}
+
 int vhd_netdrv_config_wait(struct vhd_netdrv *d, int timeout_ms)
 {
     struct vu_rx rx;
     int64_t deadline = timeout_ms >= 0 ? (int64_t)vhd_now_ms() + timeout_ms : 0;
 
-    if (d->backend_fd < 0 || d->iommu)
-        return -ENOTSUP; /* with the IOMMU the channel is its miss thread's */
+    if (d->iommu)
+        return config_wait_iommu(d, timeout_ms);
+    if (d->backend_fd < 0)
+        return -ENOTSUP;
     vu_rx_init(&rx);
     for (;;) {
         int rc = backend_drain(d, &rx);

@@ -9,6 +9,10 @@
  *
  * usage: iommu-net-peer SOCKET [--page BYTES] [--strict] [--batch N]
  *                              [--frames N] [--packed] [--expect-unsupported]
+ *                              [--announce]
+ * --announce (a back-end with a control queue, such as vhostd): SEND_RARP,
+ * then the config change notification, which the driver's miss thread
+ * passes on, must arrive with VIRTIO_NET_S_ANNOUNCE, and the ack clear it.
  * Exit 0 on success; the reason of a failure on stderr.
  */
 #include <errno.h>
@@ -43,7 +47,7 @@ int main(int argc, char **argv)
      */
     struct vhd_netdrv_opts o = {.iommu_page_size = 4096, .timeout_ms = 10000, .mrg_rxbuf = true};
     uint32_t frames = 2000;
-    int expect_unsupported = 0;
+    int expect_unsupported = 0, announce = 0;
     char err[256];
 
     if (argc < 2) {
@@ -67,6 +71,8 @@ int main(int argc, char **argv)
             o.packed = true;
         else if (!strcmp(argv[i], "--expect-unsupported"))
             expect_unsupported = 1;
+        else if (!strcmp(argv[i], "--announce"))
+            announce = 1, o.ctrl_vq = true;
         else {
             fprintf(stderr, "unknown argument %s\n", argv[i]);
             return 2;
@@ -178,6 +184,24 @@ int main(int argc, char **argv)
             idle++;
     }
     rc = 0;
+    if (announce) {
+        /* VIRTIO_NET_S_ANNOUNCE (2), VIRTIO_NET_CTRL_ANNOUNCE (3) / _ACK (0), virtio 1.2 5.1.6.5.4
+         */
+        int w = in->config_notify ? vhd_netdrv_send_rarp(d, in->mac) : -ENOTSUP;
+        if (w == 0)
+            w = vhd_netdrv_config_wait(d, 5000);
+        if (w != 1 || !(in->status & 2)) {
+            fprintf(stderr, "FAIL: announce: no config change with ANNOUNCE (%d, status 0x%x)\n", w,
+                    in->status);
+            rc = -1;
+        } else if (vhd_netdrv_ctrl(d, 3, 0, NULL, 0) < 0 || vhd_netdrv_read_config(d) < 0 ||
+                   (in->status & 2)) {
+            fprintf(stderr, "FAIL: announce: the ack did not clear ANNOUNCE\n");
+            rc = -1;
+        } else {
+            printf("announce: notified through the miss thread, acked\n");
+        }
+    }
 out:;
     struct vhd_netdrv_iommu_stats st;
     int src = vhd_netdrv_iommu_stats(d, &st);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -330,7 +331,9 @@ VHD_TEST(miss_thread_answers_on_the_channel)
     setup(&io, &r, P4K, true, 0, 0);
     VHD_CHECK_EQ(vhd_drv_iommu_map(&io, at(REG + 0x5000), 64, VHOST_ACCESS_RW, &a), 0);
     VHD_CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-    VHD_CHECK_EQ(vhd_drv_iommu_serve(&io, sv[0], 1000), 0);
+    int efd = eventfd(0, EFD_NONBLOCK);
+    VHD_CHECK(efd >= 0);
+    VHD_CHECK_EQ(vhd_drv_iommu_serve(&io, sv[0], 1000, efd), 0);
 
     /* a MISS with NEED_REPLY, then one for an unmapped IOVA, then one more valid */
     uint64_t ask[3] = {a + 8, VHD_DRV_IOVA_BASE + (1ull << 30), a};
@@ -360,9 +363,27 @@ VHD_TEST(miss_thread_answers_on_the_channel)
     struct vhd_drv_iommu_stats st;
     vhd_drv_iommu_get_stats(&io, &st);
     VHD_CHECK_EQ(st.misses_bad, 1);
+
+    /* a config change is passed on through the eventfd and acked with 0 */
+    struct vu_hdr h = {.request = VHOST_USER_BACKEND_CONFIG_CHANGE_MSG,
+                       .flags = VHOST_USER_VERSION | VHOST_USER_NEED_REPLY_MASK};
+    VHD_CHECK_EQ(vu_send(sv[1], &h, NULL, NULL, 0, 1000), 0);
+    struct pollfd pe = {.fd = efd, .events = POLLIN};
+    VHD_CHECK(poll(&pe, 1, 2000) == 1);
+    struct vu_rx rx;
+    vu_rx_init(&rx);
+    int rc;
+    while ((rc = vu_rx_read(&rx, sv[1])) == 0) {
+        struct pollfd pf = {.fd = sv[1], .events = POLLIN};
+        VHD_CHECK(poll(&pf, 1, 2000) == 1);
+    }
+    VHD_CHECK_EQ(rc, 1);
+    VHD_CHECK_EQ(rx.hdr.request, VHOST_USER_BACKEND_CONFIG_CHANGE_MSG);
+    VHD_CHECK_EQ(rx.payload.u64, 0);
     vhd_drv_iommu_fini(&io); /* joins the thread */
     close(sv[0]);
     close(sv[1]);
+    close(efd);
 }
 
 VHD_TEST(replay_resends_every_live_mapping_in_order)
