@@ -63,6 +63,7 @@ struct net_opts {
     bool iommu_strict;
     unsigned iommu_batch;
     bool iommu_exact;
+    bool iommu_static; /* --iommu-static */
 };
 
 #define NET_MIN_FRAME 14u   /* an Ethernet header */

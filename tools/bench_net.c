@@ -137,6 +137,7 @@ int bench_net_main(int argc, char **argv)
         .iommu_strict = o.iommu_strict,
         .iommu_batch = o.iommu_batch,
         .iommu_exact_perms = o.iommu_exact,
+        .iommu_static = o.iommu_static,
         /* Without merging, each receive buffer must hold a whole frame. */
         .rx_buf_size =
             o.mrg ? 2048

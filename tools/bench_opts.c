@@ -291,6 +291,8 @@ static void net_usage(FILE *f)
         "  --iommu-batch=N        lazy: unmaps per batch of invalidations (default 32)\n"
         "  --iommu-exact          map TX slots read-only, receive buffers write-only (DPDK's\n"
         "                         vhost needs read-write receive buffers)\n"
+        "  --iommu-static         map the receive buffers and TX slots once, one IOTLB entry per\n"
+        "                         page, and keep them mapped (no message per frame)\n"
         "  --help\n"
         "\n"
         "Gbit/s counts frame bytes (no virtio header, no Ethernet preamble or gap).\n",
@@ -315,6 +317,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         N_IOMMU_STRICT,
         N_IOMMU_BATCH,
         N_IOMMU_EXACT,
+        N_IOMMU_STATIC,
         N_HELP
     };
     static const struct option lo[] = {
@@ -334,6 +337,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         {"iommu-strict", no_argument, 0, N_IOMMU_STRICT},
         {"iommu-batch", required_argument, 0, N_IOMMU_BATCH},
         {"iommu-exact", no_argument, 0, N_IOMMU_EXACT},
+        {"iommu-static", no_argument, 0, N_IOMMU_STATIC},
         {"help", no_argument, 0, N_HELP},
         {0, 0, 0, 0},
     };
@@ -409,6 +413,9 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
             break;
         case N_IOMMU_EXACT:
             o->iommu_exact = true;
+            break;
+        case N_IOMMU_STATIC:
+            o->iommu_static = true;
             break;
         case N_IOMMU_BATCH:
             if (bench_parse_uint(a, 1, 1u << 20, &v))

@@ -115,6 +115,13 @@ struct vhd_netdrv_opts {
      * receive buffers and fails with write-only ones).
      */
     bool iommu_exact_perms;
+    /*
+     * Map each pair's receive buffers and TX slots once at connect, one
+     * IOTLB entry per page, and leave them mapped (a guest that maps its
+     * packet pools for good, as DPDK on vfio-pci does): no IOTLB message
+     * per frame.
+     */
+    bool iommu_static;
 };
 
 /* What was negotiated and read from the device. */

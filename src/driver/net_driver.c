@@ -682,6 +682,18 @@ static int iommu_setup(struct vhd_netdrv *d)
         p->io = &d->io;
         p->rx_perm = o->iommu_exact_perms ? VHOST_ACCESS_WO : VHOST_ACCESS_RW;
         p->tx_perm = o->iommu_exact_perms ? VHOST_ACCESS_RO : VHOST_ACCESS_RW;
+        if (rc == 0 && o->iommu_static) {
+            /*
+             * The pools mapped for good: their IOVAs replace their GPAs and
+             * the pair sends no message (p->io stays NULL).
+             */
+            rc = vhd_drv_iommu_map_paged(&d->io, p->rxbuf, (uint64_t)p->qsize * p->rx_stride,
+                                         p->rx_perm, &p->rxbuf_gpa);
+            if (rc == 0)
+                rc = vhd_drv_iommu_map_paged(&d->io, p->txbuf, (uint64_t)p->qsize * p->tx_stride,
+                                             p->tx_perm, &p->txbuf_gpa);
+            p->io = NULL;
+        }
     }
     if (rc == 0 && o->ctrl_vq)
         rc = vhd_drv_iommu_map(&d->io, d->ctrl.area, d->ctrl.area_len, VHOST_ACCESS_RW,

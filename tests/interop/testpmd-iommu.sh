@@ -7,8 +7,8 @@
 # IOTLB-mapped receive buffer, at IOVAs testpmd can only resolve through the
 # UPDATEs (and misses) of the driver; contents are checked byte for byte.
 # Cases: strict and lazy invalidation with 4 KiB and 2 MiB pages, packed
-# rings once, and a testpmd without iommu-support, which the driver must
-# refuse with a clear reason. Ends with "N passed, N failed[, N skipped]".
+# rings once, pools mapped for good (static), and a testpmd without
+# iommu-support, which the driver must refuse with a clear reason. Ends with "N passed, N failed[, N skipped]".
 #
 # Env: TESTPMD (default dpdk-testpmd), IOMMU_NET_PEER (default
 #      build/iommu-net-peer), IOMMU_FRAMES frames per case (default 2000),
@@ -132,6 +132,7 @@ if testpmd_start iommu 1; then
     peer_case strict-2m --strict --page $((2 << 20)) --frames "$frames"
     peer_case lazy-2m --page $((2 << 20)) --batch 64 --frames "$frames"
     peer_case lazy-4k-packed --packed --frames "$frames"
+    peer_case static-4k --static --frames "$frames"
 else
     result testpmd-start 0 "testpmd (iommu-support=1) did not start: $(tail -n 3 "$tlog" | tr '\n' ' ')"
 fi

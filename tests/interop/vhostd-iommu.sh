@@ -108,6 +108,7 @@ if [ -x "$peer" ]; then
     net_case net-strict-4k --strict --frames 1000
     net_case net-lazy-2m --page $((2 << 20)) --frames 1000
     net_case net-announce --frames 100 --announce
+    net_case net-static --frames 1000 --static
 else
     result net "0" "$peer not built"
 fi
