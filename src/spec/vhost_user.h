@@ -213,15 +213,14 @@ struct vu_iotlb {
     uint8_t padding[6];
 };
 _Static_assert(sizeof(struct vu_iotlb) == 32, "iotlb message is 32 bytes");
-/* vu_iotlb.type (the kernel's VHOST_IOTLB_*, as the spec's "IOTLB message" uses them). */
+/* vu_iotlb.type and .perm (Linux vhost_types.h: struct vhost_iotlb_msg). */
 #define VHOST_IOTLB_MISS        1
 #define VHOST_IOTLB_UPDATE      2
 #define VHOST_IOTLB_INVALIDATE  3
 #define VHOST_IOTLB_ACCESS_FAIL 4
-/* vu_iotlb.perm: how the device may access the range (VHOST_ACCESS_*). */
-#define VHOST_ACCESS_RO 1
-#define VHOST_ACCESS_WO 2
-#define VHOST_ACCESS_RW 3
+#define VHOST_ACCESS_RO         1
+#define VHOST_ACCESS_WO         2
+#define VHOST_ACCESS_RW         3
 
 /* "Virtio device config space" (GET_CONFIG / SET_CONFIG): 12 + size bytes on the wire. */
 struct vu_config {
