@@ -29,7 +29,8 @@ enum vhd_blk_io_op {
      * completes with 0 (uring: fdatasync through io_uring, buffered or
      * O_DIRECT; null: no storage, nothing to do). A backend never reports a
      * flush done when it may not be (uring: after one failed, every later
-     * one fails).
+     * one fails; nbd: after a connection died while the server held
+     * acknowledged writes no flush had covered, the next flush fails once).
      */
     VHD_BLK_IO_FLUSH,
     VHD_BLK_IO_DISCARD,      /* the range may be deallocated; contents afterwards unspecified */
@@ -79,6 +80,7 @@ struct vhd_blk_io {
     bool lost;                  /* nbd: a part was lost with its connection: issue again */
     uint32_t parts;             /* nbd: commands of this operation not yet retired */
     int res;                    /* nbd: first error of this attempt (-errno), 0 */
+    uint64_t issued_ns;         /* nbd: a flush: when it was sent (what it covers) */
     struct vhd_blk_io *next;    /* nbd: link in a connection's waiting or retired list */
     void *conn;                 /* nbd: the connection it runs on */
     void *be_priv;              /* rbd: the completion channel of the submitting worker */

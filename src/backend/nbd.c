@@ -4,7 +4,9 @@
  * libnbd's asynchronous API, driven by the io_uring of the worker that
  * submits: one connection per worker, its socket polled with POLL_ADD SQEs,
  * reconnection after a lost connection on a TIMEOUT back-off, and the
- * operations the lost connection carried issued again on the new one.
+ * operations the lost connection carried issued again on the new one;
+ * acknowledged writes a lost connection may have taken with it are reported
+ * to the next flush.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -72,6 +74,18 @@ struct nbd_conn {
     uint32_t sqes;        /* SQEs outstanding */
     uint32_t parts;       /* libnbd commands issued and not retired */
     uint32_t backoff_ms;
+    /*
+     * Durability bookkeeping (unused when the server keeps no write cache,
+     * be.no_flush), in CLOCK_MONOTONIC ns: written by this worker only,
+     * read by every worker of the backend when one of them loses its
+     * connection (relaxed atomics: a plain 64-bit store and load).
+     * wr_ns: when the last write (write, discard, write zeroes) completed
+     * to the device without being durable by itself (FUA); 0: none yet.
+     * flush_ns: when the last flush that succeeded was sent. A flush covers
+     * every write completed before it was sent, on any connection of the
+     * backend (multi-conn; without it there is only one connection).
+     */
+    uint64_t wr_ns, flush_ns;
     struct vhd_io_cb poll_cb, remove_cb, timer_cb;
     struct __kernel_timespec ts;
     struct vhd_blk_io *wait_head, *wait_tail; /* to issue once connected */
@@ -83,6 +97,17 @@ struct nbd_be {
     char *uri;
     bool can_fua;         /* NBD_CMD_FLAG_FUA: a write durable at completion */
     uint32_t max_payload; /* largest read / write command */
+    /*
+     * A connection was lost while the server held writes it had acknowledged
+     * and no flush had covered (nbd_conn.wr_ns): the server may have lost
+     * them (a restart, a crash). The next flush that succeeds on the storage
+     * reports -EIO instead, once: set by any worker (relaxed store), taken
+     * with an exchange by the worker whose flush reports it (the only atomic
+     * read-modify-write, and only after a loss).
+     */
+    int lost_writes;
+    /* When the last loss check ran (CLOCK_MONOTONIC ns): writes before it are accounted for. */
+    uint64_t checked_ns;
     /*
      * Connections by worker index; slot i is written by worker i only (slot 0
      * by whichever worker owns the single connection without multi-conn),
@@ -347,6 +372,12 @@ static void nbd_be_close(struct vhd_blk_backend *be)
     struct nbd_be *nb = to_nb(be);
     bool server_failed = false; /* one bounded wait per close, not one per connection */
 
+    if (__atomic_load_n(&nb->lost_writes, __ATOMIC_RELAXED))
+        vhd_log(VHD_LOG_ERROR,
+                "%s: writes the server acknowledged before a lost connection, and no flush "
+                "covered, may be lost; no flush reported it",
+                be->desc);
+
     for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
         struct nbd_conn *c = nb->conns[i];
         if (!c)
@@ -503,6 +534,8 @@ static void issue(struct nbd_conn *c, struct vhd_blk_io *io)
     io->lost = false;
     io->res = 0;
     io->parts = 1;
+    if (io->stage == 1 || io->op == VHD_BLK_IO_FLUSH)
+        io->issued_ns = vhd_now_ns(); /* it covers the writes completed before now */
     if (io->stage == 1) {
         issue_part(c, io, P_FLUSH, NULL, 0, 0, 0);
     } else {
@@ -541,6 +574,77 @@ static void issue(struct nbd_conn *c, struct vhd_blk_io *io)
 }
 
 /*
+ * io completes successfully: keep the durability bookkeeping (nbd_conn.wr_ns,
+ * flush_ns) and report a loss to a flush. Returns the result for the device.
+ */
+static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
+{
+    struct nbd_be *nb = c->nb;
+
+    if (nb->be.no_flush || io->op == VHD_BLK_IO_READ)
+        return 0; /* writes are durable when acknowledged; reads change nothing */
+    if (io->op == VHD_BLK_IO_FLUSH) {
+        if (io->issued_ns > c->flush_ns)
+            __atomic_store_n(&c->flush_ns, io->issued_ns, __ATOMIC_RELAXED);
+        if (vhd_unlikely(__atomic_load_n(&nb->lost_writes, __ATOMIC_RELAXED)) &&
+            __atomic_exchange_n(&nb->lost_writes, 0, __ATOMIC_RELAXED)) {
+            vhd_log(VHD_LOG_ERROR,
+                    "%s: flush fails: writes acknowledged before the connection was lost may "
+                    "not be on the server's storage",
+                    nb->be.desc);
+            return -EIO;
+        }
+        return 0;
+    }
+    if (io->op == VHD_BLK_IO_WRITE && (io->flags & VHD_BLK_IO_F_DSYNC)) {
+        /* Durable by itself (FUA, or its own flush, which covers earlier writes too). */
+        if (io->stage == 1 && io->issued_ns > c->flush_ns)
+            __atomic_store_n(&c->flush_ns, io->issued_ns, __ATOMIC_RELAXED);
+        return 0;
+    }
+    __atomic_store_n(&c->wr_ns, vhd_now_ns(), __ATOMIC_RELAXED);
+    return 0;
+}
+
+/*
+ * c's connection is lost (c->h was ready). If some connection of the backend
+ * completed a write after the last flush that succeeded (and after the last
+ * check), the server may have lost it: the next flush reports it
+ * (nbd_be.lost_writes). The guest's data is no longer ours to write again:
+ * the write completed. Any connection's loss counts for all: a restarted
+ * server drops every connection's unflushed writes, and a connection that
+ * was idle notices only at its next command. Worker (c's).
+ */
+static void loss_check(struct nbd_conn *c)
+{
+    struct nbd_be *nb = c->nb;
+    uint64_t covered = __atomic_load_n(&nb->checked_ns, __ATOMIC_RELAXED);
+    bool lost = false;
+
+    if (nb->be.no_flush)
+        return;
+    for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
+        struct nbd_conn *x = __atomic_load_n(&nb->conns[i], __ATOMIC_ACQUIRE);
+        uint64_t f = x ? __atomic_load_n(&x->flush_ns, __ATOMIC_RELAXED) : 0;
+        if (f > covered)
+            covered = f;
+    }
+    for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
+        struct nbd_conn *x = __atomic_load_n(&nb->conns[i], __ATOMIC_ACQUIRE);
+        uint64_t w = x ? __atomic_load_n(&x->wr_ns, __ATOMIC_RELAXED) : 0;
+        lost |= w && w >= covered;
+    }
+    __atomic_store_n(&nb->checked_ns, vhd_now_ns(), __ATOMIC_RELAXED);
+    if (lost) {
+        __atomic_store_n(&nb->lost_writes, 1, __ATOMIC_RELAXED);
+        vhd_log(VHD_LOG_ERROR,
+                "%s: connection lost with acknowledged writes no flush covered: the server may "
+                "have lost them; the next flush fails",
+                nb->be.desc);
+    }
+}
+
+/*
  * An attempt of io retired: issue it again when a part went down with its
  * connection (a read reads again, a write writes the same data again: both
  * are idempotent), go on to the flush stage of a durable write without FUA,
@@ -569,7 +673,7 @@ static void finish(struct nbd_conn *c, struct vhd_blk_io *io)
         list_add(&c->wait_head, &c->wait_tail, io);
         return;
     }
-    io->complete(io, 0);
+    io->complete(io, done_ok(c, io));
 }
 
 /* ---- worker: io_uring SQEs (poll, poll removal, back-off timer) ---- */
@@ -664,6 +768,8 @@ static void conn_down(struct nbd_conn *c, const char *why)
                 c->nb->be.desc, why, nbd_msg());
         c->down_logged = true;
     }
+    if (c->state == CS_READY)
+        loss_check(c);
     if (c->h) {
         /* Commands still on it are retired with ENOTCONN: back to the waiting list (finish). */
         nbd_close(c->h);
@@ -776,7 +882,8 @@ static struct nbd_conn *conn_get(struct nbd_be *nb, struct vhd_worker *w)
     c->poll_cb.done = poll_done;
     c->remove_cb.done = remove_done;
     c->timer_cb.done = timer_done;
-    nb->conns[i] = c;
+    /* Release: other workers' loss_check reads c's fields through this pointer. */
+    __atomic_store_n(&nb->conns[i], c, __ATOMIC_RELEASE);
     return c;
 }
 

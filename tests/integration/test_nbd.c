@@ -755,6 +755,8 @@ VHD_TEST(nbd_server_restart)
     }
     VHD_CHECK_EQ(completed, issued);
     VHD_CHECK(issued > 100);
+    /* Writes were acknowledged and unflushed when the server died: the first flush says so. */
+    VHD_CHECK_EQ(sync_flush(q), -EIO);
     VHD_CHECK_EQ(sync_flush(q), 0);
     /* Every block holds its last write, read through the device and in the file. */
     static uint8_t f[BS];
@@ -975,5 +977,88 @@ VHD_TEST(nbd_no_server)
     server_init(&s, &dm, (const char *const[]){"memory", "size=1M", NULL});
     VHD_CHECK(vhostd_run_to_exit(&dm, &s, "") != 0);
     VHD_CHECK(daemon_log_has(&dm, "cannot connect"));
+    test_end();
+}
+
+/*
+ * Durability across a server restart (the memory plugin forgets everything):
+ * writes acknowledged, then the server dies before a flush covered them: the
+ * next FLUSH fails with IOERR, once; later ones succeed. Writes a flush
+ * covered before the restart make no error. The next flush used to succeed
+ * although the writes were gone.
+ */
+VHD_TEST(nbd_flush_after_lost_writes)
+{
+    struct daemon dm;
+    struct server s;
+    dir_prepare(&dm);
+    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
+    server_start(&s);
+    vhostd_start(&dm, &s, "");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
+    VHD_CHECK(vhd_blkdrv_get_info(d)->flush);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 65536);
+    VHD_CHECK(b != NULL);
+
+    /* Flushed before the restart: nothing to report. */
+    fill(b, 0, 65536, 31);
+    VHD_CHECK_EQ(sync_write(q, 0, b, 65536), 0);
+    VHD_CHECK_EQ(sync_flush(q), 0);
+    server_kill(&s);
+    server_start(&s);
+    VHD_CHECK_EQ(sync_read(q, 0, b, 65536), 0); /* reconnects */
+    VHD_CHECK_EQ(sync_flush(q), 0);
+
+    /* Acknowledged, not flushed, server restarted: the next flush fails, once. */
+    fill(b, 1u << 20, 65536, 32);
+    VHD_CHECK_EQ(sync_write(q, 1u << 20, b, 65536), 0);
+    server_kill(&s);
+    server_start(&s);
+    VHD_CHECK_EQ(sync_flush(q), -EIO);
+    VHD_CHECK_EQ(sync_flush(q), 0);
+    VHD_CHECK_EQ(sync_write(q, 1u << 20, b, 65536), 0);
+    VHD_CHECK_EQ(sync_flush(q), 0);
+    VHD_CHECK(daemon_log_has(&dm, "no flush covered"));
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_end();
+}
+
+/*
+ * A server that keeps no write cache (no NBD_FLAG_SEND_FLUSH: the eval
+ * plugin says can_flush false): writes are durable when acknowledged, so a
+ * restart loses nothing and nothing fails or is reported.
+ */
+VHD_TEST(nbd_no_flush_server_restart)
+{
+    struct daemon dm;
+    struct server s;
+    dir_prepare(&dm);
+    server_init(&s, &dm,
+                (const char *const[]){"eval", "get_size=echo 67108864",
+                                      "pread=dd if=/dev/zero count=$3 iflag=count_bytes "
+                                      "status=none",
+                                      "pwrite=cat >/dev/null", "can_write=exit 0",
+                                      "can_flush=exit 3", NULL});
+    server_start(&s);
+    vhostd_start(&dm, &s, "");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
+    VHD_CHECK(!vhd_blkdrv_get_info(d)->flush);
+    struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
+    uint8_t *b = vhd_blkdrv_buf_alloc(q, 4096);
+    VHD_CHECK(b != NULL);
+    fill(b, 0, 4096, 33);
+    VHD_CHECK_EQ(sync_write(q, 0, b, 4096), 0);
+    server_kill(&s);
+    server_start(&s);
+    VHD_CHECK_EQ(sync_write(q, 4096, b, 4096), 0); /* reconnects */
+    VHD_CHECK_EQ(sync_read(q, 0, b, 4096), 0);
+    VHD_CHECK(daemon_log_has(&dm, "reconnected"));
+    VHD_CHECK(!daemon_log_has(&dm, "no flush covered"));
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_end();
 }
