@@ -64,6 +64,8 @@ struct vhd_blk_io {
     uint32_t iovcnt;
     /* res: 0 on success or -errno. Called exactly once. */
     void (*complete)(struct vhd_blk_io *io, int res);
+    /* The caller's tag for ops->cancel (blk: its queue); the backend only compares it. */
+    const void *owner;
 
     /* ---- backend-private ---- */
     struct vhd_io_cb cb;        /* io_uring user_data target */
@@ -153,6 +155,19 @@ struct vhd_blk_backend_ops {
     int (*resize)(struct vhd_blk_backend *be, uint64_t size, bool force, char *err, size_t errlen);
 
     /*
+     * cancel - optional: the caller stops using worker w for the operations
+     * tagged owner (blk: a ring stop, a detach, a drain). Those the backend
+     * holds back without a request on the storage (nbd: waiting for a
+     * reconnection) complete now with -ECANCELED, and so do the ones that
+     * come back to it later for the same reason (their connection dies
+     * meanwhile), until an operation of owner is submitted again. Operations
+     * in progress on the storage complete as usual. Called on w's thread,
+     * never from inside a complete() callback; complete() may run before it
+     * returns. NULL: nothing is ever held back (uring, null, rbd).
+     */
+    void (*cancel)(struct vhd_blk_backend *be, struct vhd_worker *w, const void *owner);
+
+    /*
      * The io_uring opcodes submit() may use, as bits (1ull << IORING_OP_*):
      * the daemon restricts the workers' rings to these (vhd_rt_opts.uring_ops).
      */
@@ -199,6 +214,14 @@ static inline void vhd_blk_be_submit(struct vhd_blk_backend *be, struct vhd_work
                                      struct vhd_blk_io *io)
 {
     be->ops->submit(be, w, io);
+}
+
+/* ops->cancel when the backend has one (see there). Worker w's thread. */
+static inline void vhd_blk_be_cancel(struct vhd_blk_backend *be, struct vhd_worker *w,
+                                     const void *owner)
+{
+    if (be->ops->cancel)
+        be->ops->cancel(be, w, owner);
 }
 
 #endif /* VHD_BLK_BACKEND_H */

@@ -86,6 +86,12 @@ struct nbd_conn {
      * backend (multi-conn; without it there is only one connection).
      */
     uint64_t wr_ns, flush_ns;
+    /*
+     * ops->cancel's owner (blk: a stopping queue): its operations that come
+     * back to the waiting list complete with -ECANCELED instead, until it
+     * submits again. NULL: none.
+     */
+    const void *cancel_owner;
     struct vhd_io_cb poll_cb, remove_cb, timer_cb;
     struct __kernel_timespec ts;
     struct vhd_blk_io *wait_head, *wait_tail; /* to issue once connected */
@@ -654,6 +660,10 @@ static void finish(struct nbd_conn *c, struct vhd_blk_io *io)
 {
     if (io->lost) {
         io->stage = 0; /* the old server may have lost an unflushed write: write it again */
+        if (vhd_unlikely(c->cancel_owner && io->owner == c->cancel_owner)) {
+            io->complete(io, -ECANCELED); /* its queue stops: it cannot wait (ops->cancel) */
+            return;
+        }
         list_add(&c->wait_head, &c->wait_tail, io);
         return;
     }
@@ -931,8 +941,50 @@ static void nbd_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struct 
         return;
     }
     io->conn = c;
+    if (vhd_unlikely(c->cancel_owner) && io->owner == c->cancel_owner)
+        c->cancel_owner = NULL; /* its queue runs again */
     list_add(&c->wait_head, &c->wait_tail, io);
     conn_drive(c);
+}
+
+/*
+ * ops->cancel: operations of owner waiting for a connection on w's complete
+ * with -ECANCELED now (blk: IOERR), so a ring stop during an outage need not
+ * wait for the server; the ones on the wire stay (they complete, or come
+ * back when their connection dies and are cancelled then: finish). The
+ * connection keeps reconnecting for the other owners' operations, or waits
+ * for the next submit. Worker w.
+ */
+static void nbd_cancel(struct vhd_blk_backend *be, struct vhd_worker *w, const void *owner)
+{
+    struct nbd_be *nb = to_nb(be);
+    unsigned i = be->single_conn ? 0 : vhd_worker_index(w);
+    struct vhd_blk_io *head = NULL, *tail = NULL, *list, *io;
+    unsigned n = 0;
+
+    if (i >= VHD_RT_MAX_WORKERS || !nb->conns[i] || nb->conns[i]->w != w)
+        return; /* no connection on w: nothing waits there */
+    struct nbd_conn *c = nb->conns[i];
+    c->cancel_owner = owner;
+    list = c->wait_head;
+    c->wait_head = c->wait_tail = NULL;
+    while ((io = list) != NULL) {
+        list = io->next;
+        if (io->owner == owner)
+            list_add(&head, &tail, io);
+        else
+            list_add(&c->wait_head, &c->wait_tail, io);
+    }
+    /* Taken off the list first: complete() may submit again. */
+    while ((io = list_pop(&head, &tail)) != NULL) {
+        io->stage = 0;
+        io->complete(io, -ECANCELED);
+        n++;
+    }
+    if (n) /* a front-end stops rings at will: rate-limited */
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: %u operation%s waiting for the server cancelled (queue stops)", be->desc, n,
+                   n == 1 ? "" : "s");
 }
 
 const struct vhd_blk_backend_ops vhd_blk_backend_nbd = {
@@ -940,6 +992,7 @@ const struct vhd_blk_backend_ops vhd_blk_backend_nbd = {
     .open = nbd_open,
     .close = nbd_be_close,
     .submit = nbd_submit,
+    .cancel = nbd_cancel,
     .uring_ops =
         1ull << IORING_OP_POLL_ADD | 1ull << IORING_OP_POLL_REMOVE | 1ull << IORING_OP_TIMEOUT,
 };

@@ -556,6 +556,7 @@ static void blk_submit(struct blk_queue *bq, struct blk_req *r, uint8_t op, uint
     r->io.iov = iov;
     r->io.iovcnt = iovcnt;
     r->io.complete = blk_io_done;
+    r->io.owner = bq; /* what blk_queue_stop cancels */
     /* May complete (and recycle r) before it returns: r is not touched afterwards. */
     vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
 }
@@ -1079,7 +1080,7 @@ static int blk_set_config(struct vhd_dev *dev, const void *buf, uint32_t off, ui
  * resume, and held requests point into guest memory that may go away with
  * it (a new memory table, a stopped ring), so they complete with IOERR, as
  * under werror=report, and so do requests still in flight that fail from
- * here on. Worker.
+ * here on, and those the backend parked (blk_backend.h cancel). Worker.
  */
 static void blk_queue_stop(struct vhd_queue *q)
 {
@@ -1088,6 +1089,12 @@ static void blk_queue_stop(struct vhd_queue *q)
     if (!bq)
         return;
     bq->stopping = true; /* requests still in flight that fail are reported */
+    /*
+     * Requests the backend holds back (nbd: waiting for its server to come
+     * back) would keep the detach waiting until it times out: they complete
+     * now with IOERR, like held ones below.
+     */
+    vhd_blk_be_cancel(bq->blk->be, q->worker, bq);
     if (!bq->paused)
         return;
     if (bq->nheld) /* a front-end can stop the ring at will: rate-limited */
