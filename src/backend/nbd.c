@@ -81,11 +81,16 @@ struct nbd_conn {
      * connection (relaxed atomics: a plain 64-bit store and load).
      * wr_ns: when the last write (write, discard, write zeroes) completed
      * to the device without being durable by itself (FUA); 0: none yet.
-     * flush_ns: when the last flush that succeeded was sent. A flush covers
-     * every write completed before it was sent, on any connection of the
-     * backend (multi-conn; without it there is only one connection).
+     * flush_ns: when the last flush that succeeded was sent; flush_ready_ns:
+     * when the handle it ran on had connected (stored first; flush_ns with
+     * release, read with acquire, then flush_ready_ns). A flush covers every
+     * write completed between the two, on any connection of the backend
+     * (multi-conn; without it there is only one connection): one server
+     * instance answered on that handle all along. A write completed before
+     * the handle connected may have gone to a server that died since.
      */
-    uint64_t wr_ns, flush_ns;
+    uint64_t wr_ns, flush_ns, flush_ready_ns;
+    uint64_t ready_ns; /* when c->h connected (this worker only) */
     /*
      * ops->cancel's owner (blk: a stopping queue): its operations that come
      * back to the waiting list complete with -ECANCELED instead, until it
@@ -580,6 +585,18 @@ static void issue(struct nbd_conn *c, struct vhd_blk_io *io)
 }
 
 /*
+ * A flush of io succeeded on c's current handle (one issued on an earlier
+ * handle was lost with it and issued again): publish what it covers.
+ */
+static void flush_done(struct nbd_conn *c, const struct vhd_blk_io *io)
+{
+    if (io->issued_ns <= c->flush_ns)
+        return;
+    __atomic_store_n(&c->flush_ready_ns, c->ready_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&c->flush_ns, io->issued_ns, __ATOMIC_RELEASE);
+}
+
+/*
  * io completes successfully: keep the durability bookkeeping (nbd_conn.wr_ns,
  * flush_ns) and report a loss to a flush. Returns the result for the device.
  */
@@ -590,8 +607,7 @@ static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
     if (nb->be.no_flush || io->op == VHD_BLK_IO_READ)
         return 0; /* writes are durable when acknowledged; reads change nothing */
     if (io->op == VHD_BLK_IO_FLUSH) {
-        if (io->issued_ns > c->flush_ns)
-            __atomic_store_n(&c->flush_ns, io->issued_ns, __ATOMIC_RELAXED);
+        flush_done(c, io);
         if (vhd_unlikely(__atomic_load_n(&nb->lost_writes, __ATOMIC_RELAXED)) &&
             __atomic_exchange_n(&nb->lost_writes, 0, __ATOMIC_RELAXED)) {
             vhd_log(VHD_LOG_ERROR,
@@ -604,8 +620,8 @@ static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
     }
     if (io->op == VHD_BLK_IO_WRITE && (io->flags & VHD_BLK_IO_F_DSYNC)) {
         /* Durable by itself (FUA, or its own flush, which covers earlier writes too). */
-        if (io->stage == 1 && io->issued_ns > c->flush_ns)
-            __atomic_store_n(&c->flush_ns, io->issued_ns, __ATOMIC_RELAXED);
+        if (io->stage == 1)
+            flush_done(c, io);
         return 0;
     }
     __atomic_store_n(&c->wr_ns, vhd_now_ns(), __ATOMIC_RELAXED);
@@ -614,8 +630,8 @@ static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
 
 /*
  * c's connection is lost (c->h was ready). If some connection of the backend
- * completed a write after the last flush that succeeded (and after the last
- * check), the server may have lost it: the next flush reports it
+ * completed a write (after the last check) that no successful flush covered
+ * (nbd_conn.flush_ns), the server may have lost it: the next flush reports it
  * (nbd_be.lost_writes). The guest's data is no longer ours to write again:
  * the write completed. Any connection's loss counts for all: a restarted
  * server drops every connection's unflushed writes, and a connection that
@@ -624,21 +640,27 @@ static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
 static void loss_check(struct nbd_conn *c)
 {
     struct nbd_be *nb = c->nb;
-    uint64_t covered = __atomic_load_n(&nb->checked_ns, __ATOMIC_RELAXED);
+    uint64_t checked = __atomic_load_n(&nb->checked_ns, __ATOMIC_RELAXED);
     bool lost = false;
 
     if (nb->be.no_flush)
         return;
-    for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
-        struct nbd_conn *x = __atomic_load_n(&nb->conns[i], __ATOMIC_ACQUIRE);
-        uint64_t f = x ? __atomic_load_n(&x->flush_ns, __ATOMIC_RELAXED) : 0;
-        if (f > covered)
-            covered = f;
-    }
-    for (unsigned i = 0; i < VHD_RT_MAX_WORKERS; i++) {
-        struct nbd_conn *x = __atomic_load_n(&nb->conns[i], __ATOMIC_ACQUIRE);
-        uint64_t w = x ? __atomic_load_n(&x->wr_ns, __ATOMIC_RELAXED) : 0;
-        lost |= w && w >= covered;
+    /* Quadratic in the connections, at most VHD_RT_MAX_WORKERS: only when one is lost. */
+    for (unsigned i = 0; i < VHD_RT_MAX_WORKERS && !lost; i++) {
+        struct nbd_conn *y = __atomic_load_n(&nb->conns[i], __ATOMIC_ACQUIRE);
+        uint64_t w = y ? __atomic_load_n(&y->wr_ns, __ATOMIC_RELAXED) : 0;
+        if (!w || w < checked)
+            continue; /* no write, or accounted for by an earlier check */
+        bool covered = false;
+        for (unsigned k = 0; k < VHD_RT_MAX_WORKERS && !covered; k++) {
+            struct nbd_conn *x = __atomic_load_n(&nb->conns[k], __ATOMIC_ACQUIRE);
+            if (!x)
+                continue;
+            uint64_t f = __atomic_load_n(&x->flush_ns, __ATOMIC_ACQUIRE);
+            uint64_t r = __atomic_load_n(&x->flush_ready_ns, __ATOMIC_RELAXED);
+            covered = r <= w && w < f;
+        }
+        lost = !covered;
     }
     __atomic_store_n(&nb->checked_ns, vhd_now_ns(), __ATOMIC_RELAXED);
     if (lost) {
@@ -827,6 +849,7 @@ static void conn_drive(struct nbd_conn *c)
                 if (c->ever_ready)
                     vhd_log(VHD_LOG_INFO, "%s: reconnected", c->nb->be.desc);
                 c->state = CS_READY;
+                c->ready_ns = vhd_now_ns();
                 c->ever_ready = true;
                 c->down_logged = false;
                 c->backoff_ms = 0;

@@ -1128,3 +1128,41 @@ VHD_TEST(nbd_ring_stop_during_outage)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     test_end();
 }
+
+/*
+ * Multi-conn (two queues, two workers, a connection each): queue 0 writes,
+ * the server restarts, queue 1's worker connects for the first time and
+ * flushes: that flush reached the new server, which never saw the write, so
+ * it does not cover it. When queue 0's connection finds itself lost, the
+ * next flush fails once. (A flush on any connection used to count as
+ * covering every earlier write, and the loss went unreported.)
+ */
+VHD_TEST(nbd_multi_conn_lost_writes)
+{
+    struct daemon dm;
+    struct server s;
+    dir_prepare(&dm);
+    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
+    server_start(&s);
+    vhostd_start(&dm, &s, "queues=2");
+
+    struct vhd_blkdrv *d = drv_connect(dm.sock, 2);
+    struct vhd_blkdrv_queue *q0 = vhd_blkdrv_get_queue(d, 0), *q1 = vhd_blkdrv_get_queue(d, 1);
+    uint8_t *b0 = vhd_blkdrv_buf_alloc(q0, 65536), *b1 = vhd_blkdrv_buf_alloc(q1, 4096);
+    VHD_CHECK(b0 && b1);
+    fill(b0, 0, 65536, 36);
+    VHD_CHECK_EQ(sync_write(q0, 0, b0, 65536), 0);
+    server_kill(&s);
+    server_start(&s);
+    int first = sync_flush(q1); /* a new connection: it cannot vouch for queue 0's write */
+    VHD_CHECK_EQ(sync_read(q0, 0, b0, 65536), 0); /* queue 0's connection finds itself lost */
+    if (first == 0)
+        VHD_CHECK_EQ(sync_flush(q1), -EIO);
+    else
+        VHD_CHECK_EQ(first, -EIO);
+    VHD_CHECK_EQ(sync_flush(q1), 0);
+    VHD_CHECK_EQ(sync_flush(q0), 0);
+    vhd_blkdrv_disconnect(d);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    test_end();
+}
