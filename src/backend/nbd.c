@@ -94,7 +94,8 @@ struct nbd_conn {
     /*
      * ops->cancel's owner (blk: a stopping queue): its operations that come
      * back to the waiting list complete with -ECANCELED instead, until it
-     * submits again. NULL: none.
+     * submits again. NULL: none. One is enough: the control thread stops
+     * queues one after another, each stop waiting for all its requests.
      */
     const void *cancel_owner;
     struct vhd_io_cb poll_cb, remove_cb, timer_cb;
