@@ -1037,9 +1037,9 @@ VHD_TEST(prometheus_parser)
         "# TYPE a counter\n# TYPE a gauge\na 1\n", /* TYPE twice */
         "# TYPE a countr\na 1\n",                  /* unknown type */
         "# TYPE a counter\na{x=\"1\"} one\n",      /* not a number */
-        "# TYPE a counter\na{x=\"1\",} 1\n"
-        "\n",                             /* an empty line */
-        "# TYPE a counter\na{x=\"1\"} 1", /* no final newline */
+        ("# TYPE a counter\na{x=\"1\",} 1\n"       /* a valid line (trailing comma allowed) */
+         "\n"),                                    /* then an empty line */
+        "# TYPE a counter\na{x=\"1\"} 1",          /* no final newline */
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         fflush(NULL);
