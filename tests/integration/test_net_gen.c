@@ -147,10 +147,11 @@ static uint32_t receive_generated(struct vhd_netdrv *d, uint32_t pi, unsigned co
 #define RX_PASS 16u
 
 /*
- * Send count frames on pair pi, up to burst per call, and wait until the device
- * has used all of them; between bursts take up to RX_PASS received frames
- * (none may be ours). rx_us > 0: a slow receiver, rx_us of work per frame
- * taken (the generator then always keeps up with it).
+ * Send count frames on pair pi, up to burst per call, and wait until the
+ * device has used all of them (failing after WAIT_MS with no frame sent or
+ * used); between bursts take up to RX_PASS received frames (none may be
+ * ours). rx_us > 0: a slow receiver, rx_us of work per frame taken (the
+ * generator then always keeps up with it).
  */
 static void send_and_reap(struct vhd_netdrv *d, uint32_t pi, unsigned count, unsigned burst,
                           unsigned rx_us)
@@ -168,14 +169,18 @@ static void send_and_reap(struct vhd_netdrv *d, uint32_t pi, unsigned count, uns
     for (unsigned i = 0; i < burst; i++)
         f[i] = (struct iovec){frame, sizeof(frame)};
     for (;;) {
+        int rc = 0;
         if (sent < count) {
-            int rc = vhd_netdrv_tx_burst(p, f, count - sent < burst ? count - sent : burst);
+            rc = vhd_netdrv_tx_burst(p, f, count - sent < burst ? count - sent : burst);
             VHD_CHECK(rc >= 0);
             sent += (unsigned)rc;
         }
-        VHD_CHECK(vhd_netdrv_tx_reap(p) >= 0);
+        int reaped = vhd_netdrv_tx_reap(p);
+        VHD_CHECK(reaped >= 0);
         if (sent == count && vhd_netdrv_tx_inflight(p) == 0)
             break;
+        if (rc > 0 || reaped > 0)
+            t0 = ms_now(); /* WAIT_MS is per completion, not for the whole count */
         uint8_t got[2048];
         for (unsigned k = 0; k < RX_PASS; k++) {
             int n = vhd_netdrv_rx_copy(p, got, sizeof(got));
@@ -188,8 +193,8 @@ static void send_and_reap(struct vhd_netdrv *d, uint32_t pi, unsigned count, uns
                 ;
         }
         if (ms_now() - t0 > WAIT_MS) {
-            fprintf(stderr, "  pair %u: %u sent, %u still in flight\n", pi, sent,
-                    vhd_netdrv_tx_inflight(p));
+            fprintf(stderr, "  pair %u: %u sent, %u still in flight, no progress for %d ms\n", pi,
+                    sent, vhd_netdrv_tx_inflight(p), WAIT_MS);
             VHD_CHECK(!"transmit not completed");
         }
     }
