@@ -904,9 +904,11 @@ static int threads_pending(pid_t self, uint64_t keep, int *unreachable, char *na
 }
 
 /*
- * Run caps_drop_self on every other thread of the process and wait (2 s at
- * most) until each has dropped. A thread that blocks the signal for good
- * (librbd's threads block every signal) cannot be reached: it keeps its
+ * Run caps_drop_self on every other thread of the process and wait until
+ * each has dropped: 10 s at most (a loaded machine, or a sanitizer that
+ * defers signals, can keep a thread from running its handler for seconds;
+ * the wait ends as soon as all have). A thread that blocks the signal for
+ * good (librbd's threads block every signal) cannot be reached: it keeps its
  * capabilities and is named in a warning; one that does not block it and
  * still holds them after the wait, or a failed drop, is an error. Control
  * thread, before the seccomp filter (it forbids tgkill).
@@ -941,7 +943,7 @@ static int caps_drop_other_threads(uint64_t keep, char *err, size_t errlen)
             vhd_log(VHD_LOG_WARN, "sandbox: tgkill %d: %s", (int)tid, strerror(errno));
     }
     closedir(dir);
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < 10000; i++) {
         pending = threads_pending(self, keep, &unreachable, NULL, 0);
         /*
          * A thread that has not run yet still has the all-blocked mask
