@@ -305,6 +305,9 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     RPC_ARG_MASKED(ioctl, 1, INT_BITS, BLKPBSZGET, "add: a block device's physical block size"),
     RPC_ARG_MASKED(lseek, 2, INT_BITS, SEEK_DATA,
                    "resize: is there data past a shrunk image's new end"),
+    RPC_ARG_MASKED(lseek, 2, INT_BITS, SEEK_SET,
+                   "add: glibc's files NSS module rewinds /etc/passwd, /etc/group"),
+    RPC_ARG_MASKED(lseek, 2, INT_BITS, SEEK_CUR, "add: stdio's ftell on the NSS files it reads"),
     RPC_ANY(getrandom, "json-c seeds its hash tables at the first request"),
     RPC_ARG_MASKED(ioctl, 1, INT_BITS, TUNSETIFF,
                    "add net tap: attach to the interface (creating one needs CAP_NET_ADMIN)"),
@@ -521,40 +524,81 @@ static int resolve_user(const char *user, uid_t *uid, gid_t *gid)
     return 0;
 }
 
-/* A group name or GID. 0 or -errno. */
+/*
+ * A decimal id in text (the whole of it), or -1. Ids are parsed before any
+ * name lookup: a number needs no database (and under the --rpc filter, a
+ * lookup is a risk of its own: warm_nss).
+ */
+static long long parse_id(const char *text)
+{
+    char *end;
+
+    if (!text[0] || text[0] < '0' || text[0] > '9')
+        return -1;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (*end || errno || v > (unsigned long long)(uid_t)-2)
+        return -1;
+    return (long long)v;
+}
+
+/* A GID or group name. 0 or -errno. */
 static int resolve_group(const char *name, gid_t *gid)
 {
-    char buf[16384], *end;
+    char buf[16384];
     struct group gr, *res = NULL;
+    long long id = parse_id(name);
 
+    if (id >= 0) {
+        *gid = (gid_t)id;
+        return 0;
+    }
     if (getgrnam_r(name, &gr, buf, sizeof(buf), &res) == 0 && res) {
         *gid = res->gr_gid;
         return 0;
     }
-    errno = 0;
-    unsigned long g = strtoul(name, &end, 10);
-    if (end == name || *end || errno || g > (gid_t)-2)
-        return -ENOENT;
-    *gid = (gid_t)g;
-    return 0;
+    return -ENOENT;
 }
 
-/* A user name or UID (a name's own uid, not its group). 0 or -errno. */
+/* A UID or user name (a name's own uid, not its group). 0 or -errno. */
 static int resolve_uid(const char *name, uid_t *uid)
 {
-    char buf[16384], *end;
+    char buf[16384];
     struct passwd pw, *res = NULL;
+    long long id = parse_id(name);
 
+    if (id >= 0) {
+        *uid = (uid_t)id;
+        return 0;
+    }
     if (getpwnam_r(name, &pw, buf, sizeof(buf), &res) == 0 && res) {
         *uid = res->pw_uid;
         return 0;
     }
-    errno = 0;
-    unsigned long u = strtoul(name, &end, 10);
-    if (end == name || *end || errno || u > (uid_t)-2)
-        return -ENOENT;
-    *uid = (uid_t)u;
-    return 0;
+    return -ENOENT;
+}
+
+/*
+ * With --rpc, an add's socket-group=/allow-uid=/allow-gid= names are looked
+ * up under the filter. glibc loads an NSS module (nsswitch.conf: "files
+ * systemd") the first time a database needs it, with mmap(PROT_EXEC), which
+ * the filter forbids: look up a present and a missing name of each database
+ * now, so every module of both chains is loaded. What the loaded modules do
+ * per lookup (open and read /etc/passwd, lseek, a Unix socket to
+ * systemd-userdb) has rows. Before the filter; 0 always (a failed lookup is
+ * what warms a chain).
+ */
+static void warm_nss(void)
+{
+    char buf[16384];
+    struct passwd pw, *pres;
+    struct group gr, *gres;
+    static const char *const names[] = {"root", "vhostd-nss-warm-up-no-such-name"};
+
+    for (int i = 0; i < 2; i++) {
+        (void)getpwnam_r(names[i], &pw, buf, sizeof(buf), &pres);
+        (void)getgrnam_r(names[i], &gr, buf, sizeof(buf), &gres);
+    }
 }
 
 int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpoint_access *out,
@@ -1025,6 +1069,8 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
         return rc;
     if (o->mode != VHD_SANDBOX_OFF)
         sanitizer_before_filter();
+    if (o->rpc && o->mode != VHD_SANDBOX_OFF)
+        warm_nss();
     unsigned flags = (o->client_mode ? VHD_SANDBOX_F_CLIENT : 0) | (o->nbd ? VHD_SANDBOX_F_NBD : 0);
     if (o->rpc) /* a device added later may be in client mode or on nbd */
         flags |= VHD_SANDBOX_F_RPC | VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD;

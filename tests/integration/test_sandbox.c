@@ -2019,3 +2019,66 @@ VHD_TEST(daemon_with_rpc_dies_on_forbidden_syscall)
         daemon_cleanup(&d);
     }
 }
+
+/* Whether the daemon is still running (not reaped, no exit pending). */
+static bool daemon_alive(struct daemon_run *d)
+{
+    int st;
+    pid_t r = waitpid(d->pid, &st, WNOHANG);
+    if (r == d->pid) {
+        char desc[64];
+        fprintf(stderr, "  vhostd: %s\n", describe(st, desc, sizeof(desc)));
+        d->pid = -1;
+        daemon_dump_log(d);
+        return false;
+    }
+    return r == 0;
+}
+
+/*
+ * With --rpc and the filter on, an add's socket-group=, allow-uid= and
+ * allow-gid= resolve names and numbers (the files database, a name missing
+ * from it: other NSS modules) without killing the daemon.
+ */
+VHD_TEST(daemon_with_rpc_resolves_access_ids_under_filter)
+{
+    if (geteuid() != 0)
+        vhd_test_skip("socket-group=root needs root");
+    struct daemon_run d;
+    char params[1024];
+    daemon_start_rpc(&d, "on", NULL);
+    static const char *const access[] = {
+        "socket-group=root", "socket-group=0",   "allow-uid=0",       "allow-uid=root",
+        "allow-gid=root",    "allow-gid=0:root", "allow-uid=0:65534",
+    };
+    for (size_t i = 0; i < sizeof(access) / sizeof(access[0]); i++) {
+        snprintf(params, sizeof(params),
+                 "{\"kind\":\"blk\",\"spec\":\"socket=%s/a%zu.sock,backend=null,size=1M,%s,"
+                 "name=a%zu\"}",
+                 d.dir, i, access[i], i);
+        char want[64];
+        snprintf(want, sizeof(want), "\"result\":{\"name\":\"a%zu\"}", i);
+        const char *ans = rpc_call(&d, "device.add", params);
+        VHD_CHECK(daemon_alive(&d));
+        CHECK_ANSWER(ans, want);
+    }
+    /* Names no database has: refused with a reason, the daemon lives. */
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/m.sock,backend=null,size=1M,"
+             "allow-gid=vhd-no-such-group,name=m\"}",
+             d.dir);
+    const char *ans = rpc_call(&d, "device.add", params);
+    VHD_CHECK(daemon_alive(&d));
+    CHECK_ANSWER(ans, "no such group");
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/m.sock,backend=null,size=1M,"
+             "allow-uid=vhd-no-such-user,name=m\"}",
+             d.dir);
+    ans = rpc_call(&d, "device.add", params);
+    VHD_CHECK(daemon_alive(&d));
+    CHECK_ANSWER(ans, "no such user");
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    int st = daemon_wait(&d, TIMEOUT_MS);
+    VHD_CHECK(exited_ok(st));
+    daemon_cleanup(&d);
+}
