@@ -33,6 +33,7 @@ struct daemon {
     char **argv;
     int ndev;
     struct vhd_device *dev[VHD_OPT_MAX_DEVICES];
+    bool started; /* the command line's devices exist: any add now is a runtime one */
 };
 
 static void on_signal(void *opaque, uint32_t events)
@@ -155,12 +156,21 @@ static int blk_config(struct daemon *d, const struct vhd_opt_blk *b, struct vhd_
         .user = b->user,
         .snap = b->snap,
     };
-    /* The command line is checked as a whole (options.c); an RPC add comes here alone. */
+    /*
+     * The command line is checked as a whole (options.c); an add after
+     * start-up (a connection's, a SIGHUP reload's) comes here alone, and
+     * will run under the filter.
+     */
     if (!strcmp(b->backend, "rbd") && d->opts.sandbox != VHD_OPT_SANDBOX_OFF) {
         snprintf(err, errlen,
                  "backend=rbd needs --sandbox off (librados connects to the Ceph "
                  "cluster from its own threads at any time)");
         return -EPERM;
+    }
+    if (d->started && d->opts.sandbox != VHD_OPT_SANDBOX_OFF) {
+        int rc = vhd_sandbox_check_runtime_blk(b, err, errlen);
+        if (rc < 0)
+            return rc;
     }
     *out = c;
     return vhd_sandbox_resolve_access(&b->access, &out->dev.endpoint.access, err, errlen);
@@ -186,10 +196,7 @@ static int open_blk(void *opaque, const struct vhd_opt_blk *b, vhd_device_open_f
 {
     struct daemon *d = opaque;
     struct vhd_blk_config c;
-    int rc =
-        d->opts.sandbox == VHD_OPT_SANDBOX_OFF ? 0 : vhd_sandbox_check_runtime_blk(b, err, errlen);
-    if (rc == 0)
-        rc = blk_config(d, b, &c, err, errlen);
+    int rc = blk_config(d, b, &c, err, errlen);
     return rc < 0 ? rc : vhd_blk_device_open(d->ctx, &c, done, done_opaque, err, errlen);
 }
 
@@ -429,6 +436,7 @@ int main(int argc, char **argv)
     }
     if (create_devices(&d) < 0)
         goto fail;
+    d.started = true;
     /* The RPC socket last: once it exists, every device of the command line does. */
     if (d.rpc && vhd_rpc_listen(d.rpc, d.opts.rpc, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: %s\n", err);

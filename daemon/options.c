@@ -1127,6 +1127,12 @@ int vhd_options_parse(struct vhd_options *o, int argc, char **argv, char *err, s
                         "device %s: an NBD URI with TLS (%s) needs --sandbox off: workers read "
                         "certificates when they connect",
                         o->blk[i].name, o->blk[i].uri);
+    /* A worker reconnects to a vsock server with a socket the filter has no row for. */
+    for (int i = 0; i < o->nblk; i++)
+        if (o->blk[i].uri && !strncmp(o->blk[i].uri, "nbd+vsock:", 10) &&
+            o->sandbox != VHD_OPT_SANDBOX_OFF)
+            return fail(err, errlen, "device %s: an NBD server over vsock (%s) needs --sandbox off",
+                        o->blk[i].name, o->blk[i].uri);
     /*
      * librados' threads open sockets to the monitors and OSDs whenever they
      * need them, long after setup: the syscall filter would kill vhostd.

@@ -15,6 +15,8 @@
 #include <linux/if_tun.h>
 #include <linux/securebits.h>
 #include <arpa/inet.h>
+#include <libxml/uri.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pwd.h>
@@ -636,40 +638,66 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpo
     return 0;
 }
 
+/*
+ * Whether server (an NBD URI's host, as libxml2 decoded it) is an address
+ * given as such: [IPv6] or what getaddrinfo takes with AI_NUMERICHOST. No
+ * lookup happens either way.
+ */
+static bool numeric_host(const char *server)
+{
+    char host[INET6_ADDRSTRLEN + 2];
+    struct addrinfo hints = {.ai_flags = AI_NUMERICHOST, .ai_family = AF_UNSPEC}, *ai = NULL;
+    size_t n = strlen(server);
+
+    if (!n || n >= sizeof(host))
+        return false;
+    if (server[0] == '[') { /* an IPv6 literal: libnbd strips the brackets */
+        if (n < 3 || server[n - 1] != ']')
+            return false;
+        memcpy(host, server + 1, n - 2);
+        host[n - 2] = '\0';
+        hints.ai_family = AF_INET6;
+    } else {
+        memcpy(host, server, n + 1);
+        hints.ai_family = AF_INET;
+    }
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return false;
+    freeaddrinfo(ai);
+    return true;
+}
+
 int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen)
 {
-    static const char scheme[] = "nbd://";
     const char *uri = b->uri;
-    char host[64];
+    int rc = 0;
 
     if (!uri || strcmp(b->backend, "nbd"))
         return 0;
-    if (!strncmp(uri, "nbds", 4))
-        return set_err(err, errlen, -EPERM,
-                       "an NBD URI with TLS (%s) needs --sandbox off: workers read certificates "
-                       "when they connect",
-                       uri);
-    if (strncmp(uri, scheme, sizeof(scheme) - 1))
-        return 0; /* nbd+unix: a socket path */
-    const char *h = uri + sizeof(scheme) - 1;
-    size_t n = strcspn(h, ":/?#@");
-    struct in_addr a4;
-    bool numeric = false;
-    if (h[0] == '[') { /* an IPv6 literal */
-        numeric = true;
-        n = strcspn(h, "]@");
-    } else if (n && n < sizeof(host)) {
-        memcpy(host, h, n);
-        host[n] = '\0';
-        numeric = inet_pton(AF_INET, host, &a4) == 1;
-    }
-    if (!numeric || h[n] == '@')
-        return set_err(err, errlen, -EPERM,
-                       "%s: under the sandbox, an NBD server added at runtime is given by its "
-                       "address (nbd://127.0.0.1/..., nbd://[::1]/...) or a Unix socket: resolving "
-                       "a host name needs calls the filter forbids (or --sandbox off)",
-                       uri);
-    return 0;
+    /* libnbd parses the URI with libxml2 too: both read the same scheme, user and host. */
+    xmlURIPtr u = xmlParseURI(uri);
+    if (!u)
+        return set_err(err, errlen, -EPERM, "%s: not a URI libnbd can read", uri);
+    if (u->scheme && !strcmp(u->scheme, "nbds"))
+        rc = set_err(err, errlen, -EPERM,
+                     "an NBD URI with TLS (%s) needs --sandbox off: workers read certificates "
+                     "when they connect",
+                     uri);
+    else if (!u->scheme || (strcmp(u->scheme, "nbd") && strcmp(u->scheme, "nbd+unix")))
+        rc = set_err(err, errlen, -EPERM,
+                     "%s: under the sandbox, an NBD server added at runtime is reached by "
+                     "nbd:// (TCP) or nbd+unix:// only (vsock, TLS: --sandbox off)",
+                     uri);
+    else if (u->user)
+        rc = set_err(err, errlen, -EPERM, "%s: an NBD URI with user information is refused", uri);
+    else if (!strcmp(u->scheme, "nbd") && (!u->server || !numeric_host(u->server)))
+        rc = set_err(err, errlen, -EPERM,
+                     "%s: under the sandbox, an NBD server added at runtime is given by its "
+                     "address (nbd://127.0.0.1/..., nbd://[::1]/...) or a Unix socket: resolving "
+                     "a host name needs calls the filter forbids (or --sandbox off)",
+                     uri);
+    xmlFreeURI(u);
+    return rc;
 }
 
 /*

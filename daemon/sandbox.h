@@ -58,11 +58,14 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpo
                                char *err, size_t errlen);
 
 /*
- * vhd_sandbox_check_runtime_blk - may blk device b be added at runtime
- * (--rpc) under the seccomp filter? An NBD URI must name its server by an
- * address or a Unix socket: resolving a host name (netlink, DNS over UDP)
- * and TLS (certificates read by the workers) need calls the filter forbids,
- * and would kill vhostd. 0, or -EPERM with a one-line reason in err.
+ * vhd_sandbox_check_runtime_blk - may blk device b be added after start-up
+ * (a --rpc add, a SIGHUP reload's) under the seccomp filter? The URI is read
+ * with libxml2's parser, as libnbd reads it: only nbd:// and nbd+unix://, no
+ * user information, and an nbd:// server given by its address (what
+ * getaddrinfo takes with AI_NUMERICHOST, or [IPv6]): resolving a host name
+ * (netlink, DNS over UDP), vsock and TLS (certificates read by the workers)
+ * need calls the filter forbids, and would kill vhostd. 0, or -EPERM with a
+ * one-line reason in err.
  */
 struct vhd_opt_blk;
 int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen);
