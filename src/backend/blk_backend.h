@@ -168,6 +168,15 @@ struct vhd_blk_backend_ops {
     void (*cancel)(struct vhd_blk_backend *be, struct vhd_worker *w, const void *owner);
 
     /*
+     * resize_check - optional: would resize(size, force) refuse now (a
+     * read-only image, a block device, data past size unless force)? 0, or
+     * what resize would return, with its reason in err; changes nothing.
+     * The device asks before a shrink lowers its capacity. Control thread.
+     */
+    int (*resize_check)(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
+                        size_t errlen);
+
+    /*
      * The io_uring opcodes submit() may use, as bits (1ull << IORING_OP_*):
      * the daemon restricts the workers' rings to these (vhd_rt_opts.uring_ops).
      */

@@ -791,8 +791,8 @@ static void uring_submit(struct vhd_blk_backend *be, struct vhd_worker *w, struc
  * allocated data (SEEK_DATA finds some past the new end) needs force. A
  * block device's size is its own: -ENOTSUP.
  */
-static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
-                        size_t errlen)
+static int uring_resize_check(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
+                              size_t errlen)
 {
     struct uring_be *ub = to_ub(be);
 
@@ -809,6 +809,17 @@ static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, c
                             "it (force to do it anyway)",
                             (unsigned long long)size, (long long)data);
     }
+    return 0;
+}
+
+static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, char *err,
+                        size_t errlen)
+{
+    struct uring_be *ub = to_ub(be);
+    int rc = uring_resize_check(be, size, force, err, errlen);
+
+    if (rc < 0)
+        return rc;
     if (ftruncate(ub->fd, (off_t)size) < 0)
         return vhd_errf(err, errlen, -errno, "cannot resize the image to %llu bytes: %s",
                         (unsigned long long)size, strerror(errno));
@@ -818,6 +829,7 @@ static int uring_resize(struct vhd_blk_backend *be, uint64_t size, bool force, c
 
 const struct vhd_blk_backend_ops vhd_blk_backend_uring = {
     .resize = uring_resize,
+    .resize_check = uring_resize_check,
     .name = "uring",
     .open = uring_open,
     .close = uring_close,

@@ -19,6 +19,7 @@
 
 #include "blk.h"
 #include "backend/blk_backend.h"
+#include "core/race.h"
 #include "util/bits.h"
 #include "util/clock.h"
 #include "util/compiler.h"
@@ -557,6 +558,7 @@ static void blk_submit(struct blk_queue *bq, struct blk_req *r, uint8_t op, uint
     r->io.iovcnt = iovcnt;
     r->io.complete = blk_io_done;
     r->io.owner = bq; /* what blk_queue_stop cancels */
+    VHD_RACE_POINT("blk_submit"); /* a test holds an admitted request here (test_storage) */
     /* May complete (and recycle r) before it returns: r is not touched afterwards. */
     vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
 }
@@ -1423,32 +1425,51 @@ uint64_t vhd_blk_capacity(const struct vhd_dev *dev)
     return to_cblk(dev)->capacity;
 }
 
+#ifdef VHD_TEST_RACE_HOOKS
+#define BLK_RESIZE_WAIT_MS 1000 /* a test's own copy: its held request times a shrink out sooner \
+                                 */
+#else
 #define BLK_RESIZE_WAIT_MS 5000
+#endif
 
-/*
- * After capacity was lowered: bump the size epoch and wait until every
- * running queue's requests of the previous epoch are pushed (blk_pin says
- * why none can slip past). Requests held by a stop policy are not waited
- * for: their retry checks the range again. -ETIMEDOUT after
- * BLK_RESIZE_WAIT_MS. Control thread (which owns q->priv's lifetime).
+/* Wait until no running queue counts a request in parity p, until deadline (ns). 0 or -ETIMEDOUT.
  */
-static int blk_quiesce_old_epoch(struct vhd_blk *blk)
+static int blk_drain_parity(struct vhd_blk *blk, unsigned p, uint64_t deadline)
 {
-    uint32_t e = blk->size_epoch;
-    vhd_smp_mb();
-    vhd_store_release(&blk->size_epoch, e + 1);
-    vhd_smp_mb();
-    uint64_t t0 = vhd_now_ns();
     for (uint32_t q = 0; q < blk->dev.num_queues; q++) {
         const struct blk_queue *bq = blk->dev.queues[q].priv;
-        while (bq && vhd_load_relaxed(&bq->in_epoch[e & 1]) != 0) {
-            if (vhd_now_ns() - t0 > (uint64_t)BLK_RESIZE_WAIT_MS * 1000000)
+        while (bq && vhd_load_relaxed(&bq->in_epoch[p]) != 0) {
+            if (vhd_now_ns() > deadline)
                 return -ETIMEDOUT;
             struct timespec ts = {0, 100000};
             nanosleep(&ts, NULL);
         }
     }
     return 0;
+}
+
+/*
+ * After capacity was lowered: wait until every running queue's requests
+ * admitted under an older capacity are pushed (blk_pin says why none can
+ * slip past). Both parities: the other one first (no request is admitted
+ * into it now; it holds what an earlier shrink that timed out left, whose
+ * epoch stayed bumped), then the epoch is bumped and the current one
+ * drains. Requests held by a stop policy are not waited for: their retry
+ * checks the range again. -ETIMEDOUT after BLK_RESIZE_WAIT_MS (the epoch
+ * may stay bumped: the next shrink waits for both parities again). Control
+ * thread (which owns q->priv's lifetime).
+ */
+static int blk_quiesce_old_epoch(struct vhd_blk *blk)
+{
+    uint64_t deadline = vhd_now_ns() + (uint64_t)BLK_RESIZE_WAIT_MS * 1000000;
+    uint32_t e = blk->size_epoch;
+    vhd_smp_mb();
+    int rc = blk_drain_parity(blk, (e + 1) & 1, deadline);
+    if (rc < 0)
+        return rc;
+    vhd_store_release(&blk->size_epoch, e + 1);
+    vhd_smp_mb();
+    return blk_drain_parity(blk, e & 1, deadline);
 }
 
 int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
@@ -1466,6 +1487,17 @@ int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, s
         return -ENOTSUP;
     }
     uint64_t cap = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
+    /*
+     * Shrinking: what the backend would refuse (data past the new end, a
+     * read-only image) is refused before the capacity drops, so the guest's
+     * I/O past the new end goes on meanwhile; the backend's resize checks
+     * again after the wait.
+     */
+    if (bytes < old && blk->be->ops->resize_check) {
+        int rc = blk->be->ops->resize_check(blk->be, bytes, force, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
     /*
      * Shrinking: requests past the new end are refused before the storage
      * goes, and those admitted under the old capacity finish first.

@@ -1029,3 +1029,167 @@ VHD_TEST(api_shrink_while_held)
     vhd_ctx_destroy(ctx);
     test_done();
 }
+
+/* ======================= shrinking under a request in flight ======================= */
+
+/*
+ * This program's own copy of src/dev/blk.c has its race points on (race.h):
+ * the hook holds the next request that reaches "blk_submit" (admitted,
+ * counted in its size epoch, not yet given to the backend) until released.
+ */
+void (*vhd_race_hook)(const char *point);
+enum { HOLD_IDLE, HOLD_ARMED, HOLD_HOLDING, HOLD_RELEASED };
+static int hold_state;
+
+static void hold_hook(const char *point)
+{
+    int armed = HOLD_ARMED;
+    if (strcmp(point, "blk_submit") ||
+        !__atomic_compare_exchange_n(&hold_state, &armed, HOLD_HOLDING, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return;
+    uint64_t t0 = ms_now();
+    while (__atomic_load_n(&hold_state, __ATOMIC_ACQUIRE) == HOLD_HOLDING &&
+           ms_now() - t0 < 3 * WAIT_MS)
+        usleep(1000);
+}
+
+struct api_writer {
+    const char *sock;
+    uint32_t blk;
+    int ret;       /* the write's result; 1 until it completed */
+    bool finished; /* (atomic) the thread is done */
+};
+
+static void *api_writer_main(void *arg)
+{
+    struct api_writer *a = arg;
+    struct writer w = {0};
+    writer_connect(&w, a->sock, 0);
+    fill(w.s[0][0].buf, a->blk, 7);
+    a->ret = 1;
+    if (vhd_blkdrv_submit_write(w.q, (uint64_t)a->blk * BS, w.s[0][0].buf, BS, NULL) == 0) {
+        struct vhd_blkdrv_completion c;
+        if (vhd_blkdrv_wait(w.q, &c, 1, 3 * WAIT_MS) == 1)
+            a->ret = c.ret;
+    }
+    vhd_blkdrv_disconnect(w.d);
+    __atomic_store_n(&a->finished, true, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/* A device on dm's image, started on ctx, with one write of block b held in flight. */
+static struct vhd_device *held_write_start(struct daemon *dm, struct vhd_ctx **ctx,
+                                           struct api_writer *a, pthread_t *th, uint32_t b)
+{
+    struct vhd_ctx_config cc;
+    vhd_ctx_config_init(&cc);
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, ctx), 0);
+    struct vhd_blk_config c = {.dev = {.name = "hold", .endpoint = {.path = dm->sock}},
+                               .image = dm->img};
+    struct vhd_device *dev;
+    char err[256];
+    VHD_CHECK_EQ(vhd_blk_device_new(*ctx, &c, &dev, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    vhd_race_hook = hold_hook;
+    __atomic_store_n(&hold_state, HOLD_ARMED, __ATOMIC_RELEASE);
+    *a = (struct api_writer){.sock = dm->sock, .blk = b};
+    VHD_CHECK_EQ(pthread_create(th, NULL, api_writer_main, a), 0);
+    uint64_t t0 = ms_now();
+    while (__atomic_load_n(&hold_state, __ATOMIC_ACQUIRE) != HOLD_HOLDING) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(*ctx, 10) >= 0);
+    }
+    return dev;
+}
+
+static void held_write_finish(struct vhd_ctx *ctx, struct api_writer *a, pthread_t th)
+{
+    __atomic_store_n(&hold_state, HOLD_RELEASED, __ATOMIC_RELEASE);
+    uint64_t t0 = ms_now();
+    while (!__atomic_load_n(&a->finished, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(ms_now() - t0 < 3 * WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    VHD_CHECK_EQ(pthread_join(th, NULL), 0);
+    vhd_race_hook = NULL;
+    __atomic_store_n(&hold_state, HOLD_IDLE, __ATOMIC_RELEASE);
+}
+
+static off_t file_size(const char *path)
+{
+    struct stat st;
+    VHD_CHECK_EQ(stat(path, &st), 0);
+    return st.st_size;
+}
+
+/*
+ * A write of the last block held in flight: a shrink times out (nothing
+ * changes); a second shrink must wait for it too (time out again), never
+ * cut the image under it: once released, the image is not longer than a
+ * shrink that returned 0 made it.
+ */
+VHD_TEST(api_shrink_after_timed_out_shrink)
+{
+    struct daemon dm; /* only its dir, image and socket path: no daemon runs */
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    struct vhd_ctx *ctx;
+    struct api_writer a;
+    pthread_t th;
+    struct vhd_device *dev = held_write_start(&dm, &ctx, &a, &th, NBLK - 1);
+    char err[256];
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, IMG_SIZE / 2, true, err, sizeof(err)), -ETIMEDOUT);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), IMG_SIZE);
+    int rc = vhd_blk_device_resize(dev, IMG_SIZE / 2, true, err, sizeof(err));
+    held_write_finish(ctx, &a, th);
+    if (rc == 0) { /* it did not wait: the write landed past the new end */
+        fprintf(stderr, "  second shrink: 0; image now %lld bytes\n", (long long)file_size(dm.img));
+        VHD_CHECK(file_size(dm.img) <= (off_t)IMG_SIZE / 2);
+    }
+    VHD_CHECK_EQ(rc, -ETIMEDOUT);
+    VHD_CHECK_EQ(a.ret, 0); /* nothing changed under it */
+    VHD_CHECK_EQ(file_size(dm.img), (off_t)IMG_SIZE);
+    /* Drained: the shrink goes through now. */
+    VHD_CHECK_EQ(vhd_blk_device_resize(dev, IMG_SIZE / 2, true, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(file_size(dm.img), (off_t)IMG_SIZE / 2);
+    vhd_ctx_destroy(ctx);
+    test_done();
+}
+
+/*
+ * A shrink the backend refuses (data past the new end, not forced) is
+ * refused before the capacity drops: at once, without waiting for the
+ * request in flight (which goes on past the new end).
+ */
+VHD_TEST(api_refused_shrink_does_not_wait)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    int fd = open(dm.img, O_WRONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(pwrite(fd, "x", 1, IMG_SIZE - BS), 1); /* data past the new end */
+    close(fd);
+    struct vhd_ctx *ctx;
+    struct api_writer a;
+    pthread_t th;
+    struct vhd_device *dev = held_write_start(&dm, &ctx, &a, &th, NBLK - 1);
+    char err[256] = "";
+    uint64_t t0 = ms_now();
+    int rc = vhd_blk_device_resize(dev, IMG_SIZE / 2, false, err, sizeof(err));
+    uint64_t took = ms_now() - t0;
+    held_write_finish(ctx, &a, th);
+    if (rc != -EBUSY || took > 500)
+        fprintf(stderr, "  refused shrink: %d (%s) after %llu ms\n", rc, err,
+                (unsigned long long)took);
+    VHD_CHECK_EQ(rc, -EBUSY);
+    VHD_CHECK(strstr(err, "holds data past") != NULL);
+    VHD_CHECK(took <= 500);
+    VHD_CHECK_EQ(a.ret, 0);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), IMG_SIZE);
+    vhd_ctx_destroy(ctx);
+    test_done();
+}
