@@ -34,6 +34,7 @@ struct daemon {
     int ndev;
     struct vhd_device *dev[VHD_OPT_MAX_DEVICES];
     bool started; /* the command line's devices exist: any add now is a runtime one */
+    bool nbd_tcp; /* the filter allows TCP sockets (an nbd:// device, --rpc-nbd-tcp) */
 };
 
 static void on_signal(void *opaque, uint32_t events)
@@ -168,7 +169,7 @@ static int blk_config(struct daemon *d, const struct vhd_opt_blk *b, struct vhd_
         return -EPERM;
     }
     if (d->started && d->opts.sandbox != VHD_OPT_SANDBOX_OFF) {
-        int rc = vhd_sandbox_check_runtime_blk(b, err, errlen);
+        int rc = vhd_sandbox_check_runtime_blk(b, d->nbd_tcp, err, errlen);
         if (rc < 0)
             return rc;
     }
@@ -316,8 +317,12 @@ static int enter_sandbox(struct daemon *d)
         .unlink_dirs = dirs,
         .nunlink_dirs = nsocks,
     };
-    for (int i = 0; i < d->opts.nblk; i++)
+    for (int i = 0; i < d->opts.nblk; i++) {
         so.nbd |= !strcmp(d->opts.blk[i].backend, "nbd"); /* its workers (re)connect */
+        so.nbd_tcp |= vhd_sandbox_blk_uses_tcp(&d->opts.blk[i]);
+    }
+    so.nbd_tcp |= d->rpc && d->opts.rpc_nbd_tcp;
+    d->nbd_tcp = so.nbd_tcp;
     so.rpc = d->rpc != NULL; /* devices added at runtime: the filter's --rpc rows */
     if (vhd_sandbox_enter(&so, err, sizeof(err)) < 0) {
         fprintf(stderr, "vhostd: sandbox: %s\n", err);

@@ -44,7 +44,9 @@ const char vhd_usage[] =
     "                       a memory table beyond it is refused\n"
     "  --rpc PATH           serve the management API (JSON-RPC 2.0, see vhostctl(1)) on a\n"
     "                       Unix socket (mode 0600); devices may then be added at runtime\n"
-    "                       and none is needed at start. The seccomp filter is not installed\n"
+    "                       and none is needed at start (under the filter: docs/SECURITY.md)\n"
+    "  --rpc-nbd-tcp on|off with --rpc, may a runtime add use an NBD server over TCP\n"
+    "                       (nbd://ADDRESS/)? off (default): the filter forbids inet sockets\n"
     "  --config FILE        read options from FILE, one per line without the dashes\n"
     "                       (e.g. 'workers 2', 'blk socket=/run/vm1.sock,image=vm1.img'); '#' "
     "comments\n"
@@ -1054,6 +1056,9 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
             return fail(err, errlen, "--rpc needs a socket path");
         if (!(o->rpc = own(o, v)))
             return fail(err, errlen, "out of memory");
+    } else if (!strcmp(k, "rpc-nbd-tcp")) {
+        if (parse_bool(v, &o->rpc_nbd_tcp))
+            return fail(err, errlen, "--rpc-nbd-tcp %s: expected on or off", v);
     } else if (!strcmp(k, "config")) {
         return parse_config(o, v, err, errlen, depth);
     } else if (!strcmp(k, "socket-path") || !strcmp(k, "fd") || !strcmp(k, "type") ||

@@ -108,6 +108,7 @@ struct vhd_options {
     /* --max-guest-mem: guest memory all devices together may map; 0: the library's default */
     uint64_t max_guest_mem;
     const char *rpc; /* --rpc PATH: the management socket (daemon/rpc.h); devices become optional */
+    bool rpc_nbd_tcp; /* --rpc-nbd-tcp on: runtime adds may use nbd:// (TCP) under the filter */
     /*
      * The vhost-user spec's backend program conventions (docs/USER-GUIDE.md):
      * one more device, on --socket-path or on the inherited listening --fd,

@@ -700,6 +700,8 @@ static json_object *m_save_config(struct call *c)
         fprintf(f, "max-guest-mem %" PRIu64 "\n", o->max_guest_mem);
     if (c->r->path)
         fprintf(f, "rpc %s\n", c->r->path);
+    if (o->rpc_nbd_tcp)
+        fprintf(f, "rpc-nbd-tcp on\n");
     for (unsigned i = 0; i < c->r->ndevs; i++) {
         const struct rdev *d = &c->r->devs[i];
         fprintf(f, "%s ", d->net ? "net" : "blk");

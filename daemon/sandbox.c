@@ -204,12 +204,29 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      * TLS URIs need --sandbox off, options.c says so). A Unix socket: the
      * client-mode rows above (libnbd connects with a full sockaddr_un).
      */
+    /*
+     * TCP only with an nbd:// device (VHD_SANDBOX_F_NBD_TCP): with --rpc's bind
+     * and listen rows, an inet socket could listen (the filter cannot read a
+     * bind's address family), so --rpc alone never brings these rows.
+     */
     ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_INET, 1, SOCK_TYPE_BITS, SOCK_STREAM,
-                          VHD_SANDBOX_F_NBD, "nbd: a TCP socket to the NBD server (IPv4)"),
+                          VHD_SANDBOX_F_NBD_TCP, "nbd: a TCP socket to the NBD server (IPv4)"),
     ARG_MASKED_AND_MASKED(socket, 0, INT_BITS, AF_INET6, 1, SOCK_TYPE_BITS, SOCK_STREAM,
-                          VHD_SANDBOX_F_NBD, "nbd: a TCP socket to the NBD server (IPv6)"),
-    NBD_ARG_EQ(connect, 2, sizeof(struct sockaddr_in), "nbd: connect to the NBD server (IPv4)"),
-    NBD_ARG_EQ(connect, 2, sizeof(struct sockaddr_in6), "nbd: connect to the NBD server (IPv6)"),
+                          VHD_SANDBOX_F_NBD_TCP, "nbd: a TCP socket to the NBD server (IPv6)"),
+    {.name = "connect",
+     .nr = SCMP_SYS(connect),
+     .arg = 2,
+     .op = VHD_SANDBOX_ARG_EQ,
+     .value = sizeof(struct sockaddr_in),
+     .why = "nbd: connect to the NBD server (IPv4)",
+     .only_with = VHD_SANDBOX_F_NBD_TCP},
+    {.name = "connect",
+     .nr = SCMP_SYS(connect),
+     .arg = 2,
+     .op = VHD_SANDBOX_ARG_EQ,
+     .value = sizeof(struct sockaddr_in6),
+     .why = "nbd: connect to the NBD server (IPv6)",
+     .only_with = VHD_SANDBOX_F_NBD_TCP},
     ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_ERROR,
                           VHD_SANDBOX_F_NBD, "nbd: the result of a non-blocking connect"),
     ARG_MASKED_AND_MASKED(setsockopt, 1, INT_BITS, IPPROTO_TCP, 2, INT_BITS, TCP_NODELAY,
@@ -667,7 +684,17 @@ static bool numeric_host(const char *server)
     return true;
 }
 
-int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen)
+bool vhd_sandbox_blk_uses_tcp(const struct vhd_opt_blk *b)
+{
+    if (!b->uri || strcmp(b->backend, "nbd"))
+        return false;
+    xmlURIPtr u = xmlParseURI(b->uri);
+    bool tcp = u && u->scheme && (!strcmp(u->scheme, "nbd") || !strcmp(u->scheme, "nbds"));
+    xmlFreeURI(u);
+    return tcp;
+}
+
+int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, bool tcp, char *err, size_t errlen)
 {
     const char *uri = b->uri;
     int rc = 0;
@@ -695,6 +722,12 @@ int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t
                      "%s: under the sandbox, an NBD server added at runtime is given by its "
                      "address (nbd://127.0.0.1/..., nbd://[::1]/...) or a Unix socket: resolving "
                      "a host name needs calls the filter forbids (or --sandbox off)",
+                     uri);
+    else if (!strcmp(u->scheme, "nbd") && !tcp)
+        rc = set_err(err, errlen, -EPERM,
+                     "%s: under the sandbox, a runtime add reaches an NBD server over TCP only "
+                     "with --rpc-nbd-tcp on (the filter then allows inet sockets) or a Unix "
+                     "socket (nbd+unix://)",
                      uri);
     xmlFreeURI(u);
     return rc;
@@ -1099,8 +1132,10 @@ int vhd_sandbox_enter(const struct vhd_sandbox_opts *o, char *err, size_t errlen
         sanitizer_before_filter();
     if (o->rpc && o->mode != VHD_SANDBOX_OFF)
         warm_nss();
-    unsigned flags = (o->client_mode ? VHD_SANDBOX_F_CLIENT : 0) | (o->nbd ? VHD_SANDBOX_F_NBD : 0);
-    if (o->rpc) /* a device added later may be in client mode or on nbd */
+    unsigned flags = (o->client_mode ? VHD_SANDBOX_F_CLIENT : 0) |
+                     (o->nbd ? VHD_SANDBOX_F_NBD : 0) |
+                     (o->nbd_tcp ? VHD_SANDBOX_F_NBD | VHD_SANDBOX_F_NBD_TCP : 0);
+    if (o->rpc) /* a device added later may be in client mode or on nbd (TCP: only nbd_tcp) */
         flags |= VHD_SANDBOX_F_RPC | VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD;
     rc = vhd_sandbox_apply_dirs(o->mode, flags, o->unlink_dirs, o->nunlink_dirs);
     if (rc < 0)

@@ -37,8 +37,15 @@ struct vhd_sandbox_opts {
     /* A block device has the nbd backend: allow its rows (VHD_SANDBOX_F_NBD). */
     bool nbd;
     /*
+     * One reaches its server over TCP (nbd://), or --rpc-nbd-tcp: the inet
+     * socket rows too (VHD_SANDBOX_F_NBD_TCP).
+     */
+    bool nbd_tcp;
+    /*
      * --rpc: devices come and go at runtime: the rows of VHD_SANDBOX_F_RPC,
-     * and those of client mode and nbd (a device added later may use them).
+     * and those of client mode and nbd over a Unix socket (a device added
+     * later may use them); nbd over TCP only with nbd_tcp (the filter cannot
+     * tell a TCP listener's bind from a Unix socket's).
      * Capabilities are dropped as for the devices of the command line only.
      */
     bool rpc;
@@ -64,11 +71,15 @@ int vhd_sandbox_resolve_access(const struct vhd_opt_access *in, struct vhd_endpo
  * user information, and an nbd:// server given by its address (what
  * getaddrinfo takes with AI_NUMERICHOST, or [IPv6]): resolving a host name
  * (netlink, DNS over UDP), vsock and TLS (certificates read by the workers)
- * need calls the filter forbids, and would kill vhostd. 0, or -EPERM with a
+ * need calls the filter forbids, and would kill vhostd; TCP at all needs
+ * tcp (the filter's VHD_SANDBOX_F_NBD_TCP rows). 0, or -EPERM with a
  * one-line reason in err.
  */
 struct vhd_opt_blk;
-int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, char *err, size_t errlen);
+int vhd_sandbox_check_runtime_blk(const struct vhd_opt_blk *b, bool tcp, char *err, size_t errlen);
+
+/* Does b reach an NBD server over TCP (an nbd:// URI)? */
+bool vhd_sandbox_blk_uses_tcp(const struct vhd_opt_blk *b);
 
 /*
  * vhd_sandbox_raise_nofile - raise the soft fd limit (RLIMIT_NOFILE) to the
@@ -132,6 +143,8 @@ int vhd_sandbox_apply(enum vhd_sandbox_mode mode);
 #define VHD_SANDBOX_F_CLIENT 1u
 #define VHD_SANDBOX_F_NBD    2u
 #define VHD_SANDBOX_F_RPC    4u
+/* VHD_SANDBOX_F_NBD_TCP: TCP (inet stream) sockets for nbd://; never implied by --rpc. */
+#define VHD_SANDBOX_F_NBD_TCP 8u
 int vhd_sandbox_apply_with(enum vhd_sandbox_mode mode, unsigned flags);
 
 /*

@@ -214,7 +214,8 @@ VHD_TEST(table_leaves_out_dangerous_syscalls)
 
 /*
  * socket() is allowed for client mode as a Unix stream socket, and for the
- * nbd backend as a Unix or TCP stream socket: every row says so.
+ * nbd backend as a Unix or (an nbd:// device only) TCP stream socket: every
+ * row says so.
  */
 VHD_TEST(table_socket_only_unix_stream)
 {
@@ -233,8 +234,8 @@ VHD_TEST(table_socket_only_unix_stream)
             VHD_CHECK_EQ(r[i].only_with, VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD);
         else
             VHD_CHECK((r[i].value == AF_INET || r[i].value == AF_INET6) &&
-                      r[i].only_with == VHD_SANDBOX_F_NBD);
-        VHD_CHECK(r[i].has_and); /* ... and the type, flags aside */
+                      r[i].only_with == VHD_SANDBOX_F_NBD_TCP); /* never with --rpc alone */
+        VHD_CHECK(r[i].has_and);                                /* ... and the type, flags aside */
         VHD_CHECK_EQ(r[i].and_arg, 1);
         VHD_CHECK_EQ(r[i].and_mask, 0xffffffffUL & ~(unsigned long)(SOCK_NONBLOCK | SOCK_CLOEXEC));
         VHD_CHECK_EQ(r[i].and_value, SOCK_STREAM);
@@ -256,7 +257,7 @@ VHD_TEST(table_socket_only_unix_stream)
         else
             VHD_CHECK((r[i].value == sizeof(struct sockaddr_in) ||
                        r[i].value == sizeof(struct sockaddr_in6)) &&
-                      r[i].only_with == VHD_SANDBOX_F_NBD);
+                      r[i].only_with == VHD_SANDBOX_F_NBD_TCP);
     }
     VHD_CHECK_EQ(rows, 3);
     /* The back-off timer: client mode's reconnects and a server's accept pause (EMFILE). */
@@ -2098,6 +2099,7 @@ static const char *const bad_runtime_uris[] = {
     "nbd:///x",                          /* no host: libnbd resolves localhost */
     "nbds://127.0.0.1/x",                /* TLS */
     "nbd+tcp://127.0.0.1/x",             /* a scheme libnbd may grow */
+    "nbd://127.0.0.1:10809/x",           /* TCP without --rpc-nbd-tcp on */
 };
 
 /* Each bad URI is refused by device.add with a reason, and the daemon lives. */
@@ -2190,4 +2192,53 @@ VHD_TEST(options_refuse_vsock_under_filter)
                          "socket=/tmp/x.sock,backend=nbd,uri=nbd+vsock://2/x"};
     VHD_CHECK_EQ(parse(&o, off, 3, err, sizeof(err)), 0);
     vhd_options_free(&o);
+}
+
+/*
+ * --rpc alone allows no inet socket: with its bind and listen rows, one
+ * could listen on TCP (the filter cannot read the address family).
+ */
+VHD_TEST(daemon_with_rpc_forbids_inet_sockets)
+{
+    struct daemon_run d;
+    char desc[64];
+    daemon_start_rpc(&d, "on", "socket");
+    int st = daemon_poke(&d);
+    if (!killed_by_sigsys(st)) {
+        fprintf(stderr, "  --rpc, poke socket(AF_INET): vhostd %s, expected SIGSYS\n",
+                st == -1 ? "still running" : describe(st, desc, sizeof(desc)));
+        daemon_dump_log(&d);
+    }
+    VHD_CHECK(killed_by_sigsys(st));
+    daemon_cleanup(&d);
+}
+
+/*
+ * --rpc-nbd-tcp on: the inet rows are there, a runtime nbd:// add by address
+ * passes the check and its open runs under the filter (no server listens at
+ * the port: an error, and the daemon lives).
+ */
+VHD_TEST(daemon_with_rpc_nbd_tcp_opt_in)
+{
+    char conf[128], params[1024];
+    snprintf(conf, sizeof(conf), "/tmp/vhd-sandbox-tcp-%d.conf", (int)getpid());
+    FILE *f = fopen(conf, "w");
+    VHD_CHECK(f && fputs("rpc-nbd-tcp on\n", f) >= 0 && fclose(f) == 0);
+    struct daemon_run d;
+    start_config = conf;
+    daemon_start_rpc(&d, "on", NULL);
+    start_config = NULL;
+    snprintf(params, sizeof(params),
+             "{\"kind\":\"blk\",\"spec\":\"socket=%s/t.sock,backend=nbd,uri=nbd://127.0.0.1:1/x,"
+             "name=t\"}",
+             d.dir);
+    const char *ans = rpc_call(&d, "device.add", params);
+    VHD_CHECK(daemon_alive(&d));
+    CHECK_ANSWER(ans, "\"error\"");
+    VHD_CHECK(!strstr(ans, "rpc-nbd-tcp"));
+    CHECK_ANSWER(rpc_call(&d, "config.save", NULL), "rpc-nbd-tcp on");
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    VHD_CHECK(exited_ok(daemon_wait(&d, TIMEOUT_MS)));
+    daemon_cleanup(&d);
+    unlink(conf);
 }
