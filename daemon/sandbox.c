@@ -301,7 +301,15 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      * capabilities (--user, or root without any; docs/SECURITY.md). Sockets:
      * Unix stream only (the client-mode rows), bound with a full sun.
      */
-    RPC_ANY(openat, "add: open or create an image, the socket's dir (O_PATH), user/group names"),
+    /*
+     * openat: an existing file (no O_CREAT, no O_TRUNC), or a new one
+     * created with O_EXCL (an image of a size that does not exist yet): an
+     * existing file is never created over or truncated.
+     */
+    RPC_ARG_MASKED(openat, 2, O_CREAT | O_EXCL | O_TRUNC, 0,
+                   "add: open an image, the socket's dir (O_PATH), user/group names"),
+    RPC_ARG_MASKED(openat, 2, O_CREAT | O_EXCL | O_TRUNC, O_CREAT | O_EXCL,
+                   "add: create a new image (O_EXCL: never an existing file)"),
     RPC_ARG_MASKED(bind, 2, INT_BITS, sizeof(struct sockaddr_un),
                    "add: bind a new device's listening Unix socket (a full sun)"),
     RPC_ANY(listen, "add: a new device's socket starts listening"),
@@ -1097,8 +1105,19 @@ int vhd_sandbox_drop_caps(uint64_t keep, char *err, size_t errlen)
 static int drop_root_caps(const struct vhd_sandbox_opts *o, char *err, size_t errlen)
 {
     uint64_t eff = 0, prm = 0;
-    /* Reconnections (client mode, nbd) reach sockets the start-up connection reached as root. */
-    uint64_t keep = o->client_mode || o->nbd ? 1ull << CAP_DAC_OVERRIDE : 0;
+    /*
+     * Reconnections (client mode, nbd) reach sockets the start-up connection
+     * reached as root. Never with --rpc: its openat/unlink rows would then
+     * reach every file on the host.
+     */
+    uint64_t keep = !o->rpc && (o->client_mode || o->nbd) ? 1ull << CAP_DAC_OVERRIDE : 0;
+
+    if (o->rpc && geteuid() == 0)
+        vhd_log(VHD_LOG_WARN,
+                "sandbox: --rpc as root without --user: runtime adds may open, create and "
+                "remove whatever uid 0 without capabilities may (files root owns); use --user "
+                "with an account that owns only the images and sockets it serves "
+                "(docs/SECURITY.md)");
 
     if (caps_get(&eff, &prm) < 0 || (prm & ~keep) == 0)
         return 0; /* nothing to drop */

@@ -2242,3 +2242,71 @@ VHD_TEST(daemon_with_rpc_nbd_tcp_opt_in)
     daemon_cleanup(&d);
     unlink(conf);
 }
+
+/* --rpc's openat rows: an existing file, or a new one with O_EXCL; never O_TRUNC or a bare O_CREAT.
+ */
+static int open_probe_dirfd = -1;
+
+static void rpc_open_child(void *arg)
+{
+    int flags = (int)(intptr_t)arg;
+    CHILD_CHECK(vhd_sandbox_apply_with(VHD_SANDBOX_ON, VHD_SANDBOX_F_RPC) == 0);
+    int fd = openat(open_probe_dirfd, "f", flags | O_RDWR | O_CLOEXEC, 0600);
+    CHILD_CHECK(fd >= 0 && close(fd) == 0);
+}
+
+VHD_TEST(rpc_openat_never_truncates_or_creates_over)
+{
+    char dir[] = "/tmp/vhd-sandbox-open-XXXXXX", d[64];
+    VHD_CHECK(mkdtemp(dir));
+    open_probe_dirfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    VHD_CHECK(open_probe_dirfd >= 0);
+    int st = run_child(rpc_open_child, (void *)(intptr_t)(O_CREAT | O_EXCL)); /* a new file */
+    if (!exited_ok(st))
+        fprintf(stderr, "  O_CREAT|O_EXCL: %s\n", describe(st, d, sizeof(d)));
+    VHD_CHECK(exited_ok(st));
+    st = run_child(rpc_open_child, (void *)(intptr_t)0); /* it exists now */
+    VHD_CHECK(exited_ok(st));
+    static const int refused[] = {O_CREAT, O_TRUNC, O_CREAT | O_TRUNC, O_CREAT | O_EXCL | O_TRUNC};
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        st = run_child(rpc_open_child, (void *)(intptr_t)refused[i]);
+        if (!killed_by_sigsys(st))
+            fprintf(stderr, "  flags %#x: %s, expected SIGSYS\n", refused[i],
+                    describe(st, d, sizeof(d)));
+        VHD_CHECK(killed_by_sigsys(st));
+    }
+    VHD_CHECK_EQ(unlinkat(open_probe_dirfd, "f", 0), 0);
+    close(open_probe_dirfd);
+    VHD_CHECK_EQ(rmdir(dir), 0);
+}
+
+/*
+ * Root without --user, --rpc and a client-mode device of the command line:
+ * no capability is kept (not even CAP_DAC_OVERRIDE), and a warning says
+ * that runtime adds reach what uid 0 owns.
+ */
+VHD_TEST(daemon_with_rpc_as_root_keeps_no_capability)
+{
+    if (geteuid() != 0)
+        vhd_test_skip("needs root");
+    char conf[128], text[512];
+    snprintf(conf, sizeof(conf), "/tmp/vhd-sandbox-cl-%d.conf", (int)getpid());
+    snprintf(text, sizeof(text),
+             "blk socket=/tmp/vhd-sandbox-cl-%d.sock,backend=null,size=1M,client=on\n",
+             (int)getpid());
+    FILE *f = fopen(conf, "w");
+    VHD_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+    struct daemon_run d;
+    start_config = conf;
+    daemon_start_rpc(&d, "on", NULL);
+    start_config = NULL;
+    long long eff = proc_caps(d.pid, "CapEff:", NULL), prm = proc_caps(d.pid, "CapPrm:", NULL);
+    if (eff || prm)
+        fprintf(stderr, "  CapEff %llx CapPrm %llx\n", eff, prm);
+    VHD_CHECK(eff == 0 && prm == 0);
+    VHD_CHECK(log_has(&d, "--rpc as root without --user"));
+    VHD_CHECK_EQ(kill(d.pid, SIGTERM), 0);
+    VHD_CHECK(exited_ok(daemon_wait(&d, TIMEOUT_MS)));
+    daemon_cleanup(&d);
+    unlink(conf);
+}
