@@ -129,8 +129,11 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out);
 /*
  * vhd_ctx_destroy - end every device's session (in-flight requests complete
  * first), destroy every device still in the context (vhd_device_destroy),
- * stop and join the workers, free the loop. Watched fds are not closed.
- * NULL is fine. Control thread, not from inside a callback.
+ * then end the opens still in progress (vhd_blk_device_open: their done
+ * called with -ECANCELED; one that has not finished 2 s later is left
+ * running, detached, and frees what it opens itself), stop and join the
+ * workers, free the loop. Watched fds are not closed. NULL is fine. Control
+ * thread, not from inside a callback.
  */
 void vhd_ctx_destroy(struct vhd_ctx *ctx);
 

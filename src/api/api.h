@@ -83,9 +83,12 @@ struct vhd_blk_opts;
 void api_blk_opts(const struct vhd_blk_config *cfg, struct vhd_blk_opts *bo);
 
 /*
- * api_ctx_cancel_opens - vhd_ctx_destroy: wait for every open still
- * running (each is bounded by its backend's timeouts), free what it
- * opened and call its callback with -ECANCELED. Control thread.
+ * api_ctx_cancel_opens - vhd_ctx_destroy, once its devices are stopped and
+ * destroyed: wait for every open still running, 2 s for all together (each
+ * is bounded by its backend's timeouts, which may be longer), free what it
+ * opened and call its callback with -ECANCELED. An open still running at
+ * the deadline is detached, logged, and frees what it opens when it ends.
+ * Control thread.
  */
 void api_ctx_cancel_opens(struct vhd_ctx *ctx);
 

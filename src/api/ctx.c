@@ -248,13 +248,18 @@ void vhd_ctx_destroy(struct vhd_ctx *ctx)
 {
     if (!ctx)
         return;
-    api_ctx_cancel_opens(ctx); /* before the loop their eventfds are watched in goes */
     /* Ending each session detaches its queues: in-flight I/O completes first. */
     for (struct vhd_device *d = ctx->devices; d; d = d->next)
         (void)vhd_device_stop(d);
     /* Then the backends close (a writable image is flushed). */
     while (ctx->devices)
         vhd_device_destroy(ctx->devices);
+    /*
+     * Opens in progress last, with a deadline (a stuck one must not keep the
+     * devices above from being flushed), before the loop their eventfds are
+     * watched in goes.
+     */
+    api_ctx_cancel_opens(ctx);
     if (ctx->sigbus_guard) {
         /* The guard must not write to the event fd once it is closed. */
         vhd_memguard_install(-1);

@@ -7,7 +7,9 @@
  * linked into its context there, as vhd_blk_device_new does.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,7 +20,12 @@
 
 #include "api.h"
 #include "dev/blk.h"
+#include "runtime/log.h"
 #include "transport/ctl.h"
+#include "util/clock.h"
+
+/* How long a context's destruction waits for opens in progress (all of them together). */
+#define API_OPEN_CANCEL_MS 2000
 
 /*
  * One open in progress. Everything but the result fields belongs to the
@@ -42,7 +49,15 @@ struct api_open {
     struct vhd_dev *dev;
     int rc;
     char err[512];
+    /*
+     * OPEN_RUNNING, then (atomic exchange, whoever is first) OPEN_DONE by the
+     * thread once it has a result, or OPEN_ABANDONED by api_ctx_cancel_opens
+     * past its deadline: the thread then frees its device and o itself.
+     */
+    int state;
 };
+
+enum { OPEN_RUNNING, OPEN_DONE, OPEN_ABANDONED };
 
 /* Copy s into the arena at *pos (NULL stays NULL). */
 static const char *arena_put(char *arena, size_t *pos, const char *s)
@@ -111,6 +126,13 @@ static void *open_thread(void *arg)
     uint64_t one = 1;
 
     o->rc = vhd_blk_new(&o->bo, &o->dev, o->err, sizeof(o->err));
+    if (__atomic_exchange_n(&o->state, OPEN_DONE, __ATOMIC_ACQ_REL) == OPEN_ABANDONED) {
+        /* The context went on without us (detached): nobody else holds o now. */
+        if (o->rc == 0)
+            vhd_blk_free(o->dev);
+        open_free(o);
+        return NULL;
+    }
     /* An eventfd write of 1 cannot fail short of a counter at its limit. */
     while (write(o->efd, &one, sizeof(one)) < 0 && errno == EINTR)
         ;
@@ -209,14 +231,33 @@ free_o:
 
 void api_ctx_cancel_opens(struct vhd_ctx *ctx)
 {
+    uint64_t deadline = vhd_now_ms() + API_OPEN_CANCEL_MS;
+
     while (ctx->opens) {
         struct api_open *o = ctx->opens;
         ctx->opens = o->next;
-        pthread_join(o->thread, NULL); /* the open is bounded (lock wait, NBD/RBD timeouts) */
         vhd_ctl_del(o->src);
-        if (o->rc == 0)
-            vhd_blk_free(o->dev);
+        /* The open thread writes efd once it has a result: wait for that, until the deadline. */
+        struct pollfd p = {.fd = o->efd, .events = POLLIN};
+        uint64_t now = vhd_now_ms();
+        while (poll(&p, 1, now < deadline ? (int)(deadline - now) : 0) < 0 && errno == EINTR)
+            now = vhd_now_ms();
+        bool abandoned =
+            __atomic_exchange_n(&o->state, OPEN_ABANDONED, __ATOMIC_ACQ_REL) == OPEN_RUNNING;
+        if (abandoned) {
+            /* Stuck (a backend past its own bound): detached; it frees o and its device. */
+            pthread_detach(o->thread);
+            vhd_log(VHD_LOG_WARN,
+                    "%s: its backend's open did not finish within %d ms of the shutdown: left "
+                    "behind",
+                    o->cfg.dev.name ? o->cfg.dev.name : "a blk device", API_OPEN_CANCEL_MS);
+        } else {
+            pthread_join(o->thread, NULL);
+            if (o->rc == 0)
+                vhd_blk_free(o->dev);
+        }
         o->done(o->opaque, NULL, -ECANCELED, "the context was destroyed before the open finished");
-        open_free(o);
+        if (!abandoned)
+            open_free(o);
     }
 }

@@ -849,3 +849,66 @@ VHD_TEST(inherited_listening_socket)
     unlink(sock);
     free(p);
 }
+
+/* ---- a stuck open at shutdown ---- */
+
+struct open_result {
+    int calls;
+    int rc;
+};
+
+static void open_done(void *opaque, struct vhd_device *dev, int rc, const char *err)
+{
+    struct open_result *r = opaque;
+    (void)err;
+    r->calls++;
+    r->rc = rc;
+    if (dev)
+        vhd_device_destroy(dev);
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/*
+ * vhd_ctx_destroy while an open is stuck (an NBD server that never answers
+ * its greeting: the open's own bound is 10 s): the devices are stopped and
+ * destroyed, the open is given up after 2 s (its callback: -ECANCELED),
+ * and destroy returns well before the open's bound.
+ */
+VHD_TEST(ctx_destroy_does_not_wait_for_a_stuck_open)
+{
+    char srv[100], sock[128], uri[256], err[256] = "";
+    snprintf(srv, sizeof(srv), "/tmp/vhd-test-api-%d-silent.sock", (int)getpid());
+    sock_path(sock, sizeof(sock), "stuck");
+    unlink(srv);
+    int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", srv);
+    VHD_CHECK(lfd >= 0 && bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+              listen(lfd, 4) == 0);
+    snprintf(uri, sizeof(uri), "nbd+unix:///?socket=%s", srv);
+    struct vhd_ctx *ctx = new_ctx(1);
+    struct vhd_blk_config c = {
+        .dev = {.name = "stuck", .endpoint = {.path = sock}}, .backend = "nbd", .uri = uri};
+    struct open_result res = {0};
+    int rc = vhd_blk_device_open(ctx, &c, open_done, &res, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  open: %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    struct timespec ts = {0, 200 * 1000000}; /* the open thread is in the handshake by then */
+    nanosleep(&ts, NULL);
+    uint64_t t0 = mono_ms();
+    vhd_ctx_destroy(ctx);
+    uint64_t took = mono_ms() - t0;
+    fprintf(stderr, "  vhd_ctx_destroy: %llu ms\n", (unsigned long long)took);
+    VHD_CHECK_EQ(res.calls, 1);
+    VHD_CHECK_EQ(res.rc, -ECANCELED);
+    VHD_CHECK(took < 5000);
+    close(lfd);
+    unlink(srv);
+}
