@@ -59,6 +59,7 @@ struct pending_add {
     struct pending_add *next; /* r->pending */
     struct client *cl;        /* who waits for the answer; NULL: it left */
     bool has_id;              /* false: a notification, nobody is answered */
+    bool in_process;          /* vhd_rpc_handle's (a reload's): answered at once, outcome logged */
     json_object *id;          /* the request's id (a reference; NULL for null) */
     char *name, *sock, *text; /* the device's name, socket path and KEY=VALUE text */
     char **strings;           /* the parsed options' owned strings (for the table entry) */
@@ -399,11 +400,11 @@ static json_object *m_add(struct call *c)
         failf(c, VHD_RPC_E_FAILED, "too many devices (at most %d)", VHD_RPC_MAX_DEVICES);
         goto out;
     }
-    if (!net && r->ops.open_blk && c->cl && strcmp(o->blk[0].backend, "null")) {
+    if (!net && r->ops.open_blk && strcmp(o->blk[0].backend, "null")) {
         /*
-         * A connection's add: the backend opens off this thread and
-         * add_opened answers. (vhd_rpc_handle's callers, reload, want the
-         * answer now: their add opens here; so does a null disk, which
+         * The backend opens off this thread. A connection's add: add_opened
+         * answers. vhd_rpc_handle's (a SIGHUP reload's): answered now with
+         * "opening": true, and add_opened logs the outcome. (A null disk
          * opens nothing: no thread for it.)
          */
         struct pending_add *p = calloc(1, sizeof(*p));
@@ -424,8 +425,9 @@ static json_object *m_add(struct call *c)
         }
         p->r = r;
         p->cl = c->cl;
-        p->has_id = c->has_id;
-        p->id = json_object_get(c->id);
+        p->in_process = !c->cl;
+        p->has_id = c->has_id && c->cl;
+        p->id = c->cl ? json_object_get(c->id) : NULL;
         p->text = text;
         p->strings = o->strings; /* the entry will own them */
         p->nstrings = o->nstrings;
@@ -434,6 +436,13 @@ static json_object *m_add(struct call *c)
         p->next = r->pending;
         r->pending = p;
         r->npending++;
+        if (!c->cl) {
+            vhd_log(VHD_LOG_INFO, "rpc: adding blk device %s on %s: its backend opens", name, sock);
+            json_object *res = json_object_new_object();
+            json_object_object_add(res, "name", json_object_new_string(name));
+            json_object_object_add(res, "opening", json_object_new_boolean(true));
+            return res;
+        }
         c->deferred = true;
         return NULL;
     }
@@ -1253,6 +1262,8 @@ static void add_opened(void *opaque, struct vhd_device *dev, int rc, const char 
     } else {
         snprintf(msg, sizeof(msg), "%s: %s", p->name, err);
     }
+    if (rc < 0 && p->in_process) /* nobody waits for an answer: the log is the outcome */
+        vhd_log(VHD_LOG_ERROR, "rpc: cannot add device %s", msg);
     struct client *cl = p->cl;
     char *s = NULL;
     if (cl && p->has_id)

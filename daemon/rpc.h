@@ -117,9 +117,11 @@ int vhd_rpc_dir_fd(const struct vhd_rpc *r);
 /*
  * vhd_rpc_handle - one request (JSON text, len bytes, no NUL needed): run
  * it and return the response object's text (malloc'd, no newline), or NULL
- * for a notification (a request without an id) or when out of memory. Its
- * adds run synchronously (new_blk: a slow backend open blocks the caller);
- * only a connection's adds use ops.open_blk.
+ * for a notification (a request without an id) or when out of memory. A
+ * blk add with a backend to open (not null) goes through ops.open_blk too:
+ * answered at once with "opening": true, the device joins the table once
+ * its backend has opened, and a failure then is logged (nobody is
+ * answered); other adds run synchronously.
  * Control thread.
  */
 char *vhd_rpc_handle(struct vhd_rpc *r, const char *req, size_t len);

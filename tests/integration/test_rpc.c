@@ -1535,3 +1535,68 @@ VHD_TEST(rpc_slow_nbd_add_under_sandbox)
     nbdkit_stop(srv);
     test_done();
 }
+
+/*
+ * A SIGHUP reload that adds an NBD disk on a server slow to open (2 s):
+ * the backend opens off the control thread, as a connection's add does —
+ * the reload is done at once and the device joins the table once open,
+ * then serves.
+ */
+VHD_TEST(rpc_reload_nbd_add_does_not_block)
+{
+    struct daemon dm;
+    char conf[300], confarg[320], sock_nbd[300], nbd_srv[300], log[300], text[1024];
+    daemon_prepare_dir(&dm, "vhd-test-rpc-XXXXXX", "rpc.sock");
+    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
+    FILE *f = fopen(conf, "w");
+    VHD_CHECK(f && fputs("# empty at start\n", f) >= 0 && fclose(f) == 0);
+    snprintf(confarg, sizeof(confarg), "--config=%s", conf);
+    const char *bin = vhostd_path();
+    if (!bin)
+        vhd_test_skip("vhostd binary not found");
+    track(&dm);
+    char *argv[] = {(char *)bin, "--rpc", dm.sock, "--workers", "2", confarg, NULL};
+    daemon_spawn(&dm, argv);
+    snprintf(sock_nbd, sizeof(sock_nbd), "%s/nbd.sock", dm.dir);
+    snprintf(nbd_srv, sizeof(nbd_srv), "%s/server.sock", dm.dir);
+    snprintf(log, sizeof(log), "%s/nbdkit.log", dm.dir);
+    char *args[] = {(char *)"-v", (char *)"--filter=delay", (char *)"memory", (char *)"16M",
+                    (char *)"delay-open=2"};
+    pid_t srv = nbdkit_start(nbd_srv, log, args, 5);
+    snprintf(text, sizeof(text), "blk socket=%s,backend=nbd,uri=nbd+unix:///?socket=%s\n", sock_nbd,
+             nbd_srv);
+    f = fopen(conf, "w");
+    VHD_CHECK(f && fputs(text, f) >= 0 && fclose(f) == 0);
+    uint64_t t0 = ms_now();
+    VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
+    while (!daemon_log_has(&dm, "reload: 1 added")) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(10);
+    }
+    uint64_t reload_ms = ms_now() - t0;
+    int fd = rpc_connect(&dm);
+    t0 = ms_now();
+    const char *ans = call(fd, "device.list", NULL);
+    uint64_t list_ms = ms_now() - t0;
+    fprintf(stderr, "  reload done after %llu ms, device.list %llu ms\n",
+            (unsigned long long)reload_ms, (unsigned long long)list_ms);
+    VHD_CHECK(reload_ms < 1500); /* the server takes 2 s to open */
+    VHD_CHECK(list_ms < 1000);
+    (void)ans;
+    t0 = ms_now();
+    for (;;) { /* in the table once open */
+        ans = call(fd, "device.list", NULL);
+        if (strstr(ans, "nbd.sock"))
+            break;
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        sleep_ms(50);
+    }
+    struct vhd_blkdrv *d = drv_connect(sock_nbd);
+    VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
+    drv_rw(d, 4096, 0x5c);
+    vhd_blkdrv_disconnect(d);
+    close(fd);
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    nbdkit_stop(srv);
+    test_done();
+}
