@@ -2187,6 +2187,7 @@ VHD_TEST(options_refuse_vsock_under_filter)
     char err[256] = "";
     const char *on[] = {"--blk", "socket=/tmp/x.sock,backend=nbd,uri=nbd+vsock://2/x"};
     VHD_CHECK(parse(&o, on, 2, err, sizeof(err)) < 0);
+    vhd_options_free(&o); /* what was parsed before the refusal */
     VHD_CHECK(strstr(err, "vsock") && strstr(err, "--sandbox off"));
     const char *off[] = {"--sandbox=off", "--blk",
                          "socket=/tmp/x.sock,backend=nbd,uri=nbd+vsock://2/x"};
