@@ -66,6 +66,21 @@ struct pending_add {
     int nstrings;
 };
 
+/*
+ * A connection's shrink waiting for requests in flight
+ * (vhd_blk_device_resize_async). Freed by resize_done, which the library
+ * calls once, even after vhd_rpc_free (r is NULL then).
+ */
+struct pending_resize {
+    struct vhd_rpc *r;           /* NULL: the server is gone */
+    struct pending_resize *next; /* r->resizes */
+    struct client *cl;           /* who waits for the answer; NULL: it left */
+    bool has_id;
+    json_object *id;
+    char *name;
+    uint64_t old, size;
+};
+
 struct vhd_rpc {
     struct vhd_ctx *ctx;
     const struct vhd_options *opts;
@@ -79,7 +94,8 @@ struct vhd_rpc {
     unsigned nclients;
     struct pending_add *pending; /* blk adds opening their backend */
     unsigned npending;
-    struct vhd_options scratch; /* parses one add at a time */
+    struct pending_resize *resizes; /* shrinks waiting for requests in flight */
+    struct vhd_options scratch;     /* parses one add at a time */
 };
 
 /* ---- the device table ---- */
@@ -293,6 +309,7 @@ static void pending_free(struct pending_add *p)
 }
 
 static void add_opened(void *opaque, struct vhd_device *dev, int rc, const char *err);
+static void resize_done(void *opaque, int rc, const char *err);
 
 /*
  * add: {"kind": "blk"|"net", "spec": "socket=...,..."} or {"kind": ...,
@@ -534,7 +551,32 @@ static json_object *m_resize(struct call *c)
         return failf(c, VHD_RPC_E_FAILED, "device %s is not a blk device", d->name);
     char err[256] = "";
     uint64_t old = vhd_blk_device_size(d->dev);
-    rc = vhd_blk_device_resize(d->dev, size, jf && json_object_get_boolean(jf), err, sizeof(err));
+    bool force = jf && json_object_get_boolean(jf);
+    if (c->cl) {
+        /* A shrink's wait for requests in flight runs from the loop: resize_done answers. */
+        struct pending_resize *p = calloc(1, sizeof(*p));
+        if (!p || !(p->name = strdup(d->name))) {
+            free(p);
+            return failf(c, VHD_RPC_E_FAILED, "out of memory");
+        }
+        rc = vhd_blk_device_resize_async(d->dev, size, force, resize_done, p, err, sizeof(err));
+        if (rc == -EINPROGRESS) {
+            p->r = c->r;
+            p->cl = c->cl;
+            p->has_id = c->has_id;
+            p->id = json_object_get(c->id);
+            p->old = old;
+            p->size = size;
+            p->next = c->r->resizes;
+            c->r->resizes = p;
+            c->deferred = true;
+            return NULL;
+        }
+        free(p->name);
+        free(p);
+    } else {
+        rc = vhd_blk_device_resize(d->dev, size, force, err, sizeof(err));
+    }
     if (rc < 0)
         return failf(c, VHD_RPC_E_FAILED, "%s: resize: %s", d->name, err);
     json_object *res = json_object_new_object();
@@ -899,6 +941,9 @@ static void client_close(struct client *cl)
     for (struct pending_add *p = r->pending; p; p = p->next)
         if (p->cl == cl)
             p->cl = NULL; /* the device is still added; nobody hears it */
+    for (struct pending_resize *p = r->resizes; p; p = p->next)
+        if (p->cl == cl)
+            p->cl = NULL;
     vhd_ctx_unwatch(cl->w);
     vhd_ctx_unwatch(cl->tw);
     close(cl->fd);
@@ -1218,6 +1263,24 @@ int vhd_rpc_dir_fd(const struct vhd_rpc *r)
     return r->dirfd;
 }
 
+/* A deferred answer s (may be NULL) to cl (NULL: nobody); cl then reads requests again. */
+static void deferred_answer(struct client *cl, char *s)
+{
+    if (!cl) {
+        free(s);
+        return;
+    }
+    cl->waiting = false;
+    if (s && client_queue(cl, s) < 0) {
+        free(s);
+        client_close(cl);
+        return;
+    }
+    free(s);
+    if (client_flush(cl) == 0)
+        (void)client_serve(cl);
+}
+
 /*
  * The library reports an add's open (vhd_blk_device_open, via ops.open_blk):
  * start the device, put it in the table, answer the client that asked (if
@@ -1271,17 +1334,45 @@ static void add_opened(void *opaque, struct vhd_device *dev, int rc, const char 
     else
         json_object_put(res); /* nobody is answered */
     pending_free(p);
-    if (!cl)
-        return;
-    cl->waiting = false;
-    if (s && client_queue(cl, s) < 0) {
-        free(s);
-        client_close(cl);
-        return;
+    deferred_answer(cl, s);
+}
+
+/*
+ * The library reports a connection's shrink (vhd_blk_device_resize_async):
+ * answer as device.resize does, then serve the client's next requests.
+ * Control thread.
+ */
+static void resize_done(void *opaque, int rc, const char *err)
+{
+    struct pending_resize *p = opaque;
+    struct vhd_rpc *r = p->r;
+    json_object *res = NULL;
+    char msg[400] = "";
+
+    if (r)
+        for (struct pending_resize **pp = &r->resizes; *pp; pp = &(*pp)->next)
+            if (*pp == p) {
+                *pp = p->next;
+                break;
+            }
+    if (rc == 0) {
+        res = json_object_new_object();
+        json_object_object_add(res, "name", json_object_new_string(p->name));
+        json_object_object_add(res, "old_size", json_object_new_uint64(p->old));
+        json_object_object_add(res, "size", json_object_new_uint64(p->size));
+    } else {
+        snprintf(msg, sizeof(msg), "%s: resize: %s", p->name, err);
     }
-    free(s);
-    if (client_flush(cl) == 0)
-        (void)client_serve(cl);
+    struct client *cl = r ? p->cl : NULL;
+    char *s = NULL;
+    if (cl && p->has_id)
+        s = respond(p->id, res, VHD_RPC_E_FAILED, msg); /* takes res */
+    else
+        json_object_put(res);
+    json_object_put(p->id);
+    free(p->name);
+    free(p);
+    deferred_answer(cl, s);
 }
 
 void vhd_rpc_destroy_devices(struct vhd_rpc *r)
@@ -1301,6 +1392,8 @@ void vhd_rpc_free(struct vhd_rpc *r)
         client_close(r->clients);
     for (struct pending_add *p = r->pending; p; p = p->next)
         p->r = NULL; /* add_opened frees them when the library reports */
+    for (struct pending_resize *p = r->resizes; p; p = p->next)
+        p->r = NULL; /* resize_done frees them (the device's destruction at the latest) */
     vhd_ctx_unwatch(r->lw);
     if (r->lfd >= 0) {
         close(r->lfd);

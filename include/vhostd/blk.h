@@ -159,6 +159,21 @@ int vhd_blk_device_resume(struct vhd_device *dev);
 int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, char *err,
                           size_t errlen);
 
+/* What a vhd_blk_device_resize_async reports, once, on the control thread. */
+typedef void (*vhd_device_resize_fn)(void *opaque, int rc, const char *err);
+
+/*
+ * vhd_blk_device_resize_async - vhd_blk_device_resize without blocking the
+ * control thread while a shrink waits for the requests taken under the old
+ * size: returns -EINPROGRESS, and done(opaque, rc, err) is called later,
+ * once, from the control loop with what vhd_blk_device_resize would have
+ * returned (-ECANCELED: the device was destroyed first); or returns that
+ * outcome at once (growing, a refusal, nothing to wait for) and done is
+ * never called. One shrink at a time per device (-EBUSY). Control thread.
+ */
+int vhd_blk_device_resize_async(struct vhd_device *dev, uint64_t bytes, bool force,
+                                vhd_device_resize_fn done, void *opaque, char *err, size_t errlen);
+
 /* vhd_blk_device_size - a blk device's size in bytes (its capacity); 0 for other devices. */
 uint64_t vhd_blk_device_size(const struct vhd_device *dev);
 

@@ -53,6 +53,7 @@ struct vhd_device {
     struct vhd_vu_server *srv; /* started server, or */
     struct vhd_vu_client *cli; /* started client; both NULL: stopped */
     bool disabled;             /* a stop failed with -EBUSY */
+    struct api_resize *resize; /* blk: a shrink in progress (vhd_blk_device_resize_async) */
 
     vhd_event_fn on_event;
     void *opaque;

@@ -7,6 +7,10 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +20,7 @@
 #include "dev/blk.h"
 #include "dev/net.h"
 #include "runtime/log.h"
+#include "transport/ctl.h"
 #include "util/compiler.h"
 #include "transport/vu_client.h"
 #include "transport/vu_conn.h"
@@ -202,6 +207,18 @@ int vhd_blk_device_resume(struct vhd_device *dev)
     return vhd_blk_resume(dev->dev);
 }
 
+/* A resize done: tell the front-end (config change). */
+static void resized(struct vhd_device *dev)
+{
+    struct vhd_vu_conn *c = api_device_conn(dev);
+    if (c) {
+        int rc = vhd_vu_conn_config_changed(c);
+        if (rc < 0 && rc != -ENOTCONN)
+            vhd_log(VHD_LOG_WARN, "%s: config change notification: %s", dev->dev->name,
+                    strerror(-rc));
+    }
+}
+
 int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, char *err,
                           size_t errlen)
 {
@@ -211,13 +228,90 @@ int vhd_blk_device_resize(struct vhd_device *dev, uint64_t bytes, bool force, ch
     int rc = vhd_blk_resize(dev->dev, bytes, force, sub, sizeof(sub));
     if (rc < 0)
         return api_fail(err, errlen, rc, "%s", sub);
-    struct vhd_vu_conn *c = api_device_conn(dev);
-    if (c) {
-        rc = vhd_vu_conn_config_changed(c);
-        if (rc < 0 && rc != -ENOTCONN)
-            vhd_log(VHD_LOG_WARN, "%s: config change notification: %s", dev->dev->name,
-                    strerror(-rc));
+    resized(dev);
+    return 0;
+}
+
+/*
+ * A shrink in progress (vhd_blk_device_resize_async): a periodic timer on
+ * the control loop takes its next step (vhd_blk_resize_step) until it ends.
+ * Control thread.
+ */
+struct api_resize {
+    struct vhd_device *dev;
+    vhd_device_resize_fn done;
+    void *opaque;
+    int tfd;
+    struct vhd_ctl_src *src;
+};
+
+#define API_RESIZE_TICK_NS 1000000 /* how often a waiting shrink looks at the queues again */
+
+/* End r: unhook it, then report rc (its device may go in done). */
+static void resize_end(struct api_resize *r, int rc, const char *err)
+{
+    r->dev->resize = NULL;
+    vhd_ctl_del(r->src);
+    close(r->tfd);
+    if (rc == 0)
+        resized(r->dev);
+    vhd_device_resize_fn done = r->done;
+    void *opaque = r->opaque;
+    free(r);
+    done(opaque, rc, err);
+}
+
+static void on_resize_tick(void *opaque, uint32_t events)
+{
+    struct api_resize *r = opaque;
+    char sub[256] = "";
+    uint64_t n;
+    (void)events;
+
+    if (read(r->tfd, &n, sizeof(n)) < 0 && errno == EAGAIN)
+        return;
+    int rc = vhd_blk_resize_step(r->dev->dev, sub, sizeof(sub));
+    if (rc != -EINPROGRESS)
+        resize_end(r, rc, sub);
+}
+
+int vhd_blk_device_resize_async(struct vhd_device *dev, uint64_t bytes, bool force,
+                                vhd_device_resize_fn done, void *opaque, char *err, size_t errlen)
+{
+    char sub[256] = "";
+    if (!dev || dev->type != API_DEV_BLK || !done)
+        return api_fail(err, errlen, -EINVAL, "not a blk device");
+    struct api_resize *r = calloc(1, sizeof(*r));
+    if (!r)
+        return api_fail(err, errlen, -ENOMEM, "out of memory");
+    r->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    struct itimerspec its = {.it_value = {0, API_RESIZE_TICK_NS},
+                             .it_interval = {0, API_RESIZE_TICK_NS}};
+    int rc = r->tfd < 0 ? -errno : 0;
+    if (rc == 0 && timerfd_settime(r->tfd, 0, &its, NULL) < 0)
+        rc = -errno;
+    if (rc == 0)
+        rc = vhd_ctl_add(dev->ctx->ctl, r->tfd, EPOLLIN, on_resize_tick, r, &r->src);
+    if (rc < 0) {
+        if (r->tfd >= 0)
+            close(r->tfd);
+        free(r);
+        return api_fail(err, errlen, rc, "resize timer: %s", strerror(-rc));
     }
+    rc = vhd_blk_resize_begin(dev->dev, bytes, force, sub, sizeof(sub));
+    if (rc == -EINPROGRESS) {
+        r->dev = dev;
+        r->done = done;
+        r->opaque = opaque;
+        dev->resize = r;
+        return rc;
+    }
+    vhd_ctl_del(r->src);
+    close(r->tfd);
+    free(r);
+    if (rc < 0)
+        return api_fail(err, errlen, rc, "%s", sub);
+    resized(dev);
     return 0;
 }
 
@@ -405,6 +499,10 @@ void vhd_device_destroy(struct vhd_device *d)
 {
     if (!d)
         return;
+    if (d->resize) { /* a shrink in progress is given up: the old capacity back */
+        vhd_blk_resize_cancel(d->dev);
+        resize_end(d->resize, -ECANCELED, "the device was destroyed during the resize");
+    }
     (void)vhd_device_stop(d);
     for (struct vhd_device **p = &d->ctx->devices; *p; p = &(*p)->next)
         if (*p == d) {

@@ -74,6 +74,17 @@ struct vhd_blk {
      * before the storage is cut (blk_pin).
      */
     uint32_t size_epoch;
+    /*
+     * A shrink waiting for requests admitted under the old capacity
+     * (vhd_blk_resize_begin .. vhd_blk_resize_step). Control thread only.
+     */
+    struct {
+        bool active;
+        bool force;
+        bool bumped; /* the epoch moved (the other parity drained first) */
+        uint32_t e;  /* the epoch when the wait began */
+        uint64_t bytes, old_cap, deadline_ns;
+    } shrink;
     uint32_t block_size;      /* logical block size, bytes */
     uint32_t block_sectors;   /* block_size / 512, a power of two */
     uint32_t max_dwz_sectors; /* per discard / write-zeroes segment, a multiple of block_sectors */
@@ -1425,95 +1436,29 @@ uint64_t vhd_blk_capacity(const struct vhd_dev *dev)
     return to_cblk(dev)->capacity;
 }
 
+/* A test's own copy (race hooks on): its held request times a shrink out sooner. */
 #ifdef VHD_TEST_RACE_HOOKS
-#define BLK_RESIZE_WAIT_MS 1000 /* a test's own copy: its held request times a shrink out sooner \
-                                 */
+#define BLK_RESIZE_WAIT_MS 1000
 #else
 #define BLK_RESIZE_WAIT_MS 5000
 #endif
 
-/* Wait until no running queue counts a request in parity p, until deadline (ns). 0 or -ETIMEDOUT.
- */
-static int blk_drain_parity(struct vhd_blk *blk, unsigned p, uint64_t deadline)
+/* Does no running queue count a request in parity p? */
+static bool blk_parity_drained(const struct vhd_blk *blk, unsigned p)
 {
     for (uint32_t q = 0; q < blk->dev.num_queues; q++) {
         const struct blk_queue *bq = blk->dev.queues[q].priv;
-        while (bq && vhd_load_relaxed(&bq->in_epoch[p]) != 0) {
-            if (vhd_now_ns() > deadline)
-                return -ETIMEDOUT;
-            struct timespec ts = {0, 100000};
-            nanosleep(&ts, NULL);
-        }
+        if (bq && vhd_load_relaxed(&bq->in_epoch[p]) != 0)
+            return false;
     }
-    return 0;
+    return true;
 }
 
-/*
- * After capacity was lowered: wait until every running queue's requests
- * admitted under an older capacity are pushed (blk_pin says why none can
- * slip past). Both parities: the other one first (no request is admitted
- * into it now; it holds what an earlier shrink that timed out left, whose
- * epoch stayed bumped), then the epoch is bumped and the current one
- * drains. Requests held by a stop policy are not waited for: their retry
- * checks the range again. -ETIMEDOUT after BLK_RESIZE_WAIT_MS (the epoch
- * may stay bumped: the next shrink waits for both parities again). Control
- * thread (which owns q->priv's lifetime).
- */
-static int blk_quiesce_old_epoch(struct vhd_blk *blk)
+/* The backend's resize, then the capacity published (growing) and logged. 0 or -errno. */
+static int blk_resize_apply(struct vhd_blk *blk, uint64_t bytes, bool force, uint64_t old_cap,
+                            char *err, size_t errlen)
 {
-    uint64_t deadline = vhd_now_ns() + (uint64_t)BLK_RESIZE_WAIT_MS * 1000000;
-    uint32_t e = blk->size_epoch;
-    vhd_smp_mb();
-    int rc = blk_drain_parity(blk, (e + 1) & 1, deadline);
-    if (rc < 0)
-        return rc;
-    vhd_store_release(&blk->size_epoch, e + 1);
-    vhd_smp_mb();
-    return blk_drain_parity(blk, e & 1, deadline);
-}
-
-int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
-{
-    struct vhd_blk *blk = to_blk(dev);
-    uint64_t old = blk->be->size, old_cap = blk->capacity;
-
-    if (bytes == 0 || bytes % blk->block_size) {
-        snprintf(err, errlen, "size %llu is not a positive multiple of the %u-byte block",
-                 (unsigned long long)bytes, blk->block_size);
-        return -EINVAL;
-    }
-    if (!blk->be->ops->resize) {
-        snprintf(err, errlen, "the %s backend cannot be resized", blk->be->ops->name);
-        return -ENOTSUP;
-    }
-    uint64_t cap = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
-    /*
-     * Shrinking: what the backend would refuse (data past the new end, a
-     * read-only image) is refused before the capacity drops, so the guest's
-     * I/O past the new end goes on meanwhile; the backend's resize checks
-     * again after the wait.
-     */
-    if (bytes < old && blk->be->ops->resize_check) {
-        int rc = blk->be->ops->resize_check(blk->be, bytes, force, err, errlen);
-        if (rc < 0)
-            return rc;
-    }
-    /*
-     * Shrinking: requests past the new end are refused before the storage
-     * goes, and those admitted under the old capacity finish first.
-     */
-    if (bytes < old) {
-        __atomic_store_n(&blk->capacity, cap, __ATOMIC_RELEASE);
-        int rc = blk_quiesce_old_epoch(blk);
-        if (rc < 0) {
-            __atomic_store_n(&blk->capacity, old_cap, __ATOMIC_RELEASE);
-            snprintf(err, errlen,
-                     "requests admitted before the shrink did not complete within %d ms "
-                     "(a slow backend?): nothing changed",
-                     BLK_RESIZE_WAIT_MS);
-            return rc;
-        }
-    }
+    uint64_t old = blk->be->size, cap = bytes >> VIRTIO_BLK_SECTOR_SHIFT;
     int rc = blk->be->ops->resize(blk->be, bytes, force, err, errlen);
     if (rc < 0) {
         __atomic_store_n(&blk->capacity, old_cap, __ATOMIC_RELEASE);
@@ -1524,6 +1469,109 @@ int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, s
     vhd_log(VHD_LOG_INFO, "%s: resized from %llu to %llu bytes (%llu sectors)", blk->dev.name,
             (unsigned long long)old, (unsigned long long)bytes, (unsigned long long)cap);
     return 0;
+}
+
+int vhd_blk_resize_begin(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    uint64_t old = blk->be->size, old_cap = blk->capacity;
+
+    if (blk->shrink.active) {
+        snprintf(err, errlen, "a shrink of this device is in progress");
+        return -EBUSY;
+    }
+    if (bytes == 0 || bytes % blk->block_size) {
+        snprintf(err, errlen, "size %llu is not a positive multiple of the %u-byte block",
+                 (unsigned long long)bytes, blk->block_size);
+        return -EINVAL;
+    }
+    if (!blk->be->ops->resize) {
+        snprintf(err, errlen, "the %s backend cannot be resized", blk->be->ops->name);
+        return -ENOTSUP;
+    }
+    if (bytes >= old)
+        return blk_resize_apply(blk, bytes, force, old_cap, err, errlen);
+    /*
+     * Shrinking: what the backend would refuse (data past the new end, a
+     * read-only image) is refused before the capacity drops, so the guest's
+     * I/O past the new end goes on meanwhile; the backend's resize checks
+     * again after the wait.
+     */
+    if (blk->be->ops->resize_check) {
+        int rc = blk->be->ops->resize_check(blk->be, bytes, force, err, errlen);
+        if (rc < 0)
+            return rc;
+    }
+    /*
+     * Requests past the new end are refused from now on, and those admitted
+     * under the old capacity finish before the storage goes (blk_pin says
+     * why none can slip past). Both epoch parities are waited for: the other
+     * one first (nothing is admitted into it now; it holds what an earlier
+     * shrink that timed out left, its epoch still bumped), then the epoch
+     * moves and the current one drains, under one deadline. Requests held
+     * by a stop policy are not waited for: their retry checks the range.
+     */
+    __atomic_store_n(&blk->capacity, bytes >> VIRTIO_BLK_SECTOR_SHIFT, __ATOMIC_RELEASE);
+    blk->shrink.e = blk->size_epoch;
+    vhd_smp_mb();
+    blk->shrink.active = true;
+    blk->shrink.bumped = false;
+    blk->shrink.force = force;
+    blk->shrink.bytes = bytes;
+    blk->shrink.old_cap = old_cap;
+    blk->shrink.deadline_ns = vhd_now_ns() + (uint64_t)BLK_RESIZE_WAIT_MS * 1000000;
+    return vhd_blk_resize_step(dev, err, errlen);
+}
+
+int vhd_blk_resize_step(struct vhd_dev *dev, char *err, size_t errlen)
+{
+    struct vhd_blk *blk = to_blk(dev);
+    uint32_t e = blk->shrink.e;
+
+    if (!blk->shrink.active)
+        return 0;
+    if (!blk->shrink.bumped) {
+        if (!blk_parity_drained(blk, (e + 1) & 1))
+            goto wait;
+        vhd_store_release(&blk->size_epoch, e + 1);
+        vhd_smp_mb();
+        blk->shrink.bumped = true;
+    }
+    if (!blk_parity_drained(blk, e & 1))
+        goto wait;
+    blk->shrink.active = false;
+    return blk_resize_apply(blk, blk->shrink.bytes, blk->shrink.force, blk->shrink.old_cap, err,
+                            errlen);
+wait:
+    if (vhd_now_ns() <= blk->shrink.deadline_ns)
+        return -EINPROGRESS;
+    vhd_blk_resize_cancel(dev);
+    snprintf(err, errlen,
+             "requests admitted before the shrink did not complete within %d ms (a slow "
+             "backend?): nothing changed",
+             BLK_RESIZE_WAIT_MS);
+    return -ETIMEDOUT;
+}
+
+void vhd_blk_resize_cancel(struct vhd_dev *dev)
+{
+    struct vhd_blk *blk = to_blk(dev);
+
+    if (!blk->shrink.active)
+        return;
+    blk->shrink.active = false; /* the epoch may stay bumped: the next shrink waits for both */
+    __atomic_store_n(&blk->capacity, blk->shrink.old_cap, __ATOMIC_RELEASE);
+}
+
+int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen)
+{
+    int rc = vhd_blk_resize_begin(dev, bytes, force, err, errlen);
+    while (rc == -EINPROGRESS) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        rc = vhd_blk_resize_step(dev, err, errlen);
+    }
+    return rc;
 }
 
 int vhd_blk_queue_counters(const struct vhd_queue *q, uint64_t *completed, uint64_t *bytes,

@@ -130,6 +130,20 @@ uint64_t vhd_blk_capacity(const struct vhd_dev *dev);
  */
 int vhd_blk_resize(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen);
 
+/*
+ * vhd_blk_resize in steps, for a caller that must not block (the control
+ * loop): vhd_blk_resize_begin returns what vhd_blk_resize would, or
+ * -EINPROGRESS when a shrink waits for requests admitted under the old
+ * capacity; then vhd_blk_resize_step, called again (a timer) until it
+ * returns something else, ends with the same outcome (-ETIMEDOUT after the
+ * bounded wait: nothing changed). vhd_blk_resize_cancel gives a shrink in
+ * progress up (the old capacity back). One shrink at a time (-EBUSY).
+ * Control thread.
+ */
+int vhd_blk_resize_begin(struct vhd_dev *dev, uint64_t bytes, bool force, char *err, size_t errlen);
+int vhd_blk_resize_step(struct vhd_dev *dev, char *err, size_t errlen);
+void vhd_blk_resize_cancel(struct vhd_dev *dev);
+
 /* Per-queue counters, kept by the owning worker without atomics. */
 struct vhd_blk_queue_stats {
     uint64_t completed; /* requests completed with a status byte */

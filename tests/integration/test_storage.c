@@ -1193,3 +1193,78 @@ VHD_TEST(api_refused_shrink_does_not_wait)
     vhd_ctx_destroy(ctx);
     test_done();
 }
+
+struct resize_result {
+    int calls;
+    int rc;
+};
+
+static void resize_cb(void *opaque, int rc, const char *err)
+{
+    struct resize_result *r = opaque;
+    (void)err;
+    r->calls++;
+    r->rc = rc;
+}
+
+/*
+ * vhd_blk_device_resize_async: a shrink that must wait for a write in
+ * flight returns at once (-EINPROGRESS) and the control loop goes on; the
+ * first times out through the loop (done: -ETIMEDOUT, nothing changed),
+ * the second completes through it once the write is released (done: 0, the
+ * image cut); a second shrink meanwhile is -EBUSY.
+ */
+VHD_TEST(api_async_shrink_does_not_block)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    struct vhd_ctx *ctx;
+    struct api_writer a;
+    pthread_t th;
+    struct vhd_device *dev = held_write_start(&dm, &ctx, &a, &th, 0);
+    char err[256] = "";
+    struct resize_result res = {0};
+    uint64_t t0 = ms_now();
+    int rc =
+        vhd_blk_device_resize_async(dev, IMG_SIZE / 2, true, resize_cb, &res, err, sizeof(err));
+    VHD_CHECK_EQ(rc, -EINPROGRESS);
+    VHD_CHECK(ms_now() - t0 < 200);
+    VHD_CHECK_EQ(
+        vhd_blk_device_resize_async(dev, IMG_SIZE / 4, true, resize_cb, &res, err, sizeof(err)),
+        -EBUSY);
+    while (res.calls == 0) { /* the loop runs: the shrink's wait is a timer of it */
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    VHD_CHECK_EQ(res.calls, 1);
+    VHD_CHECK_EQ(res.rc, -ETIMEDOUT);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), IMG_SIZE);
+    VHD_CHECK_EQ(file_size(dm.img), (off_t)IMG_SIZE);
+
+    res = (struct resize_result){0};
+    VHD_CHECK_EQ(
+        vhd_blk_device_resize_async(dev, IMG_SIZE / 2, true, resize_cb, &res, err, sizeof(err)),
+        -EINPROGRESS);
+    __atomic_store_n(&hold_state, HOLD_RELEASED, __ATOMIC_RELEASE);
+    t0 = ms_now();
+    while (res.calls == 0 || !__atomic_load_n(&a.finished, __ATOMIC_ACQUIRE)) {
+        VHD_CHECK(ms_now() - t0 < WAIT_MS);
+        VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
+    }
+    held_write_finish(ctx, &a, th);
+    VHD_CHECK_EQ(res.calls, 1);
+    VHD_CHECK_EQ(res.rc, 0);
+    VHD_CHECK_EQ(a.ret, 0);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), IMG_SIZE / 2);
+    VHD_CHECK_EQ(file_size(dm.img), (off_t)IMG_SIZE / 2);
+    /* Growing needs no wait: the outcome at once, no callback. */
+    res = (struct resize_result){0};
+    VHD_CHECK_EQ(
+        vhd_blk_device_resize_async(dev, IMG_SIZE, false, resize_cb, &res, err, sizeof(err)), 0);
+    VHD_CHECK_EQ(res.calls, 0);
+    VHD_CHECK_EQ(vhd_blk_device_size(dev), IMG_SIZE);
+    vhd_ctx_destroy(ctx);
+    test_done();
+}
