@@ -1268,3 +1268,42 @@ VHD_TEST(api_async_shrink_does_not_block)
     vhd_ctx_destroy(ctx);
     test_done();
 }
+
+static void *release_later(void *arg)
+{
+    (void)arg;
+    sleep_ms(300);
+    __atomic_store_n(&hold_state, HOLD_RELEASED, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+/*
+ * A shrink waiting for a write in flight when its device is destroyed: done
+ * is called once with -ECANCELED (the old capacity back), before the
+ * destruction waits for the write (released a little later).
+ */
+VHD_TEST(api_async_shrink_cancelled_by_destroy)
+{
+    struct daemon dm;
+    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
+    make_image(&dm, IMG_SIZE);
+    track(&dm);
+    struct vhd_ctx *ctx;
+    struct api_writer a;
+    pthread_t th, rel;
+    struct vhd_device *dev = held_write_start(&dm, &ctx, &a, &th, 0);
+    char err[256] = "";
+    struct resize_result res = {0};
+    VHD_CHECK_EQ(
+        vhd_blk_device_resize_async(dev, IMG_SIZE / 2, true, resize_cb, &res, err, sizeof(err)),
+        -EINPROGRESS);
+    VHD_CHECK_EQ(pthread_create(&rel, NULL, release_later, NULL), 0);
+    vhd_device_destroy(dev);
+    VHD_CHECK_EQ(res.calls, 1);
+    VHD_CHECK_EQ(res.rc, -ECANCELED);
+    VHD_CHECK_EQ(pthread_join(rel, NULL), 0);
+    held_write_finish(ctx, &a, th);
+    VHD_CHECK_EQ(file_size(dm.img), (off_t)IMG_SIZE); /* nothing cut */
+    vhd_ctx_destroy(ctx);
+    test_done();
+}
