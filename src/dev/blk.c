@@ -568,7 +568,7 @@ static void blk_submit(struct blk_queue *bq, struct blk_req *r, uint8_t op, uint
     r->io.iov = iov;
     r->io.iovcnt = iovcnt;
     r->io.complete = blk_io_done;
-    r->io.owner = bq; /* what blk_queue_stop cancels */
+    r->io.owner = bq;             /* what blk_queue_stop cancels */
     VHD_RACE_POINT("blk_submit"); /* a test holds an admitted request here (test_storage) */
     /* May complete (and recycle r) before it returns: r is not touched afterwards. */
     vhd_blk_be_submit(bq->blk->be, bq->q->worker, &r->io);
