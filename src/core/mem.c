@@ -473,7 +473,7 @@ int vhd_mem_gpa_to_iov(const struct vhd_mem *mem, uint64_t gpa, uint64_t len, st
 }
 
 /* Binary search over by_uva; same shape as vhd_mem__find_gpa. */
-void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len)
+int vhd_mem__find_uva(const struct vhd_mem *mem, uint64_t uva)
 {
     uint32_t lo = 0, hi = mem->nregions;
 
@@ -485,11 +485,23 @@ void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len)
             hi = mid;
     }
     if (lo == 0)
+        return -1;
+    uint32_t i = mem->by_uva[vhd_index_nospec(lo - 1, mem->nregions)];
+    const struct vhd_mem_region *r = &mem->regions[vhd_index_nospec(i, mem->nregions)];
+    if (uva - r->uva >= r->size) /* uva >= r->uva here: no wrap */
+        return -1;
+    return (int)vhd_index_nospec(i, mem->nregions);
+}
+
+void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len)
+{
+    int i = vhd_mem__find_uva(mem, uva);
+
+    if (i < 0)
         return NULL;
-    const struct vhd_mem_region *r =
-        &mem->regions[mem->by_uva[vhd_index_nospec(lo - 1, mem->nregions)]];
-    uint64_t off = uva - r->uva; /* uva >= r->uva here: no wrap */
-    if (off >= r->size || len > r->size - off)
+    const struct vhd_mem_region *r = &mem->regions[i];
+    uint64_t off = uva - r->uva;
+    if (len > r->size - off)
         return NULL;
     return r->hva + vhd_index_nospec(off, r->size);
 }

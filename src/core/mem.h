@@ -135,6 +135,9 @@ int vhd_mem_gpa_to_iov(const struct vhd_mem *mem, uint64_t gpa, uint64_t len, st
  */
 void *vhd_mem_uva_to_hva(const struct vhd_mem *mem, uint64_t uva, uint64_t len);
 
+/* Slow path of the UVA lookup: index of the region containing uva, or -1. */
+int vhd_mem__find_uva(const struct vhd_mem *mem, uint64_t uva);
+
 /*
  * vhd_mem_hva_to_gpa - the guest-physical address of host pointer hva, when
  * [hva, hva+len) lies inside one region's mapping (what pop hands out: a

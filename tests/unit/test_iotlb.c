@@ -1,0 +1,449 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit tests of the device IOTLB (src/core/iotlb.c): updates, overlaps,
+ * invalidations, permissions, region clipping, host adjacency, versions
+ * that stay readable while replaced, 262,144 entries, and a randomized
+ * comparison against a trivial per-unit reference model.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/iotlb.h"
+#include "core/mem.h"
+#include "harness.h"
+
+/* Two regions, adjacent in UVA and GPA: [R0_UVA, +RSZ) and [R0_UVA + RSZ, +RSZ). */
+#define RSZ    (1ull << 20)
+#define R0_UVA 0x10000000ull
+#define R1_UVA (R0_UVA + RSZ)
+
+static int memfd_sized(uint64_t size)
+{
+    int fd = memfd_create("test-iotlb", MFD_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK(ftruncate(fd, (off_t)size) == 0);
+    return fd;
+}
+
+static struct vhd_mem *two_regions(uint64_t size)
+{
+    int fd = memfd_sized(2 * size);
+    struct vhd_mem_region_desc d[2] = {
+        {.gpa = 0, .size = size, .uva = R0_UVA, .mmap_offset = 0, .fd = fd},
+        {.gpa = size, .size = size, .uva = R0_UVA + size, .mmap_offset = size, .fd = fd},
+    };
+    struct vhd_mem *mem;
+    VHD_CHECK(vhd_mem_new(d, 2, &mem) == 0);
+    close(fd);
+    return mem;
+}
+
+/* Host address of front-end address uva (the test's own reference). */
+static uint8_t *hva_of(const struct vhd_mem *mem, uint64_t uva)
+{
+    return vhd_mem_uva_to_hva(mem, uva, 1);
+}
+
+static struct vhd_iotlb *new_tlb(void)
+{
+    struct vhd_iotlb *t;
+    VHD_CHECK(vhd_iotlb_new(4, &t) == 0);
+    return t;
+}
+
+VHD_TEST(update_lookup_perm)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct vhd_iotlb_ent e;
+    const struct vhd_iotlb_ver *v;
+    struct iovec iov[4];
+    uint64_t miss = 0;
+
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x1000, 0x2000, R0_UVA + 0x5000, VHD_IOTLB_R), 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0xfff, &e), -ENOENT);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x1000, &e), 0);
+    VHD_CHECK(e.hva == hva_of(mem, R0_UVA + 0x5000));
+    VHD_CHECK_EQ(e.gpa, 0x5000);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x2fff, &e), 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x3000, &e), -ENOENT);
+    /* a read is allowed, a write through the read-only mapping is not */
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x1800, 0x100, VHD_IOTLB_R, iov, 4, &miss), 1);
+    VHD_CHECK(iov[0].iov_base == hva_of(mem, R0_UVA + 0x5800));
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x1800, 0x100, VHD_IOTLB_W, iov, 4, &miss), -EACCES);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x1800, 0x100, VHD_IOTLB_RW, iov, 4, &miss), -EACCES);
+    /* a range running off the end misses at the first unmapped byte */
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x2f00, 0x200, VHD_IOTLB_R, iov, 4, &miss), -EFAULT);
+    VHD_CHECK_EQ(miss, 0x3000);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x10, UINT64_MAX, VHD_IOTLB_R, iov, 4, &miss), -EOVERFLOW);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x1000, 0, VHD_IOTLB_R, iov, 4, &miss), 0);
+    vhd_iotlb_leave(t, 0);
+
+    /* write-only */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x8000, 0x1000, R0_UVA, VHD_IOTLB_W), 0);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x8000, 8, VHD_IOTLB_W, iov, 4, &miss), 1);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x8000, 8, VHD_IOTLB_R, iov, 4, &miss), -EACCES);
+    vhd_iotlb_leave(t, 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+VHD_TEST(bad_updates_change_nothing)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    uint64_t changes = t->changes;
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x1000, 0, R0_UVA, VHD_IOTLB_RW), -EINVAL);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, UINT64_MAX, 2, R0_UVA, VHD_IOTLB_RW), -EINVAL);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 2, UINT64_MAX, VHD_IOTLB_RW), -EINVAL);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x1000, R0_UVA, 0), -EINVAL);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x1000, R0_UVA, 4), -EINVAL);
+    /* outside every region, or running past the last one: refused whole */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x1000, 0x1000, VHD_IOTLB_RW), -EFAULT);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x2000, R1_UVA + RSZ - 0x1000, VHD_IOTLB_RW), -EFAULT);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 1ull << 40, R0_UVA, VHD_IOTLB_RW), -EFAULT);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, UINT64_MAX, R0_UVA, VHD_IOTLB_RW), -EINVAL);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, NULL, 0, 0x1000, R0_UVA, VHD_IOTLB_RW), -EFAULT);
+    VHD_CHECK_EQ(t->changes, changes);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    /* the largest update inside memory: both regions whole, at the top of the IOVA space */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, UINT64_MAX - 2 * RSZ + 1, 2 * RSZ, R0_UVA, VHD_IOTLB_R),
+                 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 3);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 1);
+    struct vhd_iotlb_ent e;
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, UINT64_MAX, &e), 0);
+    VHD_CHECK(e.hva == hva_of(mem, R1_UVA + RSZ - 1) - (RSZ - 1));
+    vhd_iotlb_leave(t, 1);
+    /* invalidating never-mapped ranges, size 0, and to the end of the space */
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x100000, 0x1000), 0);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0, 0), 0);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 1ull << 40, UINT64_MAX), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0, UINT64_MAX), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 0);
+    VHD_CHECK_EQ(vhd_iotlb_flush(t), 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+VHD_TEST(overlap_replaces)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct vhd_iotlb_ent e;
+
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x10000, R0_UVA, VHD_IOTLB_RW), 0);
+    /* duplicate: replaces itself */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x10000, R0_UVA, VHD_IOTLB_RW), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    /* in the middle: the old entry is cut in two around it */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x14000, 0x1000, R0_UVA + 0x80000, VHD_IOTLB_R), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 3);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x13fff, &e), 0);
+    VHD_CHECK(e.hva + (0x13fff - e.iova) == hva_of(mem, R0_UVA + 0x3fff));
+    VHD_CHECK_EQ(e.perm, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x14000, &e), 0);
+    VHD_CHECK(e.hva == hva_of(mem, R0_UVA + 0x80000));
+    VHD_CHECK_EQ(e.perm, VHD_IOTLB_R);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x15000, &e), 0);
+    VHD_CHECK(e.hva == hva_of(mem, R0_UVA + 0x5000));
+    VHD_CHECK_EQ(e.size, 0xb000);
+    vhd_iotlb_leave(t, 0);
+    /* across both ends of two entries */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x13000, 0x3000, R1_UVA, VHD_IOTLB_W), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 3);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x12fff, &e), 0);
+    VHD_CHECK_EQ(e.iova, 0x10000);
+    VHD_CHECK_EQ(e.size, 0x3000);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x15fff, &e), 0);
+    VHD_CHECK(e.hva + (0x15fff - e.iova) == hva_of(mem, R1_UVA + 0x2fff));
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x16000, &e), 0);
+    VHD_CHECK_EQ(e.size, 0xa000);
+    vhd_iotlb_leave(t, 0);
+    /* covering everything */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0, 0x100000, R0_UVA, VHD_IOTLB_R), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    /* partial invalidation keeps both sides */
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x1000, 0x1000), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 2);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x1000, 0x1000), 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+VHD_TEST(region_clip_and_host_adjacency)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct iovec iov[4];
+    uint64_t miss;
+
+    /* one update across the UVA boundary of the regions: two entries, two segments */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x40000, 0x2000, R1_UVA - 0x1000, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 2);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x40000, 0x2000, VHD_IOTLB_RW, iov, 4, &miss), 2);
+    VHD_CHECK(iov[0].iov_base == hva_of(mem, R1_UVA - 0x1000));
+    VHD_CHECK_EQ(iov[0].iov_len, 0x1000);
+    VHD_CHECK(iov[1].iov_base == hva_of(mem, R1_UVA));
+    VHD_CHECK_EQ(iov[1].iov_len, 0x1000);
+    struct vhd_iotlb_ent e;
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x41000, &e), 0);
+    VHD_CHECK_EQ(e.gpa, RSZ);
+    VHD_CHECK_EQ(e.region, 1);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x40000, 0x2000, VHD_IOTLB_RW, iov, 1, &miss), -ENOBUFS);
+    void *p;
+    VHD_CHECK_EQ(vhd_iotlb_to_hva(v, 0x40000, 0x2000, VHD_IOTLB_RW, &p, &miss), -ENXIO);
+    vhd_iotlb_leave(t, 0);
+
+    /* IOVA-adjacent entries adjacent in host memory: joined */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x50000, 0x1000, R0_UVA + 0x7000, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x51000, 0x1000, R0_UVA + 0x8000, VHD_IOTLB_R), 0);
+    /* IOVA-adjacent, not host-adjacent: two segments */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x52000, 0x1000, R0_UVA + 0x2000, VHD_IOTLB_R), 0);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_to_iov(v, 0x50800, 0x2000, VHD_IOTLB_R, iov, 4, &miss), 2);
+    VHD_CHECK(iov[0].iov_base == hva_of(mem, R0_UVA + 0x7800));
+    VHD_CHECK_EQ(iov[0].iov_len, 0x1800);
+    VHD_CHECK(iov[1].iov_base == hva_of(mem, R0_UVA + 0x2000));
+    VHD_CHECK_EQ(iov[1].iov_len, 0x800);
+    VHD_CHECK_EQ(vhd_iotlb_to_hva(v, 0x50000, 0x2000, VHD_IOTLB_R, &p, &miss), 0);
+    VHD_CHECK(p == hva_of(mem, R0_UVA + 0x7000));
+    VHD_CHECK_EQ(vhd_iotlb_to_hva(v, 0x50000, 0x2000, VHD_IOTLB_RW, &p, &miss), -EACCES);
+    VHD_CHECK_EQ(vhd_iotlb_to_hva(v, 0x50000, 0x3000, VHD_IOTLB_R, &p, &miss), -ENXIO);
+    vhd_iotlb_leave(t, 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+/* A version a reader holds stays intact (and allocated) while others replace it. */
+VHD_TEST(held_version_survives)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct vhd_iotlb_ent e;
+
+    for (uint64_t i = 0; i < 64; i++)
+        VHD_CHECK_EQ(vhd_iotlb_update(t, mem, i << 12, 0x1000, R0_UVA + (i << 12), VHD_IOTLB_RW),
+                     0);
+    const struct vhd_iotlb_ver *old = vhd_iotlb_enter(t, 2);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0, 32 << 12), 1);
+    for (uint64_t i = 0; i < 64; i++)
+        VHD_CHECK(vhd_iotlb_update(t, mem, i << 12, 0x1000, R1_UVA + (i << 12), VHD_IOTLB_R) >= 0);
+    VHD_CHECK_EQ(vhd_iotlb_reclaim(t), 1); /* the held one waits */
+    for (uint64_t i = 0; i < 64; i++) {
+        VHD_CHECK_EQ(vhd_iotlb_lookup(old, i << 12, &e), 0);
+        VHD_CHECK(e.hva == hva_of(mem, R0_UVA + (i << 12)));
+        VHD_CHECK_EQ(e.perm, VHD_IOTLB_RW);
+    }
+    vhd_iotlb_leave(t, 2);
+    VHD_CHECK_EQ(vhd_iotlb_reclaim(t), 0);
+    const struct vhd_iotlb_ver *now = vhd_iotlb_enter(t, 2);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(now, 5 << 12, &e), 0);
+    VHD_CHECK(e.hva == hva_of(mem, R1_UVA + (5 << 12)));
+    vhd_iotlb_leave(t, 2);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+static uint64_t rnd_state = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    rnd_state ^= rnd_state << 13;
+    rnd_state ^= rnd_state >> 7;
+    rnd_state ^= rnd_state << 17;
+    return rnd_state;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* 1 GiB of buffers in 4 KiB mappings, in random order, scattered in host memory. */
+VHD_TEST(entries_262144)
+{
+    const uint64_t n = 262144, gib = n << 12;
+    struct vhd_mem *mem = two_regions(gib);
+    struct vhd_iotlb *t = new_tlb();
+    uint32_t *order = malloc(n * sizeof(*order)), *page = malloc(n * sizeof(*page));
+
+    VHD_CHECK(order && page);
+    for (uint32_t i = 0; i < n; i++)
+        order[i] = page[i] = i;
+    for (uint32_t i = n - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)(rnd() % (i + 1)), k = (uint32_t)(rnd() % (i + 1)), x;
+        x = order[i], order[i] = order[j], order[j] = x;
+        x = page[i], page[i] = page[k], page[k] = x;
+    }
+    double t0 = now_s();
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t p = order[i];
+        VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x100000000ull + (p << 12), 0x1000,
+                                      R0_UVA + ((uint64_t)page[p] << 12), VHD_IOTLB_RW),
+                     0);
+    }
+    double t1 = now_s();
+    VHD_CHECK_EQ(vhd_iotlb_count(t), n);
+    /* a treap's expected height is about 2.99 log2(n) = 54; never near n */
+    uint32_t h = vhd_iotlb_height(t);
+    VHD_CHECK(h >= 18 && h <= 90);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 0);
+    struct vhd_iotlb_ent e;
+    for (uint32_t i = 0; i < 4 * n; i++) {
+        uint64_t p = rnd() % n, off = rnd() & 0xfff;
+        VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x100000000ull + (p << 12) + off, &e), 0);
+        VHD_CHECK(e.hva + off == hva_of(mem, R0_UVA + ((uint64_t)page[p] << 12) + off));
+    }
+    double t2 = now_s();
+    vhd_iotlb_leave(t, 0);
+    /* invalidating every other page one by one, then the rest in one go */
+    for (uint64_t p = 0; p < n; p += 2)
+        VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x100000000ull + (p << 12), 0x1000), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), n / 2);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0, UINT64_MAX), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 0);
+    printf("  262144 updates %.0f ns each, lookups %.0f ns each, height %u\n",
+           (t1 - t0) / (double)n * 1e9, (t2 - t1) / (4.0 * (double)n) * 1e9, h);
+    free(order);
+    free(page);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+/*
+ * Reference model: per 16-byte unit of a 64 KiB IOVA window, the host
+ * address of its first byte, its region and permission (0: unmapped).
+ */
+#define UNIT   16u
+#define NUNITS 4096u
+struct ref_unit {
+    uint8_t *hva;
+    uint32_t region;
+    uint8_t perm;
+};
+
+static void ref_check(struct vhd_iotlb *t, const struct ref_unit *ref)
+{
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 3);
+    struct vhd_iotlb_ent e;
+
+    for (uint32_t u = 0; u < NUNITS; u++) {
+        uint64_t iova = (uint64_t)u * UNIT + (rnd() % UNIT);
+        int rc = vhd_iotlb_lookup(v, iova, &e);
+        if (!ref[u].perm) {
+            VHD_CHECK_EQ(rc, -ENOENT);
+            continue;
+        }
+        VHD_CHECK_EQ(rc, 0);
+        VHD_CHECK_EQ(e.perm, ref[u].perm);
+        VHD_CHECK(e.hva + (iova - e.iova) == ref[u].hva + iova % UNIT);
+    }
+    /* random ranges: the same bytes, and segments joined exactly when the model says */
+    for (int k = 0; k < 64; k++) {
+        uint32_t a = (uint32_t)(rnd() % NUNITS), b = a + 1 + (uint32_t)(rnd() % 64);
+        if (b > NUNITS)
+            b = NUNITS;
+        struct iovec iov[80];
+        uint64_t miss = 0;
+        int rc = vhd_iotlb_to_iov(v, (uint64_t)a * UNIT, (uint64_t)(b - a) * UNIT, VHD_IOTLB_R, iov,
+                                  80, &miss);
+        int want = 0;
+        bool fault = false, acc = false;
+        for (uint32_t u = a; u < b; u++) {
+            if (!ref[u].perm) {
+                fault = true;
+                VHD_CHECK(rc == -EFAULT || rc == -EACCES);
+                if (rc == -EFAULT)
+                    VHD_CHECK_EQ(miss, (uint64_t)u * UNIT);
+                break;
+            }
+            if (!(ref[u].perm & VHD_IOTLB_R)) {
+                acc = true;
+                VHD_CHECK_EQ(rc, -EACCES);
+                break;
+            }
+            if (u == a || ref[u].region != ref[u - 1].region || ref[u].hva != ref[u - 1].hva + UNIT)
+                want++;
+        }
+        if (fault || acc)
+            continue;
+        VHD_CHECK_EQ(rc, want);
+        uint32_t u = a;
+        for (int s = 0; s < rc; s++) {
+            VHD_CHECK(iov[s].iov_base == ref[u].hva);
+            u += (uint32_t)(iov[s].iov_len / UNIT);
+        }
+        VHD_CHECK_EQ(u, b);
+    }
+    vhd_iotlb_leave(t, 3);
+}
+
+VHD_TEST(random_vs_reference)
+{
+    struct vhd_mem *mem = two_regions(64 * 1024);
+    struct vhd_iotlb *t = new_tlb();
+    static struct ref_unit ref[NUNITS];
+    const uint64_t rsz = 64 * 1024;
+
+    memset(ref, 0, sizeof(ref));
+    for (int op = 0; op < 4000; op++) {
+        uint32_t a = (uint32_t)(rnd() % NUNITS);
+        uint32_t len = 1 + (uint32_t)(rnd() % (rnd() % 4 ? 16 : 512));
+        if (a + len > NUNITS)
+            len = NUNITS - a;
+        if (rnd() % 3) {
+            /* uva units inside the two regions (or partly beyond them: refused) */
+            uint64_t uvu = rnd() % (2 * rsz / UNIT + 8);
+            uint64_t uva = R0_UVA + uvu * UNIT;
+            uint8_t perm = (uint8_t)(1 + rnd() % 3);
+            int rc = vhd_iotlb_update(t, mem, (uint64_t)a * UNIT, (uint64_t)len * UNIT, uva, perm);
+            if ((uvu + len) * UNIT > 2 * rsz) {
+                VHD_CHECK_EQ(rc, -EFAULT);
+            } else {
+                VHD_CHECK(rc == 0 || rc == 1);
+                bool any = false;
+                for (uint32_t u = a; u < a + len; u++) {
+                    any |= ref[u].perm != 0;
+                    uint64_t x = uva + (uint64_t)(u - a) * UNIT;
+                    ref[u].hva = hva_of(mem, x);
+                    ref[u].region = x - R0_UVA >= rsz ? 1 : 0;
+                    ref[u].perm = perm;
+                }
+                VHD_CHECK_EQ(rc, any ? 1 : 0);
+            }
+        } else {
+            int rc = vhd_iotlb_invalidate(t, (uint64_t)a * UNIT, (uint64_t)len * UNIT);
+            bool any = false;
+            for (uint32_t u = a; u < a + len; u++) {
+                any |= ref[u].perm != 0;
+                ref[u].perm = 0;
+            }
+            VHD_CHECK_EQ(rc, any ? 1 : 0);
+        }
+        if (op % 16 == 0)
+            ref_check(t, ref);
+    }
+    ref_check(t, ref);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
