@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "vq.h"
 
@@ -31,6 +32,10 @@ static const char *const vq_err_names[VHD_VQ_E__COUNT] = {
     [VHD_VQ_E_INFLIGHT] = "inflight area does not fit the queue or is corrupt",
     [VHD_VQ_E_UNPOP] = "chain given back is not the last one popped",
     [VHD_VQ_E_ID_IN_FLIGHT] = "chain head or buffer id made available again while in flight",
+    [VHD_VQ_E_IOTLB_PERM] = "buffer mapped by the IOTLB without the access it needs",
+    [VHD_VQ_E_IOTLB_RING] = "ring not contiguous in one region, or mapped without the access it "
+                            "needs",
+    [VHD_VQ_E_IOTLB_MISS] = "address not mapped by the IOTLB (yet)",
 };
 
 const char *vhd_vq_strerror(int err)
@@ -62,6 +67,9 @@ int vhd_vq_init(struct vhd_vq *vq, const struct vhd_vq_params *p, const struct v
 
     memset(vq, 0, sizeof(*vq));
     vq->mem = mem;
+    vq->xlat = mem;
+    vq->iotlb_event_fd = -1;
+    vq->iotlb_one.regions = &vq->iotlb_reg;
     vq->size = (uint16_t)p->size; /* 32768 fits in 16 bits */
     vq->mask = (uint16_t)(p->size - 1);
     vq->packed = p->packed;
@@ -114,6 +122,130 @@ uint32_t vhd_vq_get_base(const struct vhd_vq *vq)
            (uint32_t)vq->used_idx << 16 | (uint32_t)vq->used_wrap << 31;
 }
 
+/*
+ * A miss: publish it for the control thread (release: a reader of the
+ * word sees the queue's state before it) and wake it through the event
+ * fd, once per distinct miss. The worker never waits for the answer.
+ */
+static void iotlb_record_miss(struct vhd_vq *vq, uint64_t iova, uint8_t perm)
+{
+    uint64_t w = (iova & ~(uint64_t)0xfff) | perm;
+
+    if (vhd_load_relaxed(&vq->iotlb_miss) == w)
+        return;
+    vhd_store_release(&vq->iotlb_miss, w);
+    if (vq->iotlb_event_fd >= 0) {
+        uint64_t one = 1;
+        /* Non-blocking (the runtime's own eventfd); a full counter already wakes it. */
+        ssize_t n = write(vq->iotlb_event_fd, &one, sizeof(one));
+        (void)n;
+    }
+}
+
+/* Remember e as the last hit; a read-write one also becomes the fast path's region. */
+static void iotlb_cache(struct vhd_vq *vq, const struct vhd_iotlb_ent *e)
+{
+    vq->iotlb_last = *e;
+    if (e->perm == VHD_IOTLB_RW) {
+        vq->iotlb_reg.gpa = e->iova;
+        vq->iotlb_reg.size = e->size;
+        vq->iotlb_reg.hva = e->hva;
+        vq->iotlb_one.nregions = 1;
+        vq->mem_hint = 0;
+    }
+}
+
+/*
+ * IOTLB translation of a buffer or table: the last entry hit (any
+ * permission), else the published table through the queue's reader slot.
+ * Returns the segment count, -VHD_VQ_E_IOTLB_MISS (miss recorded),
+ * -VHD_VQ_E_IOTLB_PERM, -VHD_VQ_E_IOV_FULL or -VHD_VQ_E_ADDR; breaks
+ * nothing itself.
+ */
+int vhd_vq__iotlb_map(struct vhd_vq *vq, uint64_t addr, uint64_t len, uint8_t perm,
+                      struct iovec *iov, uint32_t max_iov)
+{
+    const struct vhd_iotlb_ent *last = &vq->iotlb_last;
+    uint64_t off = addr - last->iova, miss = addr;
+
+    if (max_iov == 0)
+        return -VHD_VQ_E_IOV_FULL;
+    if (off < last->size && len <= last->size - off) {
+        if ((last->perm & perm) != perm)
+            return -VHD_VQ_E_IOTLB_PERM;
+        iov[0].iov_base = last->hva + off;
+        iov[0].iov_len = len;
+        return 1;
+    }
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(vq->iotlb, vq->iotlb_slot);
+    int n = vhd_iotlb_to_iov(v, addr, len, perm, iov, max_iov, &miss);
+    struct vhd_iotlb_ent e;
+    if (n > 0 && vhd_iotlb_lookup(v, addr + len - 1, &e) == 0)
+        iotlb_cache(vq, &e); /* the last entry of the range: where the next buffer likely is */
+    vhd_iotlb_leave(vq->iotlb, vq->iotlb_slot);
+    switch (n) {
+    case -EFAULT:
+        iotlb_record_miss(vq, miss, perm);
+        return -VHD_VQ_E_IOTLB_MISS;
+    case -EACCES:
+        return -VHD_VQ_E_IOTLB_PERM;
+    case -ENOBUFS:
+        return -VHD_VQ_E_IOV_FULL;
+    default:
+        return n < 0 ? -VHD_VQ_E_ADDR : n;
+    }
+}
+
+/*
+ * Ring part through the IOTLB: one host-contiguous range in one region
+ * (a ring spanning IOMMU pages that are not contiguous in host memory is
+ * refused: VHD_VQ_E_IOTLB_RING, the queue breaks; Linux allocates rings
+ * physically contiguous). 0 and *hva, or -VHD_VQ_E_*.
+ */
+static int ring_iotlb(struct vhd_vq *vq, uint64_t addr, uint64_t len, uint8_t perm, void **hva)
+{
+    uint64_t miss = addr;
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(vq->iotlb, vq->iotlb_slot);
+    int rc = vhd_iotlb_to_hva(v, addr, len, perm, hva, &miss);
+    vhd_iotlb_leave(vq->iotlb, vq->iotlb_slot);
+    if (rc == -EFAULT) {
+        iotlb_record_miss(vq, miss, perm);
+        return -VHD_VQ_E_IOTLB_MISS;
+    }
+    return rc < 0 ? -VHD_VQ_E_IOTLB_RING : 0;
+}
+
+static int map_rings_iotlb(struct vhd_vq *vq, void **d, void **a, void **u)
+{
+    uint64_t dlen, alen, ulen;
+    uint8_t dperm = VHD_IOTLB_R;
+
+    if (vq->packed) {
+        dlen = 16ull * vq->size;
+        alen = ulen = sizeof(struct vhd_vring_packed_event);
+        dperm = VHD_IOTLB_RW; /* the device writes used descriptors in place */
+    } else {
+        dlen = vhd_vring_desc_size(vq->size);
+        alen = vhd_vring_avail_size(vq->size);
+        ulen = vhd_vring_used_size(vq->size);
+    }
+    int rc = ring_iotlb(vq, vq->desc_addr, dlen, dperm, d);
+    if (rc == 0)
+        rc = ring_iotlb(vq, vq->avail_addr, alen, VHD_IOTLB_R, a);
+    if (rc == 0)
+        rc = ring_iotlb(vq, vq->used_addr, ulen, VHD_IOTLB_RW, u);
+    if (rc == -VHD_VQ_E_IOTLB_MISS)
+        return rc; /* not broken: tried again once the UPDATE came */
+    if (rc < 0)
+        return vhd_vq__fail(vq, -rc);
+    /* Dirty logging of ring writes: the used ring's (device area's) GPA. */
+    uint32_t hint = 0;
+    if (vhd_mem_hva_to_gpa(vq->mem, *u, ulen, &hint, &vq->iotlb_used_gpa) < 0)
+        return vhd_vq__fail(vq, VHD_VQ_E_IOTLB_RING);
+    vq->log_used_gpa = vq->iotlb_used_gpa;
+    return 0;
+}
+
 /* Host pointer for a ring part: GPA or front-end VA, whole range in one region. */
 static void *ring_hva(struct vhd_vq *vq, uint64_t addr, uint64_t len)
 {
@@ -126,13 +258,21 @@ static void *ring_hva(struct vhd_vq *vq, uint64_t addr, uint64_t len)
     return vhd_mem_uva_to_hva(vq->mem, addr, len);
 }
 
+static int start_rings(struct vhd_vq *vq);
+
 int vhd_vq__map_rings(struct vhd_vq *vq)
 {
     void *d, *a, *u;
 
     if (vq->error)
         return -(int)vq->error;
-    if (vq->packed) {
+    if (!vq->mem)
+        return vhd_vq__fail(vq, VHD_VQ_E_RING_ADDR);
+    if (vq->iotlb) {
+        int rc = map_rings_iotlb(vq, &d, &a, &u);
+        if (rc < 0)
+            return rc;
+    } else if (vq->packed) {
         d = ring_hva(vq, vq->desc_addr, 16ull * vq->size);
         a = ring_hva(vq, vq->avail_addr, sizeof(struct vhd_vring_packed_event));
         u = ring_hva(vq, vq->used_addr, sizeof(struct vhd_vring_packed_event));
@@ -155,7 +295,8 @@ int vhd_vq__map_rings(struct vhd_vq *vq)
     /* Dirty logging: where the used descriptors go, as a GPA (rings are given as UVAs). */
     uint32_t hint = 0;
     vq->log_desc_gpa = vq->desc_addr;
-    if (!vq->addr_is_gpa && vhd_mem_hva_to_gpa(vq->mem, d, 16, &hint, &vq->log_desc_gpa) < 0)
+    if ((!vq->addr_is_gpa || vq->iotlb) &&
+        vhd_mem_hva_to_gpa(vq->mem, d, 16, &hint, &vq->log_desc_gpa) < 0)
         vq->log_desc_gpa = 0; /* cannot happen: d was just translated from this table */
     if (vq->packed) {
         vq->ring.packed.desc = d;
@@ -167,23 +308,42 @@ int vhd_vq__map_rings(struct vhd_vq *vq)
         vq->ring.split.used = u;
     }
     vq->rings_ok = true;
+    if (vhd_unlikely(vq->start_pending))
+        return start_rings(vq);
+    return 0;
+}
+
+/*
+ * The part of a start that reads the rings, run by the first successful
+ * map_rings after vhd_vq_start (at once, or with an IOTLB once the rings'
+ * translations arrived). 0 or -VHD_VQ_E_INFLIGHT (queue broken).
+ */
+static int start_rings(struct vhd_vq *vq)
+{
+    vq->start_pending = false;
+    if (!vq->packed) {
+        /* The used index lives in the ring; a restarted device continues from it. */
+        vq->used_idx = vhd_le16(vhd_load_relaxed(&vq->ring.split.used->idx));
+        vq->published_used = vq->used_idx;
+    }
+    if (vq->inf.any && vhd_vq__inflight_start(vq) < 0)
+        return -VHD_VQ_E_INFLIGHT;
     return 0;
 }
 
 int vhd_vq_start(struct vhd_vq *vq)
 {
     vq->rings_ok = false;
-    if (vhd_vq__map_rings(vq) < 0)
-        return -EFAULT;
-    if (!vq->packed) {
-        /* The used index lives in the ring; a restarted device continues from it. */
-        vq->used_idx = vhd_le16(vhd_load_relaxed(&vq->ring.split.used->idx));
-        vq->published_used = vq->used_idx;
-    }
     vq->signalled_used_valid = false;
     vq->inflight = 0;
-    if (vq->inf.any && vhd_vq__inflight_start(vq) < 0)
+    vq->start_pending = true;
+    int rc = vhd_vq__map_rings(vq);
+    if (rc == -VHD_VQ_E_IOTLB_MISS)
+        return -EAGAIN; /* started; the rings are mapped once the front-end answers */
+    if (rc == -VHD_VQ_E_INFLIGHT)
         return -EBADMSG;
+    if (rc < 0)
+        return -EFAULT;
     return 0;
 }
 
@@ -246,8 +406,74 @@ void vhd_vq_invalidate(struct vhd_vq *vq)
 void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem)
 {
     vq->mem = mem;
+    vq->xlat = vq->iotlb ? &vq->iotlb_one : mem;
     vq->mem_hint = 0;
+    vq->log_hint = 0;
+    vq->iotlb_one.nregions = 0;
+    memset(&vq->iotlb_last, 0, sizeof(vq->iotlb_last));
     vhd_vq_invalidate(vq);
+}
+
+void vhd_vq_set_iotlb(struct vhd_vq *vq, struct vhd_iotlb *iotlb, uint32_t slot, int event_fd)
+{
+    vq->iotlb = iotlb;
+    vq->iotlb_slot = slot;
+    vq->iotlb_event_fd = iotlb ? event_fd : -1;
+    vq->iotlb_miss = 0;
+    vhd_vq_set_mem(vq, vq->mem);
+}
+
+/* Does [a, a + alen) meet [b, b + blen)? (blen 0: to the end of the space) */
+static bool ranges_meet(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+    if (a >= b)
+        return blen == 0 || a - b < blen;
+    return b - a < alen;
+}
+
+void vhd_vq_iotlb_invalidated(struct vhd_vq *vq, uint64_t iova, uint64_t size)
+{
+    uint64_t dlen, alen, ulen;
+
+    vq->iotlb_one.nregions = 0;
+    memset(&vq->iotlb_last, 0, sizeof(vq->iotlb_last));
+    if (!vq->rings_ok)
+        return;
+    if (vq->packed) {
+        dlen = 16ull * vq->size;
+        alen = ulen = sizeof(struct vhd_vring_packed_event);
+    } else {
+        dlen = vhd_vring_desc_size(vq->size);
+        alen = vhd_vring_avail_size(vq->size);
+        ulen = vhd_vring_used_size(vq->size);
+    }
+    if (ranges_meet(vq->desc_addr, dlen, iova, size) ||
+        ranges_meet(vq->avail_addr, alen, iova, size) ||
+        ranges_meet(vq->used_addr, ulen, iova, size))
+        vhd_vq_invalidate(vq);
+}
+
+/*
+ * A descriptor table (indirect) for reading: GPA lookup, or through the
+ * IOTLB (one host-contiguous range). 0 and *t, or -VHD_VQ_E_* (the queue
+ * broken, except for a miss).
+ */
+int vhd_vq__table_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, const void **t)
+{
+    if (!vq->iotlb) {
+        *t = vhd_mem_gpa_to_hva(vq->mem, addr, len, &vq->mem_hint);
+        return *t ? 0 : vhd_vq__fail(vq, VHD_VQ_E_ADDR);
+    }
+    struct iovec seg;
+    int n = vhd_vq__iotlb_map(vq, addr, len, VHD_IOTLB_R, &seg, 1);
+    if (n == -VHD_VQ_E_IOTLB_MISS)
+        return n;
+    if (n == -VHD_VQ_E_IOV_FULL)
+        n = -VHD_VQ_E_ADDR; /* not host-contiguous: a table must be */
+    if (n < 0)
+        return vhd_vq__fail(vq, -n);
+    *t = seg.iov_base;
+    return 0;
 }
 
 int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool writable,
@@ -266,9 +492,20 @@ int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool w
     if (used >= max_iov)
         return vhd_vq__fail(vq, VHD_VQ_E_IOV_FULL);
 
+    int n = 1;
+    if (vq->iotlb) {
+        n = vhd_vq__iotlb_map(vq, addr, len, writable ? VHD_IOTLB_W : VHD_IOTLB_R, iov + used,
+                              max_iov - used);
+        if (n == -VHD_VQ_E_IOTLB_MISS) {
+            *total -= len;
+            return n; /* not an error of the chain: it stays in the ring */
+        }
+        if (n < 0)
+            return vhd_vq__fail(vq, -n);
+        goto counted;
+    }
     /* Fast path: the whole buffer in the hinted region. */
     void *p = vhd_mem_gpa_to_hva(vq->mem, addr, len, &vq->mem_hint);
-    int n = 1;
     if (vhd_likely(p != NULL)) {
         iov[used].iov_base = p;
         iov[used].iov_len = len;
@@ -279,6 +516,7 @@ int vhd_vq__map_desc_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, bool w
         if (n < 0)
             return vhd_vq__fail(vq, VHD_VQ_E_ADDR);
     }
+counted:
     if (writable) {
         c->nw += (uint16_t)n;
         c->wlen += len;
@@ -296,7 +534,8 @@ void vhd_vq_set_log(struct vhd_vq *vq, const struct vhd_dirtylog *log, bool log_
 {
     vq->log = log;
     vq->log_used = log != NULL && log_used;
-    vq->log_used_gpa = used_gpa;
+    /* With an IOTLB the ring's GPA comes from its translation (map_rings). */
+    vq->log_used_gpa = vq->iotlb ? vq->iotlb_used_gpa : used_gpa;
 }
 
 /*
@@ -311,7 +550,7 @@ void vhd_vq__log_iov(struct vhd_vq *vq, const struct iovec *iov, uint32_t n, uin
     for (uint32_t i = 0; i < n && len > 0; i++) {
         uint64_t l = iov[i].iov_len < len ? iov[i].iov_len : len;
         uint64_t gpa;
-        if (l && vhd_mem_hva_to_gpa(vq->mem, iov[i].iov_base, l, &vq->mem_hint, &gpa) == 0)
+        if (l && vhd_mem_hva_to_gpa(vq->mem, iov[i].iov_base, l, &vq->log_hint, &gpa) == 0)
             vhd_dirtylog_mark(vq->log, gpa, l);
         len -= l;
     }

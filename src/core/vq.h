@@ -20,6 +20,7 @@
 #include "util/compiler.h"
 #include "dirtylog.h"
 #include "inflight.h"
+#include "iotlb.h"
 #include "mem.h"
 #include "spec/virtio.h"
 
@@ -49,6 +50,12 @@ enum vhd_vq_err {
     VHD_VQ_E_UNPOP,           /* device gave back a chain that is not the last one popped */
     VHD_VQ_E_ID_IN_FLIGHT,    /* inflight tracking: head / buffer id made available again
                                  while still in flight */
+    VHD_VQ_E_IOTLB_PERM,      /* IOTLB: a buffer mapped without the access it needs
+                                 (a device-writable one read-only, or the reverse) */
+    VHD_VQ_E_IOTLB_RING,      /* IOTLB: a ring mapped but not contiguous in host memory
+                                 within one region, or without the access it needs */
+    VHD_VQ_E_IOTLB_MISS,      /* IOTLB: an address is not mapped (yet). Never sticky: pop
+                                 returns 0 and the chain stays in the ring (vq.c) */
     VHD_VQ_E__COUNT
 };
 
@@ -90,8 +97,15 @@ struct vhd_vq_chain {
 
 struct vhd_vq {
     /* ---- read on every pop/push ---- */
+    /*
+     * The table descriptor buffers are translated through on the fast path:
+     * mem, or with an IOTLB &iotlb_one (the last read-write entry hit, as a
+     * one-region table keyed by IOVA), so the IOMMU-off fast path is the
+     * same instructions as before.
+     */
+    const struct vhd_mem *xlat;
+    uint32_t mem_hint;         /* last region of xlat hit for descriptor buffers */
     const struct vhd_mem *mem; /* current guest memory table */
-    uint32_t mem_hint;         /* last region hit for descriptor buffers */
     uint16_t size;             /* queue size, 1..32768 */
     uint16_t mask;             /* split: size - 1 */
     bool packed;
@@ -177,6 +191,32 @@ struct vhd_vq {
     /* ---- configuration, cold ---- */
     bool addr_is_gpa;
     uint64_t desc_addr, avail_addr, used_addr;
+    uint32_t log_hint; /* region hint of the dirty log's reverse lookups */
+
+    /*
+     * ---- IOTLB (VIRTIO_F_ACCESS_PLATFORM, iotlb.h), used only when iotlb is set ----
+     * Ring and descriptor addresses are IOVAs. Set by vhd_vq_set_iotlb at a
+     * quiescent point. The entries cached here are copies (no pointer into
+     * a table version); the control thread drops them at a quiescent point
+     * whenever a translation is removed (vhd_vq_iotlb_invalidated).
+     */
+    struct vhd_iotlb *iotlb;         /* the device's IOTLB; NULL: addresses are GPAs */
+    uint32_t iotlb_slot;             /* this queue's reader slot in it */
+    int iotlb_event_fd;              /* eventfd written when a miss is recorded, or -1 */
+    struct vhd_mem iotlb_one;        /* xlat's table: nregions 1 (iotlb_reg) or 0 */
+    struct vhd_mem_region iotlb_reg; /* gpa = iova of the last read-write entry hit */
+    struct vhd_iotlb_ent iotlb_last; /* last entry hit, any permission (size 0: none) */
+    /*
+     * Pending miss: the page of the IOVA (4 KiB aligned) | the access
+     * wanted (VHD_IOTLB_R/W), 0 when none. Written by the worker with a
+     * release store when it misses; the control thread reads it (acquire),
+     * sends VHOST_USER_BACKEND_IOTLB_MSG MISS and, once an UPDATE covers it,
+     * clears it with a compare-and-swap (control path only) and kicks the
+     * queue. While it is set the queue does not report work (it would spin).
+     */
+    uint64_t iotlb_miss;
+    uint64_t iotlb_used_gpa; /* GPA of the used ring (packed: device area), for the log */
+    bool start_pending;      /* started, rings not read yet (vhd_vq_start, map_rings) */
 } vhd_cacheline_aligned;
 
 /* ---- lifecycle (control path; the queue must not be in use by a worker) ---- */
@@ -206,6 +246,10 @@ uint32_t vhd_vq_get_base(const struct vhd_vq *vq);
  * vhd_vq_start - translate the ring addresses now and, for split rings, load
  * the used index from used->idx. Returns 0, or -EFAULT and sets
  * vq->error = VHD_VQ_E_RING_ADDR when a ring is outside guest memory.
+ * With an IOTLB (vhd_vq_set_iotlb) a ring not mapped yet is not an error:
+ * -EAGAIN, the queue is started, a miss is recorded, and the first verb
+ * after the UPDATE maps the rings and finishes the start (used index,
+ * inflight area).
  */
 int vhd_vq_start(struct vhd_vq *vq);
 
@@ -258,6 +302,38 @@ void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem);
 
 /* Drop the cached ring pointers (memory or IOTLB change); next use re-translates. */
 void vhd_vq_invalidate(struct vhd_vq *vq);
+
+/*
+ * vhd_vq_set_iotlb - translate ring and buffer addresses through iotlb (NULL:
+ * they are GPAs / front-end VAs again), reading it through reader slot
+ * `slot`; event_fd (or -1) is written when the queue records a miss. After
+ * vhd_vq_init, before vhd_vq_start; control path, queue not in use.
+ */
+void vhd_vq_set_iotlb(struct vhd_vq *vq, struct vhd_iotlb *iotlb, uint32_t slot, int event_fd);
+
+/*
+ * vhd_vq_iotlb_invalidated - [iova, iova + size) lost its translation (or
+ * the whole IOTLB: size 0): drop the queue's cached entries, and its ring
+ * pointers when a ring lies in the range. Control path, at a quiescent
+ * point (queue detached).
+ */
+void vhd_vq_iotlb_invalidated(struct vhd_vq *vq, uint64_t iova, uint64_t size);
+
+/* Indirect table lookup's slow path (vq.c): 0 and *t, or -VHD_VQ_E_*. */
+int vhd_vq__table_slow(struct vhd_vq *vq, uint64_t addr, uint32_t len, const void **t);
+
+/* IOTLB slow path of buffer translation (vq.c): segments, or -VHD_VQ_E_*. */
+int vhd_vq__iotlb_map(struct vhd_vq *vq, uint64_t addr, uint64_t len, uint8_t perm,
+                      struct iovec *iov, uint32_t max_iov);
+
+/*
+ * Errors of a pop: an IOTLB miss is not one (the chain stays in the ring,
+ * the queue is not broken): 0, as for an empty ring. Only on error paths.
+ */
+static inline int vhd_vq__pop_rc(int rc)
+{
+    return rc == -VHD_VQ_E_IOTLB_MISS ? 0 : rc;
+}
 
 /* Slow path: (re)translate the ring addresses. 0, or -VHD_VQ_E_RING_ADDR (queue broken). */
 int vhd_vq__map_rings(struct vhd_vq *vq);
@@ -339,7 +415,7 @@ static inline int vhd_vq_pop(struct vhd_vq *vq, struct iovec *iov, uint32_t max_
 {
     int rc = vhd_vq__ready(vq);
     if (vhd_unlikely(rc < 0))
-        return rc;
+        return vhd_vq__pop_rc(rc);
     return vq->packed ? vhd_vq__packed_pop(vq, iov, max_iov, c)
                       : vhd_vq__split_pop(vq, iov, max_iov, c);
 }
@@ -407,7 +483,7 @@ static inline int vhd_vq_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_
 {
     int rc = vhd_vq__ready(vq);
     if (vhd_unlikely(rc < 0))
-        return rc;
+        return vhd_vq__pop_rc(rc);
     if (max > VHD_VQ_BURST_MAX)
         max = VHD_VQ_BURST_MAX;
     if (vhd_unlikely(max == 0))
@@ -427,7 +503,7 @@ static inline int vhd_vq_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs
 {
     int rc = vhd_vq__ready(vq);
     if (vhd_unlikely(rc < 0))
-        return rc;
+        return vhd_vq__pop_rc(rc);
     if (max > VHD_VQ_BURST_MAX)
         max = VHD_VQ_BURST_MAX;
     if (vhd_unlikely(max == 0))
@@ -508,7 +584,9 @@ static inline bool vhd_vq_enable_notify(struct vhd_vq *vq)
         if (vq->inf_resubmit_only)
             return false;
     }
-    return vq->packed ? vhd_vq__packed_enable_notify(vq) : vhd_vq__split_enable_notify(vq);
+    bool slipped = vq->packed ? vhd_vq__packed_enable_notify(vq) : vhd_vq__split_enable_notify(vq);
+    /* Waiting for an IOTLB UPDATE: the control thread kicks the queue when it comes. */
+    return slipped && vhd_likely(vq->iotlb_miss == 0);
 }
 
 /* vhd_vq_disable_notify - tell the driver kicks are not needed (we are polling). */
@@ -544,7 +622,8 @@ static inline bool vhd_vq_has_work(struct vhd_vq *vq)
         if (vq->inf_resubmit_only)
             return false;
     }
-    return vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
+    bool work = vq->packed ? vhd_vq__packed_has_work(vq) : vhd_vq__split_has_work(vq);
+    return work && vhd_likely(vq->iotlb_miss == 0);
 }
 
 /*
@@ -566,7 +645,7 @@ static inline int vhd_vq__map_desc(struct vhd_vq *vq, uint64_t addr, uint32_t le
                                    struct iovec *iov, uint32_t max_iov, struct vhd_vq_chain *c,
                                    uint64_t *total)
 {
-    const struct vhd_mem *mem = vq->mem;
+    const struct vhd_mem *mem = vq->xlat;
     uint32_t used = (uint32_t)c->nr + c->nw, h = vq->mem_hint;
 
     if (vhd_likely(len != 0 && (writable || c->nw == 0) && used < max_iov && h < mem->nregions &&
@@ -622,7 +701,7 @@ struct vhd_vq__rcache {
 
 static inline void vhd_vq__rcache_load(const struct vhd_vq *vq, struct vhd_vq__rcache *rc)
 {
-    const struct vhd_mem *mem = vq->mem;
+    const struct vhd_mem *mem = vq->xlat;
     uint32_t h = vq->mem_hint;
 
     if (vhd_likely(h < mem->nregions)) {

@@ -148,9 +148,14 @@ static int pop_indirect(struct vhd_vq *vq, uint64_t addr, uint32_t len, struct i
     if (len == 0 || (len % sizeof(struct vhd_vring_packed_desc)) ||
         len / sizeof(struct vhd_vring_packed_desc) > VHD_VQ_MAX_INDIRECT)
         return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_LEN);
-    const uint8_t *tbl = vhd_mem_gpa_to_hva(vq->mem, addr, len, &vq->mem_hint);
-    if (!tbl)
-        return vhd_vq__fail(vq, VHD_VQ_E_ADDR);
+    const void *t =
+        vhd_likely(!vq->iotlb) ? vhd_mem_gpa_to_hva(vq->mem, addr, len, &vq->mem_hint) : NULL;
+    if (vhd_unlikely(t == NULL)) {
+        int rc = vhd_vq__table_slow(vq, addr, len, &t);
+        if (rc < 0)
+            return rc;
+    }
+    const uint8_t *tbl = t;
 
     uint32_t n = len / (uint32_t)sizeof(struct vhd_vring_packed_desc);
     for (uint32_t i = 0; i < n; i++) {
@@ -253,7 +258,7 @@ static int packed_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t ma
             flags &= (uint16_t)~VRING_DESC_F_NEXT;
         int rc = packed_map_one(vq, r.addr, r.len, flags, k == 0, iov, max_iov, c, &total, NULL);
         if (vhd_unlikely(rc < 0))
-            return rc;
+            return vhd_vq__pop_rc(rc);
         id = r.id;
         rec = r.next;
     }
@@ -359,7 +364,7 @@ static inline __attribute__((always_inline)) int packed_pop(struct vhd_vq *vq, s
         n++;
         int rc = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total, NULL);
         if (vhd_unlikely(rc < 0))
-            return rc;
+            return vhd_vq__pop_rc(rc);
         if (tracked) {
             if (vhd_unlikely(rec >= vq->inf_desc_num))
                 return vhd_vq__fail(vq, VHD_VQ_E_INFLIGHT); /* free list too short */
@@ -771,7 +776,7 @@ out:
     vq->inflight = (uint16_t)(vq->inflight + k);
     if (vhd_unlikely(err < 0)) {
         if (k == 0)
-            return err;
+            return vhd_vq__pop_rc(err);
         vq->error = VHD_VQ_OK; /* broken by the next pop, after this run is completed */
     }
     return (int)k;

@@ -130,9 +130,13 @@ static int split_enter_indirect(struct vhd_vq *vq, const struct split_desc *d,
         return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_FLAGS);
     if (vhd_unlikely(d->len == 0 || (d->len & 15) || d->len / 16 > VHD_VQ_MAX_INDIRECT))
         return vhd_vq__fail(vq, VHD_VQ_E_INDIRECT_LEN);
-    const void *t = vhd_mem_gpa_to_hva(vq->mem, d->addr, d->len, &vq->mem_hint);
-    if (vhd_unlikely(t == NULL))
-        return vhd_vq__fail(vq, VHD_VQ_E_ADDR);
+    const void *t =
+        vhd_likely(!vq->iotlb) ? vhd_mem_gpa_to_hva(vq->mem, d->addr, d->len, &vq->mem_hint) : NULL;
+    if (vhd_unlikely(t == NULL)) {
+        int rc = vhd_vq__table_slow(vq, d->addr, d->len, &t);
+        if (rc < 0)
+            return rc;
+    }
     *table = t;
     *table_size = d->len / 16;
     return 0;
@@ -235,7 +239,7 @@ static int split_pop_resubmit(struct vhd_vq *vq, struct iovec *iov, uint32_t max
     uint16_t head = (uint16_t)vhd_index_nospec(vq->inf_resubmit[vq->inf_resubmit_pos], vq->size);
     int rc = split_walk(vq, head, iov, max_iov, c, NULL);
     if (vhd_unlikely(rc < 0))
-        return rc;
+        return vhd_vq__pop_rc(rc);
     vq->inf_resubmit_pos++;
     vq->inflight++;
     return 1;
@@ -326,7 +330,7 @@ static inline __attribute__((always_inline)) int split_pop(struct vhd_vq *vq, st
 
     int rc = split_walk(vq, head, iov, max_iov, c, NULL);
     if (vhd_unlikely(rc < 0))
-        return rc;
+        return vhd_vq__pop_rc(rc);
 
     if (tracked) {
         struct vhd_inflight_split_desc *r = &vq->inf.split->desc[vhd_index_nospec(head, vq->size)];
@@ -667,7 +671,7 @@ split_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max, bool
     vq->inflight = (uint16_t)(vq->inflight + k);
     if (vhd_unlikely(err < 0)) {
         if (k == 0)
-            return err;
+            return vhd_vq__pop_rc(err);
         vq->error = VHD_VQ_OK; /* broken by the next pop, after this run is completed */
     }
     return (int)k;

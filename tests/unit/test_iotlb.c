@@ -13,13 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/iotlb.h"
 #include "core/mem.h"
+#include "core/vq.h"
 #include "harness.h"
+#include "vq_fixture.h"
 
 /* Two regions, adjacent in UVA and GPA: [R0_UVA, +RSZ) and [R0_UVA + RSZ, +RSZ). */
 #define RSZ    (1ull << 20)
@@ -446,4 +449,214 @@ VHD_TEST(random_vs_reference)
     ref_check(t, ref);
     vhd_iotlb_free(t);
     vhd_mem_free(mem);
+}
+
+/* ---- the virtqueue engine translating through an IOTLB ---- */
+
+/* IOVAs the rings and buffers are given at: far from every GPA. */
+#define RING_IOVA 0x7f0000000000ull
+#define BUF_IOVA  0x7e0000000000ull
+
+struct ivq {
+    struct vqfx f;
+    struct vhd_iotlb *t;
+    int efd;
+};
+
+/* A queue whose ring addresses are IOVAs (RING_IOVA + offset in the ring area), not started. */
+static void ivq_setup(struct ivq *q, bool packed)
+{
+    struct vqfx_opts o = {.size = 64, .packed = packed, .no_start = true};
+
+    vqfx_setup(&q->f, &o);
+    VHD_CHECK_EQ(vhd_iotlb_new(1, &q->t), 0);
+    q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    VHD_CHECK(q->efd >= 0);
+    vhd_vq_set_iotlb(&q->f.vq, q->t, 0, q->efd);
+    q->f.vq.desc_addr = RING_IOVA + (q->f.dq.desc_gpa - q->f.area_gpa);
+    q->f.vq.avail_addr = RING_IOVA + (q->f.dq.avail_gpa - q->f.area_gpa);
+    q->f.vq.used_addr = RING_IOVA + (q->f.dq.used_gpa - q->f.area_gpa);
+}
+
+static void ivq_teardown(struct ivq *q)
+{
+    vhd_iotlb_free(q->t);
+    close(q->efd);
+    vqfx_teardown(&q->f);
+}
+
+static void ivq_map(struct ivq *q, uint64_t iova, uint64_t gpa, uint64_t len, uint8_t perm)
+{
+    VHD_CHECK(vhd_iotlb_update(q->t, q->f.mem, iova, len, vhd_guestmem_uva(&q->f.gm, gpa), perm) >=
+              0);
+}
+
+/* What the control thread does once an UPDATE arrived: clear the miss (and kick). */
+static uint64_t ivq_take_miss(struct ivq *q)
+{
+    uint64_t w = q->f.vq.iotlb_miss, v;
+    q->f.vq.iotlb_miss = 0;
+    if (read(q->efd, &v, sizeof(v)) != sizeof(v))
+        v = 0;
+    return v ? w : 0;
+}
+
+static void ivq_post(struct ivq *q, uint64_t iova, uint32_t len, bool writable)
+{
+    struct vhd_drv_buf b = {.gpa = iova, .len = len};
+    VHD_CHECK_EQ(vhd_drv_vq_add(&q->f.dq, &b, writable ? 0 : 1, writable ? 1 : 0, false, q), 0);
+    vhd_drv_vq_publish(&q->f.dq);
+}
+
+#define IOTLB_VQ_TEST(name)        \
+    static void name(bool packed); \
+    VHD_TEST(name##_split)         \
+    {                              \
+        name(false);               \
+    }                              \
+    VHD_TEST(name##_packed)        \
+    {                              \
+        name(true);                \
+    }                              \
+    static void name(bool packed)
+
+/* Rings and buffers miss, are asked for once, and work after the UPDATE; nothing is consumed. */
+IOTLB_VQ_TEST(vq_miss_then_update)
+{
+    struct ivq q;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    void *buf;
+
+    ivq_setup(&q, packed);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), -EAGAIN);
+    VHD_CHECK_EQ(q.f.vq.error, 0);
+    uint64_t m = ivq_take_miss(&q);
+    VHD_CHECK_EQ(m & ~0xfffull, RING_IOVA + ((q.f.dq.desc_gpa - q.f.area_gpa) & ~0xfffull));
+    VHD_CHECK_EQ(m & 3, packed ? VHD_IOTLB_RW : VHD_IOTLB_R);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 0);
+    VHD_CHECK(!vhd_vq_has_work(&q.f.vq));
+
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    (void)ivq_take_miss(&q);
+    ivq_post(&q, BUF_IOVA + 0x100, 100, false);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 0); /* rings now, buffer missing */
+    VHD_CHECK(q.f.vq.rings_ok);
+    uint64_t ev;
+    VHD_CHECK_EQ(q.f.vq.iotlb_miss, BUF_IOVA | VHD_IOTLB_R);
+    VHD_CHECK_EQ(read(q.efd, &ev, sizeof(ev)), sizeof(ev));
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 0); /* same miss: not signalled twice */
+    VHD_CHECK(!vhd_vq_has_work(&q.f.vq));
+    VHD_CHECK_EQ(read(q.efd, &ev, sizeof(ev)), -1);
+
+    /* the buffer page maps somewhere else than its IOVA suggests */
+    uint64_t bgpa = vqfx_alloc(&q.f, 4096, &buf);
+    ivq_map(&q, BUF_IOVA, bgpa, 4096, VHD_IOTLB_R);
+    q.f.vq.iotlb_miss = 0;
+    VHD_CHECK(vhd_vq_has_work(&q.f.vq));
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 1);
+    VHD_CHECK_EQ(c.nr, 1);
+    VHD_CHECK(iov[0].iov_base == vhd_mem_gpa_to_hva(q.f.mem, bgpa + 0x100, 100, &(uint32_t){0}));
+    VHD_CHECK_EQ(q.f.vq.iotlb_one.nregions, 0); /* read-only: not the fast path's */
+    VHD_CHECK_EQ(vhd_vq_push(&q.f.vq, &c, 0), 0);
+    vhd_vq_flush(&q.f.vq);
+    void *cookie;
+    uint32_t len;
+    VHD_CHECK_EQ(vhd_drv_vq_get_used(&q.f.dq, &cookie, &len), 1);
+    /* dirty logging finds the rings' GPAs through the translation */
+    VHD_CHECK_EQ(q.f.vq.log_desc_gpa, q.f.dq.desc_gpa);
+    VHD_CHECK_EQ(q.f.vq.iotlb_used_gpa, q.f.dq.used_gpa);
+    ivq_teardown(&q);
+}
+
+/* A device-writable buffer mapped read-only is never handed out: the queue breaks. */
+IOTLB_VQ_TEST(vq_write_through_ro_fails)
+{
+    struct ivq q;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    void *buf;
+
+    ivq_setup(&q, packed);
+    uint64_t bgpa = vqfx_alloc(&q.f, 4096, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, BUF_IOVA, bgpa, 4096, VHD_IOTLB_R);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    ivq_post(&q, BUF_IOVA, 64, true);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), -VHD_VQ_E_IOTLB_PERM);
+    VHD_CHECK_EQ(q.f.vq.error, VHD_VQ_E_IOTLB_PERM);
+    ivq_teardown(&q);
+
+    /* and a device-readable one mapped write-only */
+    ivq_setup(&q, packed);
+    bgpa = vqfx_alloc(&q.f, 4096, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, BUF_IOVA, bgpa, 4096, VHD_IOTLB_W);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    ivq_post(&q, BUF_IOVA, 64, false);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), -VHD_VQ_E_IOTLB_PERM);
+    ivq_teardown(&q);
+}
+
+/* Read-write buffers go through the fast path's cached entry; invalidation drops it. */
+IOTLB_VQ_TEST(vq_cache_and_invalidate)
+{
+    struct ivq q;
+    struct iovec iov[64 * 4];
+    struct vhd_vq_chain c[64];
+    void *buf;
+
+    ivq_setup(&q, packed);
+    uint64_t bgpa = vqfx_alloc(&q.f, 8192, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, BUF_IOVA, bgpa, 8192, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    for (int i = 0; i < 4; i++)
+        ivq_post(&q, BUF_IOVA + 512 * (uint64_t)i, 256, true);
+    ivq_post(&q, BUF_IOVA + 0x10000, 256, true); /* not mapped */
+    ivq_post(&q, BUF_IOVA + 4096, 256, true);
+    /* the run stops before the miss, the queue not broken */
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c, 64), 4);
+    VHD_CHECK_EQ(q.f.vq.error, 0);
+    VHD_CHECK_EQ(q.f.vq.iotlb_one.nregions, 1);
+    for (int i = 0; i < 4; i++)
+        VHD_CHECK(iov[4 * i].iov_base ==
+                  (uint8_t *)vhd_mem_gpa_to_hva(q.f.mem, bgpa, 1, &(uint32_t){0}) + 512 * i);
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c + 4, 60), 0);
+    VHD_CHECK_EQ(ivq_take_miss(&q), (BUF_IOVA + 0x10000) | VHD_IOTLB_W);
+    /* the front-end maps it, then takes the first page away again */
+    ivq_map(&q, BUF_IOVA + 0x10000, bgpa, 4096, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(q.t, BUF_IOVA, 4096), 1);
+    vhd_vq_iotlb_invalidated(&q.f.vq, BUF_IOVA, 4096);
+    VHD_CHECK_EQ(q.f.vq.iotlb_one.nregions, 0);
+    VHD_CHECK(q.f.vq.rings_ok); /* the rings are elsewhere */
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c + 4, 60), 2);
+    ivq_post(&q, BUF_IOVA + 8, 8, true);
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c + 6, 58), 0);
+    VHD_CHECK_EQ(ivq_take_miss(&q), BUF_IOVA | VHD_IOTLB_W);
+    /* invalidating the rings drops them; the next verb misses on them */
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(q.t, RING_IOVA, 1), 1);
+    vhd_vq_iotlb_invalidated(&q.f.vq, RING_IOVA, 1);
+    VHD_CHECK(!q.f.vq.rings_ok);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, c + 6), 0);
+    VHD_CHECK_EQ(ivq_take_miss(&q) & ~0xfffull, RING_IOVA);
+    VHD_CHECK_EQ(q.f.vq.error, 0);
+    ivq_teardown(&q);
+}
+
+/* A ring whose IOMMU pages are not contiguous in host memory fails its start cleanly. */
+IOTLB_VQ_TEST(vq_ring_not_contiguous)
+{
+    struct ivq q;
+
+    ivq_setup(&q, packed);
+    /* the descriptor ring's two halves swapped in host memory */
+    uint64_t dl = packed ? 16u * 64 : 16u * 64, half = dl / 2;
+    uint64_t d = q.f.vq.desc_addr, dg = q.f.dq.desc_gpa;
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, d, dg + half, half, VHD_IOTLB_RW);
+    ivq_map(&q, d + half, dg, half, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), -EFAULT);
+    VHD_CHECK_EQ(q.f.vq.error, VHD_VQ_E_IOTLB_RING);
+    ivq_teardown(&q);
 }
