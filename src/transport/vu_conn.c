@@ -101,6 +101,7 @@ static int h_net_set_mtu(struct vhd_vu_conn *c, struct vu_req *r);
 #define MREG            ((uint16_t)sizeof(struct vu_mem_single))
 #define INFLIGHT        ((uint16_t)sizeof(struct vu_inflight))
 #define LOG             ((uint16_t)sizeof(struct vu_log))
+#define IOTLB           ((uint16_t)sizeof(struct vu_iotlb))
 #define PF(name)        BIT(VHOST_USER_PROTOCOL_F_##name)
 #define REQ(id, h, ...) [VHOST_USER_##id] = {.name = #id, .handler = (h), __VA_ARGS__}
 
@@ -142,7 +143,8 @@ static const struct vu_req_info vu_reqs[VHOST_USER_REQUEST_MAX] = {
     REQ(SEND_RARP, h_send_rarp, .size = U64, .gate = PF(RARP), .gate_offered = true),
     REQ(NET_SET_MTU, h_net_set_mtu, .size = U64, .gate = PF(MTU), .gate_offered = true),
     REQ(SET_BACKEND_REQ_FD, h_set_backend_req_fd, .fd_rule = FD_ONE, .gate = PF(BACKEND_REQ)),
-    REQ(IOTLB_MSG, NULL, .reply = true),
+    /* "IOMMU support": acked through REPLY_ACK (QEMU sets NEED_REPLY and waits). */
+    REQ(IOTLB_MSG, vhd_vu__iotlb_msg, .size = IOTLB),
     REQ(SET_VRING_ENDIAN, NULL),
     REQ(GET_CONFIG, h_get_config, .size_rule = SZ_CONFIG, .gate = PF(CONFIG), .reply = true,
         .empty_error_reply = true),
@@ -183,9 +185,12 @@ const char *vu_request_name(uint32_t request)
 /* ---- offered features ---- */
 
 /*
- * Virtio bits the transport cannot honour yet, whatever the device offers.
- * VHOST_F_LOG_ALL is the transport's own: offered for devices that log
- * their writes (ops->dirty_log).
+ * Virtio bits that are the transport's own, whatever the device offers:
+ * VHOST_F_LOG_ALL and VIRTIO_F_ACCESS_PLATFORM, offered for devices that
+ * touch guest memory only through the buffers the engine hands out (which
+ * is also what dirty logging needs: ops->dirty_log, blk and net). Bit 33
+ * needs BACKEND_REQ (misses) and REPLY_ACK (QEMU refuses iommu_platform=on
+ * without both), which are always offered.
  */
 #define VU_FEATURES_NOT_YET (BIT(VHOST_F_LOG_ALL) | BIT(VIRTIO_F_ACCESS_PLATFORM))
 
@@ -203,7 +208,7 @@ uint64_t vhd_vu_offered_features(const struct vhd_dev *dev)
 
     f &= ~VU_FEATURES_NOT_YET;
     if (dev->ops->dirty_log)
-        f |= BIT(VHOST_F_LOG_ALL);
+        f |= BIT(VHOST_F_LOG_ALL) | BIT(VIRTIO_F_ACCESS_PLATFORM);
     if (!layout_allowed(dev, true))
         f &= ~BIT(VIRTIO_F_RING_PACKED);
     return f | BIT(VHOST_USER_F_PROTOCOL_FEATURES);
@@ -443,6 +448,8 @@ int vhd_vu_conn_new(struct vhd_dev *dev, int fd, struct vhd_vu_conn **out)
     c->fd = fd;
     c->backend_fd = -1;
     c->inflight_guard = -1;
+    c->miss_timer_fd = -1;
+    c->iotlb_miss_timeout_ms = VHD_VU_IOTLB_MISS_TIMEOUT_MS;
     c->detach_timeout_ms = VHD_VU_DETACH_TIMEOUT_MS;
     vu_rx_init(&c->rx);
     for (uint32_t i = 0; i < dev->num_queues; i++)
@@ -499,6 +506,7 @@ static int conn_reset_device(struct vhd_vu_conn *c, bool keep_session)
      * on reset, then SET_INFLIGHT_FD before each start).
      */
     vhd_vu__inflight_unmap(c);
+    vhd_vu__iotlb_flush(c); /* a reset device starts with no translation */
     dev->features = 0;
     dev->status = 0;
     dev->broken = false;
@@ -534,6 +542,7 @@ int vhd_vu_conn_free(struct vhd_vu_conn *c)
     }
     vu_rx_reset(&c->rx);
     close(c->fd);
+    vhd_vu__iotlb_free(c, rc == 0); /* the table only when no worker may still read it */
     free(c->err_signalled);
     free(c);
     return rc < 0 ? -EBUSY : 0;
@@ -626,6 +635,7 @@ bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c)
     }
     if (found)
         vhd_vu__conn_mark_broken(c, "a queue broke", false); /* the worker logged why */
+    vhd_vu__iotlb_service(c); /* misses the workers recorded (they wrote the event fd) */
     const char *lost = NULL;
     if (vhd_mem_faulted(c->dev->mem))
         lost = "guest memory was truncated by the front-end (SIGBUS absorbed)";
@@ -953,8 +963,17 @@ static int h_set_features(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "queues did not stop";
         return rc;
     }
+    if (vf & BIT(VIRTIO_F_ACCESS_PLATFORM)) {
+        rc = vhd_vu__iotlb_setup(c);
+        if (rc < 0) {
+            vhd_vu__dev_resume(c);
+            r->why = "no memory for the IOTLB";
+            return rc;
+        }
+    }
     if (dev->ops->set_features) {
-        rc = dev->ops->set_features(dev, vf);
+        /* ACCESS_PLATFORM is the transport's (addresses are IOVAs), not the device's. */
+        rc = dev->ops->set_features(dev, vf & ~BIT(VIRTIO_F_ACCESS_PLATFORM));
         if (rc < 0) {
             vhd_vu__dev_resume(c);
             r->why = "the device refused the features";

@@ -120,6 +120,24 @@ void vhd_vu_conn_set_broken(struct vhd_vu_conn *c, const char *why);
  */
 bool vhd_vu_conn_check_queues(struct vhd_vu_conn *c);
 
+/*
+ * How long an IOTLB miss may stay unanswered before the device is broken
+ * (NEEDS_RESET). QEMU answers a miss within microseconds or never (an IOVA
+ * its vIOMMU does not map: a guest bug): 5 s bounds the second case well
+ * above any scheduling hiccup of the first.
+ */
+#define VHD_VU_IOTLB_MISS_TIMEOUT_MS 5000
+
+struct vhd_ctl;
+
+/*
+ * vhd_vu_conn_set_ctl - the control loop the session runs in, where it may
+ * watch fds of its own (the IOTLB miss timer). Optional; without it an
+ * unanswered miss is bounded only when the session next gets a message or
+ * a runtime event.
+ */
+void vhd_vu_conn_set_ctl(struct vhd_vu_conn *c, struct vhd_ctl *ctl);
+
 /* Bound on vhd_rt_detach waits (default VHD_VU_DETACH_TIMEOUT_MS). */
 void vhd_vu_conn_set_detach_timeout(struct vhd_vu_conn *c, int timeout_ms);
 

@@ -40,6 +40,16 @@ struct vhd_vu_conn {
     int inflight_guard; /* its vhd_memguard slot (a truncated file cannot kill us), or -1 */
     /* SET_LOG_BASE: the dirty log (NULL: none); queues use it while LOG_ALL is negotiated. */
     struct vhd_dirtylog *log;
+    /* IOTLB (VIRTIO_F_ACCESS_PLATFORM, vu_conn_iotlb.c): NULL until first negotiated. */
+    struct vhd_iotlb *iotlb;
+    uint64_t *miss_sent;  /* per queue: miss word (vq.h iotlb_miss) sent, 0: none */
+    uint64_t *miss_since; /* per queue: when it was sent (ms) */
+    uint64_t iotlb_miss_timeout_ms;
+    struct vhd_ctl *ctl; /* for the miss timer (vhd_vu_conn_set_ctl), or NULL */
+    struct vhd_ctl_src *miss_timer_src;
+    int miss_timer_fd; /* timerfd while misses are pending, or -1 */
+    bool miss_timer_armed;
+    uint64_t stat_updates, stat_invalidates, stat_misses_sent;
 };
 
 /* The request being handled, as the handlers see it. */
@@ -118,5 +128,21 @@ int vhd_vu__rem_mem_reg(struct vhd_vu_conn *c, struct vu_req *r);
 int vhd_vu__get_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
 int vhd_vu__set_inflight_fd(struct vhd_vu_conn *c, struct vu_req *r);
 int vhd_vu__set_log_base(struct vhd_vu_conn *c, struct vu_req *r);
+
+/* ---- vu_conn_iotlb.c ---- */
+
+/* Is VIRTIO_F_ACCESS_PLATFORM negotiated (and the IOTLB there)? */
+bool vhd_vu__iotlb_on(const struct vhd_vu_conn *c);
+/* Create the session's IOTLB (SET_FEATURES with ACCESS_PLATFORM). 0 or -ENOMEM. */
+int vhd_vu__iotlb_setup(struct vhd_vu_conn *c);
+/* Stop its miss timer; free the table too when table (no worker may read it). */
+void vhd_vu__iotlb_free(struct vhd_vu_conn *c, bool table);
+/* Drop every entry (memory table change; the device's queues are detached). */
+void vhd_vu__iotlb_flush(struct vhd_vu_conn *c);
+/* Send new misses, retry answered ones, break the device on an expired one. */
+void vhd_vu__iotlb_service(struct vhd_vu_conn *c);
+/* Point a starting queue at the IOTLB when negotiated (after vhd_vq_init). */
+void vhd_vu__iotlb_queue_init(struct vhd_vu_conn *c, struct vhd_queue *q);
+int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r);
 
 #endif /* VHD_VU_CONN_INT_H */

@@ -126,8 +126,9 @@ int vhd_vu__set_vring_num(struct vhd_vu_conn *c, struct vu_req *r)
 }
 
 /*
- * SET_VRING_ADDR: front-end virtual addresses (IOMMU_PLATFORM is not
- * offered). The only flag is VHOST_VRING_F_LOG (log used-ring writes at the
+ * SET_VRING_ADDR: front-end virtual addresses, or IOVAs when
+ * VIRTIO_F_ACCESS_PLATFORM is negotiated (spec "IOMMU support"; translated
+ * through the IOTLB at start). The only flag is VHOST_VRING_F_LOG (log used-ring writes at the
  * guest-physical log address), for devices that offer dirty logging.
  * Alignments that hold for both layouts are checked now (descriptors 16,
  * avail 2, used 4), the rest at ring start. While the ring is started the
@@ -279,6 +280,7 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
         r->why = "bad ring size or misaligned ring";
         return rc;
     }
+    vhd_vu__iotlb_queue_init(c, q);
     rc = vhd_vq_set_base(&q->vq, q->base);
     if (rc < 0) {
         r->why = "ring base out of range";
@@ -291,6 +293,8 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
             return rc;
     }
     rc = vhd_vq_start(&q->vq);
+    if (rc == -EAGAIN)
+        rc = 0; /* IOTLB: a ring not mapped yet; the worker maps it after the UPDATE */
     if (rc == -EBADMSG) {
         r->why = "the inflight area does not fit the ring or is corrupt";
         vhd_vu__conn_mark_broken(c, "the inflight area of a ring is corrupt", true);

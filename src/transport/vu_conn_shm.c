@@ -57,7 +57,8 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
 
     for (uint32_t i = 0; i < dev->num_queues; i++) {
         struct vhd_queue *q = &dev->queues[i];
-        if (q->started && !queue_rings_in(q, newmem)) {
+        /* With an IOTLB the ring addresses are IOVAs, translated again after the flush. */
+        if (q->started && !vhd_vu__iotlb_on(c) && !queue_rings_in(q, newmem)) {
             vhd_mem_free(newmem);
             r->why = "a started ring would be outside the new memory table";
             return -EBUSY;
@@ -70,6 +71,8 @@ static int conn_swap_mem(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_mem
         r->why = "queues did not stop";
         return rc;
     }
+    /* IOTLB entries point into the old mappings: gone with them (the queues drop theirs). */
+    vhd_vu__iotlb_flush(c);
     for (uint32_t i = 0; i < dev->num_queues; i++) {
         struct vhd_queue *q = &dev->queues[i];
         if (q->started)

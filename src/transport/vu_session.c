@@ -38,6 +38,7 @@ int vhd_vu_session_start(struct vhd_vu_session *s, struct vhd_ctl *ctl, struct v
         return rc;
     }
     s->conn = c;
+    vhd_vu_conn_set_ctl(c, ctl);
     s->count++;
     return 0;
 }
