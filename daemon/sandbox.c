@@ -194,6 +194,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      .why = "client mode, nbd: connect to the front-end's or NBD server's socket (a full sun)",
      .only_with = VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD},
     ANY(timerfd_settime, "arm the reconnect back-off (client) and accept back-off (EMFILE) timers"),
+    ANY(timerfd_create, "a session's IOTLB miss timer, made at its first miss (vu_conn_iotlb.c)"),
     ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_PEERCRED, 0,
                           "the front-end's credentials: allow-uid/allow-gid, log lines"),
     /*

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "iotlb.h"
@@ -335,11 +334,14 @@ int vhd_iotlb_new(uint32_t nslots, struct vhd_iotlb **out)
     }
     memset(t->slots, 0, (size_t)nslots * sizeof(*t->slots));
     t->nslots = nslots;
-    if (getrandom(&t->seed, sizeof(t->seed), GRND_NONBLOCK) != sizeof(t->seed)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        t->seed = mix64((uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)t);
-    }
+    /*
+     * The seed only has to be unknown to the front-end (so it cannot build a
+     * degenerate tree): the clock's nanoseconds and the heap address (ASLR).
+     * Not getrandom(): the daemon's seccomp filter has no reason to allow it.
+     */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t->seed = mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)t);
     t->cur = v;
     *out = t;
     return 0;

@@ -921,6 +921,8 @@ static void all_cases_build(void)
         all_cases[all_ncases++] = vhd_chaos__msg_cases[i];
     for (unsigned i = 0; i < vhd_chaos__chain_ncases && all_ncases < VHD_ARRAY_SIZE(all_cases); i++)
         all_cases[all_ncases++] = vhd_chaos__chain_cases[i];
+    for (unsigned i = 0; i < vhd_chaos__iotlb_ncases && all_ncases < VHD_ARRAY_SIZE(all_cases); i++)
+        all_cases[all_ncases++] = vhd_chaos__iotlb_cases[i];
 }
 
 const struct vhd_chaos_case *vhd_chaos_cases(unsigned *n)
@@ -949,7 +951,7 @@ bool vhd_chaos_verdict(const struct vhd_chaos_case *cs, const struct vhd_chaos_c
 const char *vhd_chaos_category_name(enum vhd_chaos_category cat)
 {
     static const char *const names[VHD_CHAOS_NCATEGORIES] = {
-        "framing", "fds", "features", "memory", "rings", "order", "chains"};
+        "framing", "fds", "features", "memory", "rings", "order", "chains", "iotlb"};
     return (unsigned)cat < VHD_CHAOS_NCATEGORIES ? names[cat] : "?";
 }
 

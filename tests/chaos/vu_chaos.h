@@ -42,6 +42,7 @@ enum vhd_chaos_category {
     VHD_CHAOS_RINGS,    /* rings outside guest memory, crossing regions, misaligned */
     VHD_CHAOS_ORDER,    /* messages out of order, changes to started rings / memory in use */
     VHD_CHAOS_CHAINS,   /* malformed descriptor chains and device requests */
+    VHD_CHAOS_IOTLB,    /* IOVAs and IOTLB messages (VIRTIO_F_ACCESS_PLATFORM) */
     VHD_CHAOS_NCATEGORIES
 };
 

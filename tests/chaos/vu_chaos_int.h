@@ -303,6 +303,8 @@ extern const struct vhd_chaos_case vhd_chaos__msg_cases[];
 extern const unsigned vhd_chaos__msg_ncases;
 extern const struct vhd_chaos_case vhd_chaos__chain_cases[];
 extern const unsigned vhd_chaos__chain_ncases;
+extern const struct vhd_chaos_case vhd_chaos__iotlb_cases[];
+extern const unsigned vhd_chaos__iotlb_ncases;
 
 /* Catalogue entries: outcomes in short, and a case of each device kind. */
 #define N VHD_CHAOS_NACK

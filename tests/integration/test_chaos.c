@@ -561,6 +561,18 @@ VHD_TEST(chaos_net)
     chaos_test("net", t, m, 1);
 }
 
+/*
+ * IOVAs and IOTLB messages on the null blk (requests complete at once) and
+ * the file-backed one (requests in flight in io_uring while invalidations
+ * come).
+ */
+VHD_TEST(chaos_iotlb)
+{
+    static const enum target t[] = {T_NULL, T_A};
+    static const unsigned m[] = {CAT(IOTLB), CAT(IOTLB)};
+    chaos_test("iotlb", t, m, 2);
+}
+
 /* The catalogue covers every category and its expectations are outcomes, never "accepted". */
 VHD_TEST(chaos_catalogue)
 {

@@ -1,0 +1,441 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Chaos cases of the device IOTLB (VIRTIO_F_ACCESS_PLATFORM): a front-end
+ * that gives ring and buffer addresses as IOVAs and sends the translations
+ * with VHOST_USER_IOTLB_MSG — well (misses answered, invalidations) and
+ * badly (updates outside memory, zero and huge sizes, bad access flags,
+ * read-only buffers the device must write, misses never answered,
+ * invalidations while requests are in flight). The memory check of every
+ * case proves the back-end wrote nothing the IOTLB did not allow.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util/compiler.h"
+#include "spec/virtio_blk.h"
+#include "vu_chaos_int.h"
+
+/* Window-0 offset off is at IOVA IOVA_BASE + off (far from every GPA and UVA). */
+#define IOVA_BASE  0x40000000000ull
+#define RING_BYTES 0x3000u /* descriptors, avail and used of ring 0 at OFF_R0 */
+
+static uint64_t iova(size_t off)
+{
+    return IOVA_BASE + off;
+}
+
+static uint64_t ms_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void ms_nap(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* An IOTLB message with NEED_REPLY: 0 (acked), VHD_CHAOS_NACK, VHD_CHAOS_CLOSED or -errno. */
+static int iotlb_msg(struct vhd_chaos_sess *s, uint8_t type, uint64_t iv, uint64_t size,
+                     uint64_t uva, uint8_t perm)
+{
+    struct vu_iotlb m = {.iova = iv, .size = size, .uva = uva, .perm = perm, .type = type};
+    return vhd_chaos__ack(s, VHOST_USER_IOTLB_MSG, &m, sizeof(m), NULL, 0);
+}
+
+/* Map window-0 bytes [off, off + len) at their IOVA. */
+static int map(struct vhd_chaos_sess *s, size_t off, size_t len, uint8_t perm)
+{
+    return iotlb_msg(s, VHOST_IOTLB_UPDATE, iova(off), len, vhd_chaos__uva(s, off), perm);
+}
+
+/*
+ * A blk session with ACCESS_PLATFORM, ring 0 at the IOVAs of OFF_R0 (mapped
+ * first when map_ring) and started.
+ */
+static int iotlb_blk(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool map_ring)
+{
+    int rc = vhd_chaos__steps(ctx, s, UPTO(ADDR, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM)));
+    if (!rc && map_ring)
+        rc = vhd_chaos__must(s, map(s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "IOTLB ring UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(s,
+                             vhd_chaos__set_addr(s, 0, iova(OFF_R0), iova(OFF_R0 + RING_AVAIL),
+                                                 iova(OFF_R0 + RING_USED)),
+                             "SET_VRING_ADDR (IOVAs)");
+    if (rc)
+        return rc;
+    s->call[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->call[0] < 0 || s->kick[0] < 0)
+        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
+    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, 0, s->call[0]),
+                         "SET_VRING_CALL");
+    if (!rc)
+        rc =
+            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]),
+                            "SET_VRING_KICK");
+    if (!rc)
+        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                             "SET_VRING_ENABLE");
+    return rc;
+}
+
+/*
+ * blk IN request k ([hdr][4 KiB data][status]) as descriptors 3k..3k+2 at
+ * IOVAs, made available at avail index k + 1.
+ */
+static void post_in(struct vhd_chaos_sess *s, unsigned k)
+{
+    uint16_t d = (uint16_t)(3 * k);
+    vhd_chaos__blk_hdr(s, k, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT + 64u * k, 1);
+    vhd_chaos__allow(s, OFF_DATA + 4096u * k, 4096);
+    vhd_chaos__sdesc(s, OFF_R0, d, iova(OFF_HDR + 64u * k), sizeof(struct virtio_blk_outhdr),
+                     VRING_DESC_F_NEXT, (uint16_t)(d + 1));
+    vhd_chaos__sdesc(s, OFF_R0, (uint16_t)(d + 1), iova(OFF_DATA + 4096u * k), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, (uint16_t)(d + 2));
+    vhd_chaos__sdesc(s, OFF_R0, (uint16_t)(d + 2), iova(OFF_STAT + 64u * k), 1, VRING_DESC_F_WRITE,
+                     0);
+    vhd_chaos__split_publish(s, OFF_R0, d, (uint16_t)(k + 1));
+}
+
+/* Kick and wait for request k's fate (used element k). */
+static int go(struct vhd_chaos_sess *s, unsigned k, int ms)
+{
+    struct vhd_chaos_used u;
+    vhd_chaos__kick(s, 0);
+    int rc = vhd_chaos__await_used(s, OFF_R0, (uint16_t)k, &u, ms);
+    if (!rc)
+        vhd_chaos__blk_classify(s, &u, k);
+    return rc;
+}
+
+/*
+ * Wait up to ms for a BACKEND_IOTLB_MSG MISS on the back-end channel
+ * (other back-end messages are skipped). 0 and *iv, *perm; -ETIMEDOUT;
+ * -EPROTO for a MISS that asks for a reply (it must not).
+ */
+static int await_miss(struct vhd_chaos_sess *s, uint64_t *iv, uint8_t *perm, int ms)
+{
+    uint64_t t0 = ms_now();
+
+    while (s->be_fd >= 0) {
+        long left = ms - (long)(ms_now() - t0);
+        if (left <= 0)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = s->be_fd, .events = POLLIN};
+        if (poll(&p, 1, (int)left) <= 0)
+            continue;
+        struct vu_hdr h;
+        union vu_payload pl;
+        if (read(s->be_fd, &h, sizeof(h)) != (ssize_t)sizeof(h) || h.size > sizeof(pl) ||
+            (h.size && read(s->be_fd, &pl, h.size) != (ssize_t)h.size))
+            return -EIO;
+        if (h.request != VHOST_USER_BACKEND_IOTLB_MSG)
+            continue;
+        if (h.size != sizeof(struct vu_iotlb) || pl.iotlb.type != VHOST_IOTLB_MISS)
+            return -EPROTO;
+        if (h.flags & VHOST_USER_NEED_REPLY_MASK)
+            return -EPROTO;
+        *iv = pl.iotlb.iova;
+        *perm = pl.iotlb.perm;
+        return 0;
+    }
+    return -ENOTCONN;
+}
+
+/* Everything mapped read-write: the request is served (the control case). */
+static int c_iotlb_control(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB buffer UPDATE");
+    if (!rc) {
+        post_in(&s, 0);
+        rc = go(&s, 0, s.tmo);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * Buffers not mapped: the device asks (one MISS, no reply wanted, for the
+ * header page, read access), the request waits in the ring, and is served
+ * once the UPDATE came.
+ */
+static int c_iotlb_miss_answered(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv = 0;
+    uint8_t perm = 0;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc) {
+        post_in(&s, 0);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss for the buffers (%s)", strerror(-rc));
+    }
+    if (!rc && (iv != (iova(OFF_HDR) & ~0xfffull) || perm != VHOST_ACCESS_RO))
+        rc = vhd_chaos__note(&s, -EIO, "miss for 0x%llx perm %u, not the header page",
+                             (unsigned long long)iv, perm);
+    if (!rc && *vhd_chaos__hva(&s, OFF_R0 + RING_USED + 2) != 0)
+        rc = vhd_chaos__note(&s, -EIO, "request completed before its translation");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE answering the miss");
+    if (!rc)
+        rc = go(&s, 0, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Rings not mapped at start: misses for them first, every one answered, then served. */
+static int c_iotlb_ring_miss(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, false);
+    if (!rc)
+        post_in(&s, 0);
+    for (int i = 0; !rc && i < 8; i++) {
+        uint64_t iv;
+        uint8_t perm;
+        vhd_chaos__kick(&s, 0);
+        if (await_miss(&s, &iv, &perm, 300) < 0)
+            break; /* nothing more to ask */
+        uint64_t off = iv - IOVA_BASE;
+        if (iv < IOVA_BASE || off >= VHD_CHAOS_WIN_SIZE) {
+            rc = vhd_chaos__note(&s, -EIO, "miss outside what was given: 0x%llx",
+                                 (unsigned long long)iv);
+            break;
+        }
+        rc = vhd_chaos__must(&s, map(&s, off, 4096, VHOST_ACCESS_RW), "UPDATE for a miss");
+    }
+    if (!rc)
+        rc = go(&s, 0, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* The buffer the device must write is mapped read-only: nothing written, the request fails. */
+static int c_iotlb_ro_write(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    /* an overlapping UPDATE: the data page read-only */
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 4096, VHOST_ACCESS_RO), "IOTLB RO UPDATE");
+    if (!rc) {
+        post_in(&s, 0);
+        s.ctx->nallow = 0; /* the data page may not change; the status byte may */
+        vhd_chaos__allow(&s, OFF_STAT, 1);
+        rc = go(&s, 0, s.tmo);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* UPDATEs of front-end addresses outside every region, or running past one: refused. */
+static int c_iotlb_update_outside(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc) {
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(0), 4096, 0x1000, 3),
+                           "UPDATE of unmapped front-end memory");
+        vhd_chaos__observe(&s,
+                           iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(0), 2 * VHD_CHAOS_WIN_SIZE,
+                                     vhd_chaos__uva(&s, 0), 3),
+                           "UPDATE running past the window");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Zero and huge sizes, bad access flags, unknown types, a MISS sent to us: refused. */
+static int c_iotlb_bad_msgs(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    uint64_t u = 0;
+    if (!rc) {
+        u = vhd_chaos__uva(&s, OFF_DATA);
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(OFF_DATA), 0, u, 3),
+                           "UPDATE of size 0");
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(OFF_DATA), UINT64_MAX, u, 3),
+                           "UPDATE of size 2^64 - 1");
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, UINT64_MAX, 2, u, 3),
+                           "UPDATE wrapping the IOVA space");
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(OFF_DATA), 4096, u, 0),
+                           "UPDATE without access");
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_UPDATE, iova(OFF_DATA), 4096, u, 0x83),
+                           "UPDATE with unknown access bits");
+        vhd_chaos__observe(&s, iotlb_msg(&s, VHOST_IOTLB_MISS, iova(OFF_DATA), 4096, u, 3),
+                           "MISS sent to the back-end");
+        vhd_chaos__observe(&s, iotlb_msg(&s, 77, iova(OFF_DATA), 4096, u, 3), "unknown type");
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * Duplicate and overlapping UPDATEs (the last one wins where they overlap)
+ * and invalidations of what was never mapped (acked at once): the request
+ * is still served.
+ */
+static int c_iotlb_overlap_dup(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    for (int i = 0; !rc && i < 2; i++)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "duplicate UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA + 2048, 4096, VHOST_ACCESS_RW),
+                             "overlapping UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE again");
+    if (!rc)
+        rc = vhd_chaos__must(
+            &s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, 0x7000000000ull, 1ull << 30, 0, 0),
+            "INVALIDATE of what was never mapped");
+    if (!rc) {
+        post_in(&s, 0);
+        rc = go(&s, 0, s.tmo);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * INVALIDATE is acked; the next request touching the range misses (and is
+ * not served before the UPDATE), then completes.
+ */
+static int c_iotlb_invalidate(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv = 0;
+    uint8_t perm = 0;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    if (!rc) {
+        post_in(&s, 0);
+        rc = go(&s, 0, s.tmo);
+    }
+    if (!rc)
+        rc = vhd_chaos__must(
+            &s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, iova(OFF_DATA + 4096), 4096, 0, 0),
+            "INVALIDATE");
+    if (!rc) {
+        post_in(&s, 1);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no miss after the invalidation (%s)", strerror(-rc));
+    }
+    if (!rc && (iv != iova(OFF_DATA + 4096) || perm != VHOST_ACCESS_WO))
+        rc = vhd_chaos__note(&s, -EIO, "miss for 0x%llx perm %u, not the invalidated page",
+                             (unsigned long long)iv, perm);
+    if (!rc && *vhd_chaos__hva(&s, OFF_STAT + 64) != 0xff)
+        rc = vhd_chaos__note(&s, -EIO, "request served through an invalidated translation");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA + 4096, 4096, VHOST_ACCESS_RW), "UPDATE again");
+    if (!rc)
+        rc = go(&s, 1, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * Invalidations while requests are in flight: once INVALIDATE is acked,
+ * nothing completes and no buffer byte changes until the range is mapped
+ * again.
+ */
+static int c_iotlb_invalidate_inflight(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    if (!rc) {
+        for (unsigned k = 0; k < 2; k++)
+            post_in(&s, k);
+        vhd_chaos__kick(&s, 0);
+        rc = vhd_chaos__must(&s,
+                             iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, iova(OFF_DATA), 0x10000, 0, 0),
+                             "INVALIDATE under load");
+    }
+    if (!rc) {
+        uint16_t used0 = *(volatile uint16_t *)(void *)vhd_chaos__hva(&s, OFF_R0 + RING_USED + 2);
+        uint8_t snap[2 * 4096];
+        memcpy(snap, vhd_chaos__hva(&s, OFF_DATA), sizeof(snap));
+        ms_nap(50);
+        uint16_t used1 = *(volatile uint16_t *)(void *)vhd_chaos__hva(&s, OFF_R0 + RING_USED + 2);
+        if (used1 != used0 || memcmp(snap, vhd_chaos__hva(&s, OFF_DATA), sizeof(snap)) != 0)
+            rc = vhd_chaos__note(&s, -EIO, "a buffer was touched after its invalidation was acked");
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 0x10000, VHOST_ACCESS_RW), "UPDATE again");
+    if (!rc)
+        rc = go(&s, 1, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * A front-end that never answers a miss: the request is not served, and
+ * the device ends broken (NEEDS_RESET) after the miss timeout, not hung.
+ */
+static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv;
+    uint8_t perm;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc) {
+        post_in(&s, 0);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss (%s)", strerror(-rc));
+    }
+    if (!rc) {
+        uint64_t t0 = ms_now();
+        rc = go(&s, 0, 8000); /* VHD_VU_IOTLB_MISS_TIMEOUT_MS is 5 s */
+        if (!rc && !(s.ctx->observed & VHD_CHAOS_BROKEN))
+            rc = vhd_chaos__note(&s, -EIO, "not broken %llu ms after an unanswered miss",
+                                 (unsigned long long)(ms_now() - t0));
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
+    BLK(iotlb_control, IOTLB, S),
+    BLK(iotlb_miss_answered, IOTLB, S),
+    BLK(iotlb_ring_miss, IOTLB, S),
+    BLK(iotlb_ro_write, IOTLB, B),
+    BLK(iotlb_update_outside, IOTLB, N),
+    BLK(iotlb_bad_msgs, IOTLB, N),
+    BLK(iotlb_overlap_dup, IOTLB, S),
+    BLK(iotlb_invalidate, IOTLB, S),
+    BLK(iotlb_invalidate_inflight, IOTLB, S),
+    BLK(iotlb_miss_unanswered, IOTLB, B),
+};
+const unsigned vhd_chaos__iotlb_ncases = VHD_ARRAY_SIZE(vhd_chaos__iotlb_cases);
