@@ -130,6 +130,14 @@ long vhd_chaos_check_memory(const struct vhd_chaos_ctx *ctx, char *why, size_t w
 
 const char *vhd_chaos_category_name(enum vhd_chaos_category cat);
 
+/*
+ * vhd_chaos_iotlb_latency - on a blk device at ctx->socket_path, with
+ * VIRTIO_F_ACCESS_PLATFORM: `rounds` times, make two 4 KiB reads available,
+ * kick, and time an INVALIDATE of their buffers until its ack (ns[r]), map
+ * them again and wait for both. 0, or -errno (reason in ctx->note).
+ */
+int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t *ns);
+
 /* "NACK|BROKEN" for a set of outcome bits ("none" for 0). */
 const char *vhd_chaos_outcome_str(unsigned outcomes, char *buf, size_t len);
 

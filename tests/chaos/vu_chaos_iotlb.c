@@ -426,6 +426,54 @@ static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* Request slot k (0 or 1) as descriptors 3k..3k+2, made available at avail index idx. */
+static void post_in_at(struct vhd_chaos_sess *s, unsigned k, uint16_t idx)
+{
+    uint16_t d = (uint16_t)(3 * k);
+    vhd_chaos__blk_hdr(s, k, VIRTIO_BLK_T_IN, 8 * k);
+    vhd_chaos__sdesc(s, OFF_R0, d, iova(OFF_HDR + 64u * k), sizeof(struct virtio_blk_outhdr),
+                     VRING_DESC_F_NEXT, (uint16_t)(d + 1));
+    vhd_chaos__sdesc(s, OFF_R0, (uint16_t)(d + 1), iova(OFF_DATA + 4096u * k), 4096,
+                     VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, (uint16_t)(d + 2));
+    vhd_chaos__sdesc(s, OFF_R0, (uint16_t)(d + 2), iova(OFF_STAT + 64u * k), 1, VRING_DESC_F_WRITE,
+                     0);
+    vhd_chaos__split_publish(s, OFF_R0, d, idx);
+}
+
+int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t *ns)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    vhd_chaos__allow(&s, OFF_STAT, 64 + 1);
+    vhd_chaos__allow(&s, OFF_DATA, 2 * 4096);
+    for (unsigned r = 0; !rc && r < rounds; r++) {
+        struct vhd_chaos_used u;
+        post_in_at(&s, 0, (uint16_t)(2 * r + 1));
+        post_in_at(&s, 1, (uint16_t)(2 * r + 2));
+        vhd_chaos__kick(&s, 0);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        rc = vhd_chaos__must(
+            &s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, iova(OFF_DATA), 0x10000, 0, 0), "INVALIDATE");
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        ns[r] = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)t1.tv_nsec -
+                (uint64_t)t0.tv_nsec;
+        if (!rc)
+            rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 0x10000, VHOST_ACCESS_RW), "UPDATE");
+        if (!rc)
+            vhd_chaos__kick(&s, 0); /* a request that missed is kicked by the UPDATE anyway */
+        if (!rc)
+            rc = vhd_chaos__await_used(&s, OFF_R0, (uint16_t)(2 * r + 1), &u, s.tmo);
+        if (!rc && (!u.got || s.ctx->observed & VHD_CHAOS_BROKEN))
+            rc = vhd_chaos__note(&s, -EIO, "round %u: requests not completed", r);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
     BLK(iotlb_control, IOTLB, S),
     BLK(iotlb_miss_answered, IOTLB, S),
