@@ -557,6 +557,26 @@ int vhd_iotlb_lookup(const struct vhd_iotlb_ver *v, uint64_t iova, struct vhd_io
     return 0;
 }
 
+int vhd_iotlb_next(const struct vhd_iotlb_ver *v, uint64_t iova, struct vhd_iotlb_ent *e)
+{
+    const struct vhd_iotlb_node *n = v->root, *succ = NULL;
+
+    if (vhd_iotlb_lookup(v, iova, e) == 0)
+        return 0;
+    while (n) {
+        if (n->e.iova > iova) {
+            succ = n;
+            n = n->l;
+        } else {
+            n = n->r;
+        }
+    }
+    if (!succ)
+        return -ENOENT;
+    *e = succ->e;
+    return 0;
+}
+
 int vhd_iotlb_to_iov(const struct vhd_iotlb_ver *v, uint64_t iova, uint64_t len, uint8_t perm,
                      struct iovec *iov, uint32_t max_iov, uint64_t *miss)
 {

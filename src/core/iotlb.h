@@ -148,6 +148,13 @@ static inline void vhd_iotlb_leave(struct vhd_iotlb *t, uint32_t slot)
 int vhd_iotlb_lookup(const struct vhd_iotlb_ver *v, uint64_t iova, struct vhd_iotlb_ent *e);
 
 /*
+ * vhd_iotlb_next - the entry containing iova, else the first one above it:
+ * 0 and *e, or -ENOENT. O(log n). For walks over the table (diagnostics,
+ * tests).
+ */
+int vhd_iotlb_next(const struct vhd_iotlb_ver *v, uint64_t iova, struct vhd_iotlb_ent *e);
+
+/*
  * vhd_iotlb_to_iov - translate [iova, iova + len) for an access needing
  * perm into host segments appended at iov (at most max_iov). Consecutive
  * entries are joined into one segment only when they are in one region and

@@ -33,8 +33,7 @@ static const char *const vq_err_names[VHD_VQ_E__COUNT] = {
     [VHD_VQ_E_UNPOP] = "chain given back is not the last one popped",
     [VHD_VQ_E_ID_IN_FLIGHT] = "chain head or buffer id made available again while in flight",
     [VHD_VQ_E_IOTLB_PERM] = "buffer mapped by the IOTLB without the access it needs",
-    [VHD_VQ_E_IOTLB_RING] = "ring not contiguous in one region, or mapped without the access it "
-                            "needs",
+    [VHD_VQ_E_IOTLB_RING] = "ring not host-contiguous in one region, or without its access",
     [VHD_VQ_E_IOTLB_MISS] = "address not mapped by the IOTLB (yet)",
 };
 
