@@ -426,6 +426,236 @@ static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/* ---- packed rings ---- */
+
+/* A packed blk session at IOVAs, rings and buffers mapped (buffers: unless !map_bufs). */
+static int iotlb_blk_packed(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool map_bufs)
+{
+    int rc = vhd_chaos__steps(
+        ctx, s, UPTO(ADDR, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM) | BIT(VIRTIO_F_RING_PACKED)));
+    if (!rc)
+        rc = vhd_chaos__must(s, map(s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "IOTLB ring UPDATE");
+    if (!rc && map_bufs)
+        rc = vhd_chaos__must(s, map(s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB buffer UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(s,
+                             vhd_chaos__set_addr(s, 0, iova(OFF_R0), iova(OFF_R0 + RING_AVAIL),
+                                                 iova(OFF_R0 + RING_USED)),
+                             "SET_VRING_ADDR (IOVAs)");
+    if (rc)
+        return rc;
+    s->call[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->call[0] < 0 || s->kick[0] < 0)
+        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
+    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, 0, s->call[0]),
+                         "SET_VRING_CALL");
+    if (!rc)
+        rc =
+            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]),
+                            "SET_VRING_KICK");
+    if (!rc)
+        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
+                             "SET_VRING_ENABLE");
+    return rc;
+}
+
+static void packed_in(struct vhd_chaos_sess *s)
+{
+    struct vhd_chaos_pd d[3] = {
+        {iova(OFF_HDR), 16, 0, VRING_DESC_F_NEXT},
+        {iova(OFF_DATA), 4096, 0, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE},
+        {iova(OFF_STAT), 1, 0, VRING_DESC_F_WRITE},
+    };
+    vhd_chaos__blk_hdr(s, 0, VIRTIO_BLK_T_IN, 8);
+    vhd_chaos__allow(s, OFF_STAT, 1);
+    vhd_chaos__allow(s, OFF_DATA, 4096);
+    vhd_chaos__packed_publish(s, OFF_R0, d, 3);
+}
+
+/* Packed ring at IOVAs, everything mapped: served. */
+static int c_iotlb_packed_control(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_blk_packed(ctx, &s, true);
+    if (!rc) {
+        packed_in(&s);
+        rc = go(&s, 0, s.tmo);
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* Packed ring, buffers not mapped: a miss, the descriptors left in place, served after it. */
+static int c_iotlb_packed_miss(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv;
+    uint8_t perm;
+    int rc = iotlb_blk_packed(ctx, &s, false);
+    if (!rc) {
+        packed_in(&s);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss (%s)", strerror(-rc));
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "UPDATE answering the miss");
+    if (!rc)
+        rc = go(&s, 0, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* ---- net (loopback): receive ring 0 at OFF_R0, transmit ring 1 at OFF_R1 ---- */
+
+#define OFF_TXBUF OFF_DATA
+#define OFF_RXBUF (OFF_DATA + 0x1000u)
+
+static int ring_at_iova(struct vhd_chaos_sess *s, uint32_t q, size_t off)
+{
+    vhd_chaos__ring_layout(s, off);
+    int rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_NUM, q, QSZ),
+                             "SET_VRING_NUM");
+    if (!rc)
+        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_BASE, q, 0),
+                             "SET_VRING_BASE");
+    if (!rc)
+        rc = vhd_chaos__must(
+            s, vhd_chaos__set_addr(s, q, iova(off), iova(off + RING_AVAIL), iova(off + RING_USED)),
+            "SET_VRING_ADDR (IOVAs)");
+    if (rc)
+        return rc;
+    s->call[q] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    s->kick[q] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (s->call[q] < 0 || s->kick[q] < 0)
+        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
+    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, s->call[q]),
+                         "SET_VRING_CALL");
+    if (!rc)
+        rc =
+            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, s->kick[q]),
+                            "SET_VRING_KICK");
+    if (!rc)
+        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, q, 1),
+                             "SET_VRING_ENABLE");
+    return rc;
+}
+
+/*
+ * A net session with ACCESS_PLATFORM: both rings mapped and started at
+ * IOVAs; the transmit buffer mapped read-only and the receive buffer with
+ * rx_perm (0: neither buffer mapped). A broadcast frame is ready in the
+ * transmit buffer, a 2 KiB receive buffer posted.
+ */
+static int iotlb_net(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, uint8_t rx_perm)
+{
+    int rc = vhd_chaos__steps(ctx, s, UPTO(LAYOUT, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM)));
+    if (!rc)
+        rc = vhd_chaos__must(s, map(s, OFF_R0, 0x6000, VHOST_ACCESS_RW), "IOTLB ring UPDATE");
+    if (!rc && rx_perm)
+        rc = vhd_chaos__must(s, map(s, OFF_TXBUF, 0x1000, VHOST_ACCESS_RO), "IOTLB tx UPDATE");
+    if (!rc && rx_perm)
+        rc = vhd_chaos__must(s, map(s, OFF_RXBUF, 0x1000, rx_perm), "IOTLB rx UPDATE");
+    if (!rc)
+        rc = ring_at_iova(s, 0, OFF_R0);
+    if (!rc)
+        rc = ring_at_iova(s, 1, OFF_R1);
+    if (rc)
+        return rc;
+    uint8_t f[NET_HDR + PKT_LEN];
+    memset(f, 0, sizeof(f));
+    memset(f + NET_HDR, 0xff, 6);
+    for (unsigned i = 6; i < PKT_LEN; i++)
+        f[NET_HDR + i] = (uint8_t)(i * 13);
+    vhd_chaos__put(s, OFF_TXBUF, f, sizeof(f));
+    vhd_chaos__sdesc(s, OFF_R0, 0, iova(OFF_RXBUF), 2048, VRING_DESC_F_WRITE, 0);
+    vhd_chaos__split_publish(s, OFF_R0, 0, 1);
+    vhd_chaos__kick(s, 0);
+    vhd_chaos__sdesc(s, OFF_R1, 0, iova(OFF_TXBUF), NET_HDR + PKT_LEN, 0, 0);
+    return 0;
+}
+
+/* Transmit, then see what came back on both rings (as the chain cases do). */
+static int net_go(struct vhd_chaos_sess *s, bool publish, int rx_ms)
+{
+    struct vhd_chaos_used tx, rx;
+    if (publish)
+        vhd_chaos__split_publish(s, OFF_R1, 0, 1);
+    vhd_chaos__kick(s, 1);
+    int rc = vhd_chaos__await_used(s, OFF_R1, 0, &tx, s->tmo);
+    if (rc || !tx.got)
+        return rc;
+    rc = vhd_chaos__await_used(s, OFF_R0, 0, &rx, rx_ms);
+    if (rc)
+        return rc;
+    if (rx.got && rx.len == NET_HDR + PKT_LEN &&
+        memcmp(vhd_chaos__hva(s, OFF_RXBUF) + NET_HDR, vhd_chaos__hva(s, OFF_TXBUF) + NET_HDR,
+               PKT_LEN) == 0)
+        s->ctx->observed |= VHD_CHAOS_SERVED;
+    else if (!rx.got && !(s->ctx->observed & VHD_CHAOS_BROKEN))
+        s->ctx->observed |= VHD_CHAOS_REQ_ERROR; /* transmitted, frame dropped */
+    else if (rx.got)
+        vhd_chaos__note(s, 0, "received %u bytes", rx.len);
+    return 0;
+}
+
+/* Frames through IOVAs both ways: delivered. */
+static int c_iotlb_net_control(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_net(ctx, &s, VHOST_ACCESS_WO);
+    vhd_chaos__allow(&s, OFF_RXBUF, 2048);
+    if (!rc)
+        rc = net_go(&s, true, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/* The receive buffer mapped read-only: never written; the frame is not delivered. */
+static int c_iotlb_net_rx_ro(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    int rc = iotlb_net(ctx, &s, VHOST_ACCESS_RO);
+    if (!rc)
+        rc = net_go(&s, true, 300);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * Buffers not mapped: the transmit descriptor stays in its ring (nothing
+ * used) while the miss is out; after the UPDATEs the frame goes through.
+ */
+static int c_iotlb_net_tx_miss(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv;
+    uint8_t perm;
+    int rc = iotlb_net(ctx, &s, 0);
+    vhd_chaos__allow(&s, OFF_RXBUF, 2048);
+    if (!rc) {
+        vhd_chaos__split_publish(&s, OFF_R1, 0, 1);
+        vhd_chaos__kick(&s, 1);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss (%s)", strerror(-rc));
+    }
+    if (!rc && *vhd_chaos__hva(&s, OFF_R1 + RING_USED + 2) != 0)
+        rc = vhd_chaos__note(&s, -EIO, "transmit used before its buffer was mapped");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_TXBUF, 0x1000, VHOST_ACCESS_RO), "tx UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_RXBUF, 0x1000, VHOST_ACCESS_WO), "rx UPDATE");
+    if (!rc)
+        rc = net_go(&s, false, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* Request slot k (0 or 1) as descriptors 3k..3k+2, made available at avail index idx. */
 static void post_in_at(struct vhd_chaos_sess *s, unsigned k, uint16_t idx)
 {
@@ -485,5 +715,10 @@ const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
     BLK(iotlb_invalidate, IOTLB, S),
     BLK(iotlb_invalidate_inflight, IOTLB, S),
     BLK(iotlb_miss_unanswered, IOTLB, B),
+    BLK(iotlb_packed_control, IOTLB, S),
+    BLK(iotlb_packed_miss, IOTLB, S),
+    NET(iotlb_net_control, IOTLB, S),
+    NET(iotlb_net_rx_ro, IOTLB, B | E),
+    NET(iotlb_net_tx_miss, IOTLB, S),
 };
 const unsigned vhd_chaos__iotlb_ncases = VHD_ARRAY_SIZE(vhd_chaos__iotlb_cases);

@@ -562,15 +562,15 @@ VHD_TEST(chaos_net)
 }
 
 /*
- * IOVAs and IOTLB messages on the null blk (requests complete at once) and
- * the file-backed one (requests in flight in io_uring while invalidations
- * come).
+ * IOVAs and IOTLB messages on the null blk (requests complete at once), the
+ * file-backed one (requests in flight in io_uring while invalidations
+ * come) and the loopback net device.
  */
 VHD_TEST(chaos_iotlb)
 {
-    static const enum target t[] = {T_NULL, T_A};
-    static const unsigned m[] = {CAT(IOTLB), CAT(IOTLB)};
-    chaos_test("iotlb", t, m, 2);
+    static const enum target t[] = {T_NULL, T_A, T_NET};
+    static const unsigned m[] = {CAT(IOTLB), CAT(IOTLB), CAT(IOTLB)};
+    chaos_test("iotlb", t, m, 3);
 }
 
 static int cmp_u64(const void *a, const void *b)
