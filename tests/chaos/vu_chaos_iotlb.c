@@ -426,6 +426,47 @@ static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+/*
+ * A new memory table (the same regions sent again) flushes the IOTLB: the
+ * next request misses on the rings, then on its buffers; answered, served.
+ */
+static int c_iotlb_mem_table_flush(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv = 0;
+    uint8_t perm;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    if (!rc) {
+        post_in(&s, 0);
+        rc = go(&s, 0, s.tmo);
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE again");
+    if (!rc) {
+        post_in(&s, 1);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc =
+                vhd_chaos__note(&s, -EIO, "no miss after the new memory table (%s)", strerror(-rc));
+    }
+    if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
+        rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
+                             (unsigned long long)iv);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "buffer UPDATE");
+    if (!rc)
+        rc = go(&s, 1, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 /* ---- packed rings ---- */
 
 /* A packed blk session at IOVAs, rings and buffers mapped (buffers: unless !map_bufs). */
@@ -646,10 +687,16 @@ static int c_iotlb_net_tx_miss(struct vhd_chaos_ctx *ctx)
     }
     if (!rc && *vhd_chaos__hva(&s, OFF_R1 + RING_USED + 2) != 0)
         rc = vhd_chaos__note(&s, -EIO, "transmit used before its buffer was mapped");
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_TXBUF, 0x1000, VHOST_ACCESS_RO), "tx UPDATE");
+    /*
+     * The receive buffer first: a frame that meets an unmapped receive
+     * buffer is dropped as if none were posted (its miss is asked so the
+     * next frame gets through), and the transmit goes on as soon as its
+     * own UPDATE comes.
+     */
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_RXBUF, 0x1000, VHOST_ACCESS_WO), "rx UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_TXBUF, 0x1000, VHOST_ACCESS_RO), "tx UPDATE");
     if (!rc)
         rc = net_go(&s, false, s.tmo);
     vhd_chaos__close(&s);
@@ -715,6 +762,7 @@ const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
     BLK(iotlb_invalidate, IOTLB, S),
     BLK(iotlb_invalidate_inflight, IOTLB, S),
     BLK(iotlb_miss_unanswered, IOTLB, B),
+    BLK(iotlb_mem_table_flush, IOTLB, S),
     BLK(iotlb_packed_control, IOTLB, S),
     BLK(iotlb_packed_miss, IOTLB, S),
     NET(iotlb_net_control, IOTLB, S),
