@@ -80,6 +80,13 @@ int vhd_rt_worker_node(const struct vhd_rt *rt, unsigned worker)
     return -1;
 }
 
+/* No runtime events here: a queue's IOTLB misses are looked at after each message. */
+int vhd_rt_event_fd(const struct vhd_rt *rt)
+{
+    (void)rt;
+    return -1;
+}
+
 int vhd_rt_attach(struct vhd_rt *rt, struct vhd_queue *q, unsigned worker)
 {
     (void)rt;
