@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/dirtylog.h"
 #include "core/iotlb.h"
 #include "core/mem.h"
 #include "core/vq.h"
@@ -659,4 +660,44 @@ IOTLB_VQ_TEST(vq_ring_not_contiguous)
     VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), -EFAULT);
     VHD_CHECK_EQ(q.f.vq.error, VHD_VQ_E_IOTLB_RING);
     ivq_teardown(&q);
+}
+
+static bool log_bit(const struct vhd_dirtylog *log, uint64_t gpa)
+{
+    uint64_t pg = gpa >> VHD_DIRTYLOG_PAGE_SHIFT;
+    return (log->bits[pg / 8] >> (pg % 8)) & 1;
+}
+
+/* Dirty logging marks guest-physical pages, not IOVAs: data and used-ring writes. */
+IOTLB_VQ_TEST(vq_dirty_log_gpas)
+{
+    struct ivq q;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    struct vhd_dirtylog *log;
+    const char *why;
+    void *buf;
+    int fd = memfd_create("iotlb-log", MFD_CLOEXEC);
+
+    VHD_CHECK(fd >= 0 && ftruncate(fd, 4096) == 0);
+    VHD_CHECK_EQ(vhd_dirtylog_map(fd, 4096, 0, &log, &why), 0);
+    close(fd);
+    ivq_setup(&q, packed);
+    uint64_t bgpa = vqfx_alloc(&q.f, 8192, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, BUF_IOVA, bgpa + 4096, 4096, VHD_IOTLB_RW);
+    vhd_vq_set_log(&q.f.vq, log, true, 0x123000 /* the front-end's log address: not used */);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    ivq_post(&q, BUF_IOVA + 16, 100, true);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 1);
+    memset(iov[0].iov_base, 0xab, 100);
+    vhd_vq_log_write(&q.f.vq, iov, 1, 100);
+    VHD_CHECK(log_bit(log, bgpa + 4096));
+    VHD_CHECK(!log_bit(log, bgpa));
+    VHD_CHECK_EQ(vhd_vq_push(&q.f.vq, &c, 100), 0);
+    vhd_vq_flush(&q.f.vq);
+    VHD_CHECK(log_bit(log, packed ? q.f.dq.desc_gpa : q.f.dq.used_gpa));
+    VHD_CHECK(!log_bit(log, 0x123000));
+    ivq_teardown(&q);
+    vhd_dirtylog_free(log);
 }
