@@ -194,6 +194,9 @@ void vhd_vu__iotlb_service(struct vhd_vu_conn *c)
         bool dup = false;
         for (uint32_t j = 0; j < dev->num_queues && !dup; j++)
             dup = j != i && c->miss_sent[j] == w;
+        vhd_log(VHD_LOG_DEBUG, "%s: queue %u: IOTLB miss at 0x%llx perm %u%s", dev->name, i,
+                (unsigned long long)(w & ~(uint64_t)0xfff), (unsigned)(w & VHD_IOTLB_RW),
+                dup ? " (already asked)" : "");
         if (!dup)
             (void)send_miss(c, w & ~(uint64_t)0xfff, (uint8_t)(w & VHD_IOTLB_RW));
         c->miss_sent[i] = w;
@@ -262,6 +265,12 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
         r->why = "IOTLB message without VIRTIO_F_ACCESS_PLATFORM";
         return -EPROTO;
     }
+    vhd_log(VHD_LOG_DEBUG, "%s: IOTLB %s iova 0x%llx size 0x%llx uva 0x%llx perm %u", c->dev->name,
+            m->type == VHOST_IOTLB_UPDATE       ? "update"
+            : m->type == VHOST_IOTLB_INVALIDATE ? "invalidate"
+                                                : "?",
+            (unsigned long long)m->iova, (unsigned long long)m->size, (unsigned long long)m->uva,
+            m->perm);
     switch (m->type) {
     case VHOST_IOTLB_UPDATE:
         if (m->perm == 0 || (m->perm & ~VHOST_ACCESS_RW)) {

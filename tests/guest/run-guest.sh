@@ -60,6 +60,9 @@ VM and harness:
   --server              QEMU listens on the sockets (server=on,wait=off) and the back-end
                         connects (vhostd client=on); no wait for socket files
   --qemu PATH           QEMU binary (env QEMU, default qemu-system-x86_64)
+  --iommu MODE          off (default), lazy or strict: q35 with an emulated Intel IOMMU
+                        (device IOTLB), guest intel_iommu=on with iommu.strict=0 or 1; give
+                        the devices iommu_platform=on,ats=on,disable-legacy=on in --dev-opts
   -v, --verbose         echo the whole console, not only result lines
   --interactive         boot to a shell on this terminal (no log, no checks)
 EOF
@@ -105,6 +108,7 @@ QEMU=${QEMU:-qemu-system-x86_64}
 VERBOSE=0
 INTERACTIVE=0
 SERVER=0
+IOMMU=off
 
 need() {
     [ $# -ge 2 ] || { echo "run-guest: $1 needs a value" >&2; usage; }
@@ -148,6 +152,7 @@ while [ $# -gt 0 ]; do
     --wait-socket) need "$@"; WAIT_SOCKET=$2; shift ;;
     --server) SERVER=1 ;;
     --qemu) need "$@"; QEMU=$2; shift ;;
+    --iommu) need "$@"; IOMMU=$2; shift ;;
     -v | --verbose) VERBOSE=1 ;;
     --interactive) INTERACTIVE=1; TEST=shell ;;
     -h | --help) usage ;;
@@ -230,13 +235,21 @@ case "$gargs" in *'"'*) die "guest arguments must not contain double quotes" ;; 
 # can miss its ticks and panic ("IO-APIC + timer doesn't work!"); the check is for real hardware.
 # Fixed PCI slots so that the read-write disk is always vda and the read-only one vdb.
 # shellcheck disable=SC2054 # commas are QEMU option syntax
+case "$IOMMU" in
+off) iommu_append="" ;;
+lazy) iommu_append=" intel_iommu=on iommu.strict=0" ;;
+strict) iommu_append=" intel_iommu=on iommu.strict=1" ;;
+*) die "--iommu: off, lazy or strict" ;;
+esac
 qemu_cmd=(
     "$QEMU" -accel tcg -smp "$SMP" -m "$MEM"
     -object "memory-backend-memfd,id=mem,size=$MEM,share=on" -numa node,memdev=mem
     -nodefaults -no-user-config -display none -no-reboot
     -kernel "$KERNEL" -initrd "$GUEST_DIR/initramfs.cpio.gz"
-    -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off no_timer_check vhostd.test=$TEST vhostd.args=\"$gargs\""
+    -append "console=ttyS0 loglevel=3 panic=-1 mitigations=off no_timer_check$iommu_append vhostd.test=$TEST vhostd.args=\"$gargs\""
 )
+# The IOMMU (device IOTLB: vhost-user back-ends get IOVAs and IOTLB messages) before any device.
+[ "$IOMMU" = off ] || qemu_cmd+=(-machine q35 -device intel-iommu,intremap=off,device-iotlb=on)
 if [ -n "$SOCK" ]; then
     reconnect_opt=""
     if [ "$RECONNECT" -gt 0 ]; then reconnect_opt=",reconnect=$RECONNECT"; fi
