@@ -141,10 +141,13 @@ static void iotlb_record_miss(struct vhd_vq *vq, uint64_t iova, uint8_t perm)
     }
 }
 
-/* Remember e as the last hit; a read-write one also becomes the fast path's region. */
-static void iotlb_cache(struct vhd_vq *vq, const struct vhd_iotlb_ent *e)
+/*
+ * Remember e (found for an address of page e_key) in the queue's cache; a
+ * read-write one also becomes the fast path's region.
+ */
+static void iotlb_cache(struct vhd_vq *vq, const struct vhd_iotlb_ent *e, uint64_t e_key)
 {
-    vq->iotlb_last = *e;
+    vq->iotlb_cache[(e_key) % VHD_VQ_IOTLB_CACHE] = *e;
     if (e->perm == VHD_IOTLB_RW) {
         vq->iotlb_reg.gpa = e->iova;
         vq->iotlb_reg.size = e->size;
@@ -155,8 +158,9 @@ static void iotlb_cache(struct vhd_vq *vq, const struct vhd_iotlb_ent *e)
 }
 
 /*
- * IOTLB translation of a buffer or table: the last entry hit (any
- * permission), else the published table through the queue's reader slot.
+ * IOTLB translation of a buffer or table: the queue's cache of entries
+ * hit (one slot, by page), else the published table through the queue's
+ * reader slot (one walk when one entry holds the whole buffer).
  * Returns the segment count, -VHD_VQ_E_IOTLB_MISS (miss recorded),
  * -VHD_VQ_E_IOTLB_PERM, -VHD_VQ_E_IOV_FULL or -VHD_VQ_E_ADDR; breaks
  * nothing itself.
@@ -164,23 +168,35 @@ static void iotlb_cache(struct vhd_vq *vq, const struct vhd_iotlb_ent *e)
 int vhd_vq__iotlb_map(struct vhd_vq *vq, uint64_t addr, uint64_t len, uint8_t perm,
                       struct iovec *iov, uint32_t max_iov)
 {
-    const struct vhd_iotlb_ent *last = &vq->iotlb_last;
-    uint64_t off = addr - last->iova, miss = addr;
+    uint64_t key = addr >> 12, miss = addr;
+    const struct vhd_iotlb_ent *c = &vq->iotlb_cache[key % VHD_VQ_IOTLB_CACHE];
+    uint64_t off = addr - c->iova;
+    struct vhd_iotlb_ent e;
+    int n;
 
     if (max_iov == 0)
         return -VHD_VQ_E_IOV_FULL;
-    if (off < last->size && len <= last->size - off) {
-        if ((last->perm & perm) != perm)
+    if (off < c->size && len <= c->size - off) {
+        if ((c->perm & perm) != perm)
             return -VHD_VQ_E_IOTLB_PERM;
-        iov[0].iov_base = last->hva + off;
+        iov[0].iov_base = c->hva + off;
         iov[0].iov_len = len;
         return 1;
     }
     const struct vhd_iotlb_ver *v = vhd_iotlb_enter(vq->iotlb, vq->iotlb_slot);
-    int n = vhd_iotlb_to_iov(v, addr, len, perm, iov, max_iov, &miss);
-    struct vhd_iotlb_ent e;
+    if (vhd_iotlb_lookup(v, addr, &e) == 0 && len <= e.size - (addr - e.iova)) {
+        /* the common case: one entry holds the whole buffer, one walk */
+        vhd_iotlb_leave(vq->iotlb, vq->iotlb_slot);
+        iotlb_cache(vq, &e, key);
+        if ((e.perm & perm) != perm)
+            return -VHD_VQ_E_IOTLB_PERM;
+        iov[0].iov_base = e.hva + (addr - e.iova);
+        iov[0].iov_len = len;
+        return 1;
+    }
+    n = vhd_iotlb_to_iov(v, addr, len, perm, iov, max_iov, &miss);
     if (n > 0 && vhd_iotlb_lookup(v, addr + len - 1, &e) == 0)
-        iotlb_cache(vq, &e); /* the last entry of the range: where the next buffer likely is */
+        iotlb_cache(vq, &e, (addr + len - 1) >> 12); /* where the next buffer likely is */
     vhd_iotlb_leave(vq->iotlb, vq->iotlb_slot);
     switch (n) {
     case -EFAULT:
@@ -409,7 +425,7 @@ void vhd_vq_set_mem(struct vhd_vq *vq, const struct vhd_mem *mem)
     vq->mem_hint = 0;
     vq->log_hint = 0;
     vq->iotlb_one.nregions = 0;
-    memset(&vq->iotlb_last, 0, sizeof(vq->iotlb_last));
+    memset(vq->iotlb_cache, 0, sizeof(vq->iotlb_cache));
     vhd_vq_invalidate(vq);
 }
 
@@ -435,7 +451,7 @@ void vhd_vq_iotlb_invalidated(struct vhd_vq *vq, uint64_t iova, uint64_t size)
     uint64_t dlen, alen, ulen;
 
     vq->iotlb_one.nregions = 0;
-    memset(&vq->iotlb_last, 0, sizeof(vq->iotlb_last));
+    memset(vq->iotlb_cache, 0, sizeof(vq->iotlb_cache));
     if (!vq->rings_ok)
         return;
     if (vq->packed) {

@@ -205,7 +205,14 @@ struct vhd_vq {
     int iotlb_event_fd;              /* eventfd written when a miss is recorded, or -1 */
     struct vhd_mem iotlb_one;        /* xlat's table: nregions 1 (iotlb_reg) or 0 */
     struct vhd_mem_region iotlb_reg; /* gpa = iova of the last read-write entry hit */
-    struct vhd_iotlb_ent iotlb_last; /* last entry hit, any permission (size 0: none) */
+    /*
+     * Entries hit lately, any permission, direct-mapped by the 4 KiB page
+     * of the address that found them (size 0: empty): a queue whose buffers
+     * come from a pool of pages (each its own IOMMU mapping) translates them
+     * without a table walk. Dropped with the rest at invalidations.
+     */
+#define VHD_VQ_IOTLB_CACHE 32u
+    struct vhd_iotlb_ent iotlb_cache[VHD_VQ_IOTLB_CACHE];
     /*
      * Pending miss: the page of the IOVA (4 KiB aligned) | the access
      * wanted (VHD_IOTLB_R/W), 0 when none. Written by the worker with a
