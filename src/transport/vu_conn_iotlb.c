@@ -253,7 +253,7 @@ void vhd_vu__iotlb_flush(struct vhd_vu_conn *c)
  * errno): size 0 or wrapping ranges, unknown access flags, a range outside
  * guest memory. INVALIDATE: the reply goes out once no worker and no
  * in-flight request can touch the range (iotlb_quiesce_drop); invalidating
- * what was never mapped is acked at once. Always answered through
+ * what was never mapped is acked at once; size 0 invalidates everything. Always answered through
  * REPLY_ACK.
  */
 int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
@@ -292,7 +292,14 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
         vhd_vu__iotlb_service(c); /* queues waiting for this one go on */
         return 0;
     case VHOST_IOTLB_INVALIDATE:
-        rc = vhd_iotlb_invalidate(c->iotlb, m->iova, m->size);
+        /*
+         * Size 0 is everything: QEMU's full device-IOTLB flush arrives so
+         * (its 2^64-byte range wraps to 0), and Linux vhost's arithmetic
+         * (last = iova + size - 1) reads it so too. Dropping more than
+         * asked only costs misses.
+         */
+        rc = m->size == 0 ? vhd_iotlb_flush(c->iotlb)
+                          : vhd_iotlb_invalidate(c->iotlb, m->iova, m->size);
         if (rc < 0) {
             r->why = "IOTLB invalidation failed";
             return rc;
@@ -300,8 +307,8 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
         c->stat_invalidates++;
         if (rc == 1) {
             /* size 0 for vhd_vq_iotlb_invalidated means everything: a wrapping range */
-            uint64_t sz = m->size - 1 > UINT64_MAX - m->iova ? 0 : m->size;
-            if (iotlb_quiesce_drop(c, m->iova, sz) < 0) {
+            uint64_t sz = m->size == 0 || m->size - 1 > UINT64_MAX - m->iova ? 0 : m->size;
+            if (iotlb_quiesce_drop(c, m->size == 0 ? 0 : m->iova, sz) < 0) {
                 r->why = "queues did not stop";
                 return -EIO;
             }

@@ -362,6 +362,48 @@ static int c_iotlb_invalidate(struct vhd_chaos_ctx *ctx)
 }
 
 /*
+ * INVALIDATE of size 0 (how QEMU's full device-IOTLB flush arrives: its
+ * 2^64-byte range wraps) drops everything: the next request misses on the
+ * rings first.
+ */
+static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv = 0;
+    uint8_t perm;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE");
+    if (!rc) {
+        post_in(&s, 0);
+        rc = go(&s, 0, s.tmo);
+    }
+    if (!rc)
+        rc = vhd_chaos__must(&s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, 0, 0, 0, 0),
+                             "INVALIDATE of size 0");
+    if (!rc) {
+        post_in(&s, 1);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no miss after a full invalidation (%s)", strerror(-rc));
+    }
+    if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
+        rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
+                             (unsigned long long)iv);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "buffer UPDATE");
+    if (!rc)
+        rc = go(&s, 1, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
  * Invalidations while requests are in flight: once INVALIDATE is acked,
  * nothing completes and no buffer byte changes until the range is mapped
  * again.
@@ -761,6 +803,7 @@ const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
     BLK(iotlb_overlap_dup, IOTLB, S),
     BLK(iotlb_invalidate, IOTLB, S),
     BLK(iotlb_invalidate_inflight, IOTLB, S),
+    BLK(iotlb_invalidate_all, IOTLB, S),
     BLK(iotlb_miss_unanswered, IOTLB, B),
     BLK(iotlb_mem_table_flush, IOTLB, S),
     BLK(iotlb_packed_control, IOTLB, S),
