@@ -194,7 +194,7 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
      .why = "client mode, nbd: connect to the front-end's or NBD server's socket (a full sun)",
      .only_with = VHD_SANDBOX_F_CLIENT | VHD_SANDBOX_F_NBD},
     ANY(timerfd_settime, "arm the reconnect back-off (client) and accept back-off (EMFILE) timers"),
-    ANY(timerfd_create, "a session's IOTLB miss timer, made at its first miss (vu_conn_iotlb.c)"),
+    ANY(timerfd_create, "IOTLB miss timers; --rpc: connections' idle timers, back-off timers"),
     ARG_MASKED_AND_MASKED(getsockopt, 1, INT_BITS, SOL_SOCKET, 2, INT_BITS, SO_PEERCRED, 0,
                           "the front-end's credentials: allow-uid/allow-gid, log lines"),
     /*
@@ -321,7 +321,6 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     RPC_ARG_MASKED(unlinkat, 2, INT_BITS, 0,
                    "remove: the socket of a device added at runtime (its dir fd is new)"),
     RPC_ANY(eventfd2, "add: a new device's eventfds; an add's open reports through one"),
-    RPC_ANY(timerfd_create, "RPC connections' idle timers; a new device's back-off timer"),
     RPC_ARG_MASKED(clone, 0, CLONE_THREAD | CLONE_VM | CLONE_SIGHAND | CLONE_FILES,
                    CLONE_THREAD | CLONE_VM | CLONE_SIGHAND | CLONE_FILES,
                    "add: the thread that opens a blk backend (a thread, never a process)"),
