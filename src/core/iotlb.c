@@ -252,7 +252,8 @@ static uint64_t cut_need(uint32_t h)
 }
 
 /*
- * Remove [a, a + size) (to_end: [a, 2^64)) from owned tree *root. Returns
+ * Remove [a, a + size) (to_end, or a + size == 2^64: [a, 2^64)) from owned
+ * tree *root. Returns
  * whether anything was removed. The pool must hold cut_need(height) nodes:
  * two splits and two trims copy a path each, the two merges at most the sum
  * of their inputs' heights, plus one new node.
@@ -270,7 +271,8 @@ static bool cut(struct build *b, struct vhd_iotlb_node **root, uint32_t *n, uint
         has_tail = true;
         removed = true;
     }
-    if (!to_end) {
+    /* a range ending exactly at 2^64 (a + size wraps to 0) runs to the end too */
+    if (!to_end && a + size != 0) {
         uint64_t end = a + size;
         split(b, mid, end, &mid, &r2);
         if (max_crosses(mid, end)) {

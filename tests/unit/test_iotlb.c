@@ -452,6 +452,63 @@ VHD_TEST(random_vs_reference)
     vhd_mem_free(mem);
 }
 
+/*
+ * Ranges that end exactly at 2^64 (iova + size wraps to 0). QEMU turns a
+ * guest's lazy-mode flush (a device-IOTLB invalidation of the whole space)
+ * into one INVALIDATE per section of the IOMMU region, the last one
+ * [0xfef00000, 2^64) (the interrupt window 0xfee00000-0xfeefffff is a
+ * section of its own): it must drop the guest's IOVAs (Linux allocates them
+ * just below 4 GiB), which are then reused for other pages. Many 4 KiB
+ * entries at consecutive IOVAs with shuffled host pages, as a lazy guest
+ * leaves them, and an UPDATE of the last page of the space replacing
+ * another one.
+ */
+VHD_TEST(ranges_ending_at_2_64)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    const struct vhd_iotlb_ver *v;
+    struct vhd_iotlb_ent e;
+    const uint64_t top = 0x100000000ull, n = 64, last = UINT64_MAX - 0xfff;
+
+    for (uint64_t k = 0; k < n; k++)
+        VHD_CHECK_EQ(vhd_iotlb_update(t, mem, top - (k + 1) * 0x1000, 0x1000,
+                                      R0_UVA + ((k * 37) % n) * 0x1000, VHD_IOTLB_RW),
+                     0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x1000, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0xfee00000ull, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), n + 2);
+
+    /* QEMU's pair for a full flush: [0, 0xfee00000) and [0xfef00000, 2^64) */
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0, 0xfee00000ull), 1);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0xfef00000ull, 0 - 0xfef00000ull), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    v = vhd_iotlb_enter(t, 0);
+    for (uint64_t k = 0; k < n; k++)
+        VHD_CHECK_EQ(vhd_iotlb_lookup(v, top - (k + 1) * 0x1000 + 0x2c0, &e), -ENOENT);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0xfee00000ull, &e), 0); /* between the two: kept */
+    vhd_iotlb_leave(t, 0);
+
+    /* the last page of the space, mapped, replaced, cut and invalidated to the end */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, last, 0x1000, R0_UVA + 0x3000, VHD_IOTLB_R), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, last, 0x1000, R0_UVA + 0x7000, VHD_IOTLB_RW), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 2);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, UINT64_MAX, &e), 0);
+    VHD_CHECK(e.hva + (UINT64_MAX - e.iova) == hva_of(mem, R0_UVA + 0x7fff));
+    VHD_CHECK_EQ(e.perm, VHD_IOTLB_RW);
+    vhd_iotlb_leave(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, last + 0x800, 0x800), 1);
+    v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, last + 0x7ff, &e), 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, last + 0x800, &e), -ENOENT);
+    vhd_iotlb_leave(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, last, 0x1000), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
 /* ---- the virtqueue engine translating through an IOTLB ---- */
 
 /* IOVAs the rings and buffers are given at: far from every GPA. */
