@@ -250,15 +250,31 @@ qemu_cmd=(
 )
 # The IOMMU (device IOTLB: vhost-user back-ends get IOVAs and IOTLB messages) before any device.
 [ "$IOMMU" = off ] || qemu_cmd+=(-machine q35 -device intel-iommu,intremap=off,device-iotlb=on)
+# blk_slot ADDR: where a disk goes ($slot). Behind the IOMMU each disk sits alone behind a PCIe root
+# port in that slot: on the root bus a virtio device is not PCI Express, so it has no ATS
+# capability (ats=on does nothing), the guest never enables its device IOTLB, and QEMU 7.2 then
+# forwards a lazy-mode (flush-queue) IOTLB flush to vhost-user only for the IOVAs its shadow
+# page-table walk saw mapped: IOVAs mapped and unmapped between two flushes are never
+# invalidated, the guest reuses them, and the back-end reads freed pages through old translations.
+blk_slot() {
+    if [ "$IOMMU" = off ]; then
+        slot="addr=$1"
+    else
+        qemu_cmd+=(-device "pcie-root-port,id=rp$1,chassis=$(($1)),addr=$1")
+        slot="bus=rp$1,addr=0x0"
+    fi
+}
 if [ -n "$SOCK" ]; then
     reconnect_opt=""
     if [ "$RECONNECT" -gt 0 ]; then reconnect_opt=",reconnect=$RECONNECT"; fi
-    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK$CHR_OPTS$reconnect_opt"
-        -device "vhost-user-blk-pci,chardev=vub0,num-queues=$QUEUES,packed=$PACKED,addr=0x4${DEV_OPTS:+,$DEV_OPTS}")
+    qemu_cmd+=(-chardev "socket,id=vub0,path=$SOCK$CHR_OPTS$reconnect_opt")
+    blk_slot 0x4
+    qemu_cmd+=(-device "vhost-user-blk-pci,chardev=vub0,num-queues=$QUEUES,packed=$PACKED,$slot${DEV_OPTS:+,$DEV_OPTS}")
 fi
 if [ -n "$RO_SOCK" ]; then
-    qemu_cmd+=(-chardev "socket,id=vub1,path=$RO_SOCK$CHR_OPTS"
-        -device "vhost-user-blk-pci,chardev=vub1,num-queues=$RO_QUEUES,packed=$PACKED,addr=0x5${DEV_OPTS:+,$DEV_OPTS}")
+    qemu_cmd+=(-chardev "socket,id=vub1,path=$RO_SOCK$CHR_OPTS")
+    blk_slot 0x5
+    qemu_cmd+=(-device "vhost-user-blk-pci,chardev=vub1,num-queues=$RO_QUEUES,packed=$PACKED,$slot${DEV_OPTS:+,$DEV_OPTS}")
 fi
 if [ -n "$NET_SOCK" ]; then
     qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK$CHR_OPTS"
