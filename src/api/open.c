@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -242,22 +243,30 @@ void api_ctx_cancel_opens(struct vhd_ctx *ctx)
         uint64_t now = vhd_now_ms();
         while (poll(&p, 1, now < deadline ? (int)(deadline - now) : 0) < 0 && errno == EINTR)
             now = vhd_now_ms();
+        /*
+         * Once o is marked abandoned, the open thread may finish and free it
+         * at any moment: take what the rest needs out of it first.
+         */
+        pthread_t thread = o->thread;
+        vhd_device_open_fn done = o->done;
+        void *opaque = o->opaque;
+        char name[128];
+        snprintf(name, sizeof(name), "%s", o->cfg.dev.name ? o->cfg.dev.name : "a blk device");
         bool abandoned =
             __atomic_exchange_n(&o->state, OPEN_ABANDONED, __ATOMIC_ACQ_REL) == OPEN_RUNNING;
         if (abandoned) {
             /* Stuck (a backend past its own bound): detached; it frees o and its device. */
-            pthread_detach(o->thread);
+            pthread_detach(thread);
             vhd_log(VHD_LOG_WARN,
                     "%s: its backend's open did not finish within %d ms of the shutdown: left "
                     "behind",
-                    o->cfg.dev.name ? o->cfg.dev.name : "a blk device", API_OPEN_CANCEL_MS);
+                    name, API_OPEN_CANCEL_MS);
         } else {
-            pthread_join(o->thread, NULL);
+            pthread_join(thread, NULL);
             if (o->rc == 0)
                 vhd_blk_free(o->dev);
-        }
-        o->done(o->opaque, NULL, -ECANCELED, "the context was destroyed before the open finished");
-        if (!abandoned)
             open_free(o);
+        }
+        done(opaque, NULL, -ECANCELED, "the context was destroyed before the open finished");
     }
 }
