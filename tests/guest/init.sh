@@ -65,6 +65,37 @@ case "$cmdline" in
 esac
 [ -z "$test_name" ] && test_name=blk
 
+# Behind an emulated IOMMU (run-guest.sh --iommu: intel_iommu=on): the kernel must really
+# remap DMA, and every virtio PCI device must sit in a translated IOMMU group, lazy (DMA-FQ)
+# or strict (DMA) as iommu.strict= asks. One "CHECK iommu:" line either way.
+case "$cmdline" in
+*intel_iommu=on*)
+    want=DMA-FQ
+    case "$cmdline" in *iommu.strict=1*) want=DMA ;; esac
+    dmesg | grep -E 'DMAR' | head -n 4 | sed 's/^/INFO dmesg /'
+    iommus=$(ls /sys/class/iommu 2>/dev/null | tr '\n' ' ')
+    devs=""
+    bad=""
+    for v in /sys/bus/virtio/devices/virtio*; do
+        [ -e "$v" ] || continue
+        pci=$(basename "$(dirname "$(readlink -f "$v")")")
+        type=$(cat "/sys/bus/pci/devices/$pci/iommu_group/type" 2>/dev/null)
+        group=$(basename "$(readlink -f "/sys/bus/pci/devices/$pci/iommu_group" 2>/dev/null)")
+        devs="$devs $pci:group=$group:$type"
+        [ "$type" = "$want" ] || bad="$bad $pci:${type:-no-group}"
+    done
+    if [ -z "$iommus" ]; then
+        fail "iommu: no /sys/class/iommu entry (no DMA remapping)"
+    elif [ -z "$devs" ]; then
+        fail "iommu: no virtio PCI device"
+    elif [ -n "$bad" ]; then
+        fail "iommu: devices not in a $want domain:$bad"
+    else
+        echo "CHECK iommu: PASS $iommus-$devs"
+    fi
+    ;;
+esac
+
 # Wait (bounded) for the disks: virtio_blk probes synchronously, but be tolerant.
 wait_disk() {
     i=0

@@ -276,14 +276,17 @@ if [ -n "$RO_SOCK" ]; then
     blk_slot 0x5
     qemu_cmd+=(-device "vhost-user-blk-pci,chardev=vub1,num-queues=$RO_QUEUES,packed=$PACKED,$slot${DEV_OPTS:+,$DEV_OPTS}")
 fi
+# The NIC and the entropy device likewise (blk_slot places any device).
 if [ -n "$NET_SOCK" ]; then
+    blk_slot 0x6
     qemu_cmd+=(-chardev "socket,id=vun0,path=$NET_SOCK$CHR_OPTS"
         -netdev "type=vhost-user,id=net0,chardev=vun0,queues=1"
-        -device "virtio-net-pci,netdev=net0,mac=$MAC,addr=0x6${NET_DEV_OPTS:+,$NET_DEV_OPTS}")
+        -device "virtio-net-pci,netdev=net0,mac=$MAC,$slot${NET_DEV_OPTS:+,$NET_DEV_OPTS}")
 fi
 if [ -n "$RNG_SOCK" ]; then
+    blk_slot 0x7
     qemu_cmd+=(-chardev "socket,id=vur0,path=$RNG_SOCK$CHR_OPTS"
-        -device "vhost-user-rng-pci,chardev=vur0,addr=0x7${RNG_DEV_OPTS:+,$RNG_DEV_OPTS}")
+        -device "vhost-user-rng-pci,chardev=vur0,$slot${RNG_DEV_OPTS:+,$RNG_DEV_OPTS}")
 fi
 
 if [ "$INTERACTIVE" = 1 ]; then
