@@ -120,23 +120,27 @@ blk_case() {
 
 # ---- NICs --------------------------------------------------------------------------------
 
-# A guest's shell line (as in net-guests.sh): address, link up, then ping PEER until it answers
-# (90 tries), then 5 pings that must all be answered; LINGER seconds more for the peer.
+# A guest's shell line: address, link up, then one-shot pings to PEER until 5 were answered
+# (at most 80 pings), "PINGS: <replies> replies to <pings> pings", then LINGER seconds more for
+# the peer. Not "5 of 5" as in net-guests.sh: behind a strict IOMMU every receive buffer the
+# guest posts is a new mapping, and both vhostd and DPDK drop a frame that meets a receive
+# buffer not yet translated (the miss is asked, the next frame gets through).
 ping_cmd() { # ping_cmd ADDR PEER LINGER
-    echo "ip addr add $1/24 dev eth0 && ip link set eth0 up && i=0 && while [ \$i -lt 90 ] && ! ping -c 1 -W 1 $2 >/dev/null; do i=\$((i+1)); done && { ping -c 5 -W 2 $2 >/tmp/ping; cat /tmp/ping; grep -q '5 packets transmitted, 5 packets received' /tmp/ping; } && sleep $3"
+    echo "ip addr add $1/24 dev eth0 && ip link set eth0 up && n=0 && i=0 && while [ \$i -lt 80 ] && [ \$n -lt 5 ]; do ping -c 1 -W 1 $2 >/dev/null && n=\$((n+1)); i=\$((i+1)); done; echo PINGS: \$n replies to \$i pings; [ \$n -ge 5 ] && sleep $3"
 }
 
 # two_guests_ping NAME MODE: guests a (192.0.2.10) and b (.11) on $dir/a.sock and $dir/b.sock
 # ping each other; the case's reason says what failed.
 two_guests_ping() {
     local name=$1 mode=$2 ga gb ra=0 rb=0 g
+    declare -gA pings=()
     for g in a b; do
         local addr=192.0.2.10 peer=192.0.2.11 mac=52:54:00:00:03:0a
         [ "$g" = b ] && addr=192.0.2.11 peer=192.0.2.10 mac=52:54:00:00:03:0b
         "$HERE/run-guest.sh" --no-build --guest-dir "$GUEST_DIR" --timeout "$GUEST_TIMEOUT" \
             --wait-socket 60 --test cmd --smp 1 --mem 256M --iommu "$mode" \
             --net-sock "$dir/$g.sock" --mac "$mac" --net-dev-opts "$NET_DEV_OPTS" \
-            --guest-args "$(ping_cmd "$addr" "$peer" 15)" \
+            --guest-args "$(ping_cmd "$addr" "$peer" 30)" \
             --log "$LOG_DIR/$name.$g.console.log" >"$dir/$g.out" 2>&1 &
         if [ "$g" = a ]; then ga=$!; else gb=$!; fi
     done
@@ -145,9 +149,8 @@ two_guests_ping() {
     for g in a b; do
         local c=$LOG_DIR/$name.$g.console.log
         iommu_seen "$c" || why "guest $g did not report DMA remapping (CHECK iommu)"
-        tr -d '\r' <"$c" | grep -q '5 packets transmitted, 5 packets received' ||
-            why "guest $g: $( (tr -d '\r' <"$c" | grep -Eo '[0-9]+ packets transmitted, [0-9]+ packets received' ||
-                echo 'no ping summary') | tail -n 1) (see $c)"
+        pings[$g]=$(tr -d '\r' <"$c" | grep -aEo '^PINGS: [0-9]+ replies to [0-9]+ pings' | tail -n 1 | cut -c8-)
+        [[ "${pings[$g]}" == "5 replies"* ]] || why "guest $g: ${pings[$g]:-no PINGS line} (see $c)"
     done
     if [ "$ra" != 0 ] || [ "$rb" != 0 ]; then why "guest status a=$ra b=$rb"; fi
 }
@@ -176,12 +179,12 @@ net_testpmd_case() {
     stop_backend
     exec {hold_fd}>&-
     rm -rf "${XDG_RUNTIME_DIR:-/var/run}/dpdk/vhostd-iog-$$" /var/run/dpdk/vhostd-iog-$$ 2>/dev/null || true
-    case_end "$name" "$reason" "both guests got 5 of 5 replies"
+    case_end "$name" "$reason" "5 echo replies each: guest a ${pings[a]:-}, guest b ${pings[b]:-}"
 }
 
 # net_switch_case NAME MODE: two guests on one vhostd switch.
 net_switch_case() {
-    local name=$1 mode=$2 dir=$WORK/$1 seed reason="" t0 vlog=$LOG_DIR/$1.vhostd.log upd
+    local name=$1 mode=$2 dir=$WORK/$1 seed reason="" t0 vlog=$LOG_DIR/$1.vhostd.log upd drops
     case_begin "$name" IOMMU_DEADLINE || return 0
     echo "--- $SCRIPT_NAME/$name: two guests on a vhostd switch, iommu=$mode"
     "$VHOSTD" --log-level debug --net "socket=$dir/a.sock,backend=switch,switch=sw0" \
@@ -194,7 +197,9 @@ net_switch_case() {
     vhostd_log_clean "$vlog"
     upd=$(grep -c 'IOTLB update' "$vlog" || true)
     [ "$upd" -gt 0 ] || why "no IOTLB update in vhostd's log (ACCESS_PLATFORM not negotiated?)"
-    case_end "$name" "$reason" "both guests got 5 of 5 replies; $upd IOTLB updates"
+    # frames dropped on receive (untranslated receive buffers among them), both ports
+    drops=$(grep -Eo 'total: .* rx_drops=[0-9]+' "$vlog" | awk -F= '{ s += $NF } END { print s + 0 }')
+    case_end "$name" "$reason" "5 echo replies each: guest a ${pings[a]:-}, guest b ${pings[b]:-}; $upd IOTLB updates; rx drops ${drops:-?}"
 }
 
 # ---- vhostd killed under the guest -----------------------------------------------------
