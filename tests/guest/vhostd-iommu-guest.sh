@@ -66,6 +66,12 @@ iommu_seen() {
     tr -d '\r' <"$1" | grep -q '^CHECK iommu: PASS'
 }
 
+# guest_result CONSOLE: the guest's verdict line, or why there is none.
+guest_result() {
+    tr -d '\r' <"$1" | grep -aE '^GUEST-RESULT' | tail -n 1 | grep . ||
+        echo "no GUEST-RESULT line (hung until GUEST_TIMEOUT, or QEMU failed: $(tr -d '\r' <"$1" | grep -a '^qemu' | tail -n 1))"
+}
+
 # vhostd_log_clean LOG...: no error or warning in vhostd's logs.
 vhostd_log_clean() {
     if grep -hqE ' (error|warn):' "$@"; then
@@ -99,7 +105,7 @@ blk_case() {
         guest_pid=$!
         wait "$guest_pid" || rc=$?
         guest_pid=""
-        [ "$rc" = 0 ] || why "guest: $(grep -aE '^run-guest: FAIL|^GUEST-RESULT' "$console" | tail -n 1) (see $console)"
+        [ "$rc" = 0 ] || why "guest: $(guest_result "$console") (see $console)"
         iommu_seen "$console" || why "the guest did not report DMA remapping (CHECK iommu)"
         kill -0 "$vhostd_pid" 2>/dev/null || why "vhostd died: $(tail -n 1 "$vlog")"
         stop_vhostd
@@ -261,7 +267,7 @@ crash_case() {
         done
         wait "$guest_pid" || rc=$?
         guest_pid=""
-        [ "$rc" = 0 ] || why "guest: $(grep -aE '^run-guest: FAIL|^GUEST-RESULT' "$console" | tail -n 1) (see $console)"
+        [ "$rc" = 0 ] || why "guest: $(guest_result "$console") (see $console)"
         iommu_seen "$console" || why "the guest did not report DMA remapping (CHECK iommu)"
         kill -0 "$vhostd_pid" 2>/dev/null || why "vhostd instance $n died: $(tail -n 1 "$LOG_DIR/$name.vhostd.$n.log")"
         stop_vhostd
