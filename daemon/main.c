@@ -146,6 +146,7 @@ static int blk_config(struct daemon *d, const struct vhd_opt_blk *b, struct vhd_
         .size = b->size,
         .read_only = b->ro,
         .direct = b->direct,
+        .report_lost_writes = b->lost_writes && !strcmp(b->lost_writes, "report"),
         .serial = b->serial,
         .block_size = b->block_size,
         .num_queues = b->queues,

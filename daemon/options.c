@@ -77,6 +77,10 @@ const char vhd_usage[] =
     "  conf=FILE            backend=rbd: ceph.conf (default: librados' search path)\n"
     "  user=ID              backend=rbd: Ceph client id, e.g. admin (default: librados')\n"
     "  snap=NAME            backend=rbd: serve this snapshot, read-only\n"
+    "  lost-writes=report|ignore  backend=nbd: when a connection drops while the server holds\n"
+    "                       acknowledged writes no flush covered, report: the next guest\n"
+    "                       FLUSH fails once (the server may have lost them); ignore\n"
+    "                       (default, as QEMU's NBD client): logged, the flush succeeds\n"
     "  size=SIZE            bytes (K/M/G/T suffixes): null device size; for uring, create a\n"
     "                       sparse image of this size when the file does not exist (an\n"
     "                       existing image must then have exactly this size)\n"
@@ -289,6 +293,7 @@ _Static_assert(offsetof(struct vhd_opt_net, allow_packed) ==
 static const char *const blk_backends[] = {"uring", "null", "nbd", "rbd", NULL};
 static const char *const blk_locking[] = {"auto", "on", "off", NULL};
 static const char *const blk_werror[] = {"report", "stop", "enospc", NULL};
+static const char *const blk_lost_writes[] = {"report", "ignore", NULL};
 static const char *const blk_rerror[] = {"report", "stop", NULL};
 static const char *const net_backends[] = {"loopback", "switch", "tap", "gen", NULL};
 
@@ -380,6 +385,16 @@ static const struct dev_key dev_keys[] = {
      {0, 0}},
     {"ro", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(ro), {0, 0}},
     {"direct", NULL, DEV_BLK, KEY_BOOL, 0, 0, NULL, ON_OFF, BLK_AT(direct), {0, 0}},
+    {"lost-writes",
+     NULL,
+     DEV_BLK,
+     KEY_CHOICE,
+     0,
+     0,
+     blk_lost_writes,
+     "expected report or ignore",
+     BLK_AT(lost_writes),
+     {0, 0}},
     {"locking",
      NULL,
      DEV_BLK,
@@ -702,6 +717,8 @@ int vhd_options_parse_blk(struct vhd_options *o, const char *spec, struct vhd_op
         return fail(err, errlen, "--blk: backend=rbd needs pool=NAME and image=NAME");
     if (!strcmp(b->backend, "nbd") != (b->uri != NULL))
         return fail(err, errlen, "--blk: uri=URI goes with backend=nbd, and only with it");
+    if (b->lost_writes && strcmp(b->backend, "nbd"))
+        return fail(err, errlen, "--blk: lost-writes= goes with backend=nbd");
     if (!strcmp(b->backend, "nbd")) {
         if (b->image)
             return fail(err, errlen, "--blk: backend=nbd takes uri=, not image=");

@@ -28,20 +28,21 @@ struct vhd_opt_access {
 
 /* One --blk device. Strings point into storage owned by struct vhd_options. */
 struct vhd_opt_blk {
-    const char *spec;    /* the KEY=VALUE,... text as given (vhostd's save-config) */
-    const char *socket;  /* required */
-    const char *name;    /* for logs; default: the socket's file name */
-    const char *image;   /* uring backend: the file or block device */
-    const char *uri;     /* nbd backend: the server's URI */
-    const char *backend; /* "uring" (default), "null", "nbd" or "rbd" */
-    const char *pool;    /* rbd: RADOS pool (required) */
-    const char *conf;    /* rbd: ceph.conf; NULL: librados' default search */
-    const char *user;    /* rbd: client id; NULL: librados' default */
-    const char *snap;    /* rbd: snapshot, served read-only */
-    uint64_t size;       /* bytes; null: required; uring: create a sparse image if absent */
-    uint32_t queues;     /* 1..VHD_OPT_MAX_QUEUES, default 1 */
-    uint32_t block_size; /* 512..4096, power of two, default 512 */
-    const char *serial;  /* GET_ID answer, at most 20 bytes */
+    const char *spec;        /* the KEY=VALUE,... text as given (vhostd's save-config) */
+    const char *socket;      /* required */
+    const char *name;        /* for logs; default: the socket's file name */
+    const char *image;       /* uring backend: the file or block device */
+    const char *uri;         /* nbd backend: the server's URI */
+    const char *backend;     /* "uring" (default), "null", "nbd" or "rbd" */
+    const char *pool;        /* rbd: RADOS pool (required) */
+    const char *conf;        /* rbd: ceph.conf; NULL: librados' default search */
+    const char *user;        /* rbd: client id; NULL: librados' default */
+    const char *lost_writes; /* nbd: "report" or "ignore" (NULL: ignore) */
+    const char *snap;        /* rbd: snapshot, served read-only */
+    uint64_t size;           /* bytes; null: required; uring: create a sparse image if absent */
+    uint32_t queues;         /* 1..VHD_OPT_MAX_QUEUES, default 1 */
+    uint32_t block_size;     /* 512..4096, power of two, default 512 */
+    const char *serial;      /* GET_ID answer, at most 20 bytes */
     bool ro;
     bool direct;         /* O_DIRECT */
     const char *locking; /* locking=auto|on|off (NULL: auto) */

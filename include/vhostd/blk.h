@@ -94,6 +94,14 @@ struct vhd_blk_config {
     const char *conf; /* rbd: ceph.conf path; NULL: librados' default search */
     const char *user; /* rbd: the client id, e.g. "admin"; NULL: librados' default */
     const char *snap; /* rbd: serve this snapshot, read-only; NULL: the image itself */
+    /*
+     * nbd: when a connection drops while the server holds writes it had
+     * acknowledged and no flush covered, the server may have lost them (a
+     * restart without them, a crash). true: the next FLUSH fails once with
+     * IOERR; false (QEMU's NBD client does the same): logged only, since a
+     * server that keeps its data across a restart (most do) lost nothing.
+     */
+    bool report_lost_writes;
 };
 
 /*

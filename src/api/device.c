@@ -168,6 +168,7 @@ void api_blk_opts(const struct vhd_blk_config *cfg, struct vhd_blk_opts *bo)
         .conf = cfg->conf,
         .user = cfg->user,
         .snap = cfg->snap,
+        .report_lost_writes = cfg->report_lost_writes,
     };
 }
 

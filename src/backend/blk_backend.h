@@ -112,10 +112,11 @@ struct vhd_blk_backend_opts {
      */
     enum vhd_blk_locking locking;
     /* rbd: image is the RBD image's name */
-    const char *pool; /* rbd: the RADOS pool (required) */
-    const char *conf; /* rbd: ceph.conf path (NULL: librados' default search) */
-    const char *user; /* rbd: the client id, e.g. "admin" (NULL: librados' default) */
-    const char *snap; /* rbd: open this snapshot, read-only (NULL: the image itself) */
+    const char *pool;        /* rbd: the RADOS pool (required) */
+    const char *conf;        /* rbd: ceph.conf path (NULL: librados' default search) */
+    const char *user;        /* rbd: the client id, e.g. "admin" (NULL: librados' default) */
+    const char *snap;        /* rbd: open this snapshot, read-only (NULL: the image itself) */
+    bool report_lost_writes; /* nbd: lost writes fail the next flush (else logged only) */
 };
 
 struct vhd_blk_backend_ops {

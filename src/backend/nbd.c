@@ -5,8 +5,8 @@
  * submits: one connection per worker, its socket polled with POLL_ADD SQEs,
  * reconnection after a lost connection on a TIMEOUT back-off, and the
  * operations the lost connection carried issued again on the new one;
- * acknowledged writes a lost connection may have taken with it are reported
- * to the next flush.
+ * acknowledged writes a lost connection may have taken with it are logged,
+ * or with lost-writes=report reported to the next flush.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -108,12 +108,14 @@ struct nbd_be {
     struct vhd_blk_backend be; /* first: the common head */
     char *uri;
     bool can_fua;         /* NBD_CMD_FLAG_FUA: a write durable at completion */
+    bool report_lost;     /* lost-writes=report: a loss fails the next flush (else logged) */
     uint32_t max_payload; /* largest read / write command */
     /*
      * A connection was lost while the server held writes it had acknowledged
      * and no flush had covered (nbd_conn.wr_ns): the server may have lost
-     * them (a restart, a crash). The next flush that succeeds on the storage
-     * reports -EIO instead, once: set by any worker (relaxed store), taken
+     * them (a restart, a crash). With report_lost, the next flush that
+     * succeeds on the storage reports -EIO instead, once: set by any worker
+     * (relaxed store), taken
      * with an exchange by the worker whose flush reports it (the only atomic
      * read-modify-write, and only after a loss).
      */
@@ -315,6 +317,7 @@ static int nbd_open(const struct vhd_blk_backend_opts *o, struct vhd_blk_backend
         goto err_close;
     }
     nb->uri = uri;
+    nb->report_lost = o->report_lost_writes;
     uri = NULL;
     nb->be.ops = &vhd_blk_backend_nbd;
     nb->be.size = (uint64_t)size;
@@ -632,9 +635,9 @@ static int done_ok(struct nbd_conn *c, struct vhd_blk_io *io)
 /*
  * c's connection is lost (c->h was ready). If some connection of the backend
  * completed a write (after the last check) that no successful flush covered
- * (nbd_conn.flush_ns), the server may have lost it: the next flush reports it
- * (nbd_be.lost_writes). The guest's data is no longer ours to write again:
- * the write completed. Any connection's loss counts for all: a restarted
+ * (nbd_conn.flush_ns), the server may have lost it: with lost-writes=report
+ * the next flush reports it (nbd_be.lost_writes), else it is logged. The guest's data is no longer
+ * ours to write again: the write completed. Any connection's loss counts for all: a restarted
  * server drops every connection's unflushed writes, and a connection that
  * was idle notices only at its next command. Worker (c's).
  */
@@ -664,11 +667,18 @@ static void loss_check(struct nbd_conn *c)
         lost = !covered;
     }
     __atomic_store_n(&nb->checked_ns, vhd_now_ns(), __ATOMIC_RELAXED);
-    if (lost) {
+    if (lost && nb->report_lost) {
         __atomic_store_n(&nb->lost_writes, 1, __ATOMIC_RELAXED);
         vhd_log(VHD_LOG_ERROR,
                 "%s: connection lost with acknowledged writes no flush covered: the server may "
                 "have lost them; the next flush fails",
+                nb->be.desc);
+    } else if (lost) {
+        /* lost-writes=ignore (default, as QEMU's NBD client): a server that kept its data lost
+         * nothing. */
+        vhd_log(VHD_LOG_INFO,
+                "%s: connection lost with acknowledged writes no flush covered (lost-writes=report "
+                "would fail the next flush)",
                 nb->be.desc);
     }
 }

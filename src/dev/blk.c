@@ -1325,6 +1325,7 @@ int vhd_blk_new(const struct vhd_blk_opts *o, struct vhd_dev **out, char *err, s
         .conf = o->conf,
         .user = o->user,
         .snap = o->snap,
+        .report_lost_writes = o->report_lost_writes,
     };
     rc = bops->open(&bo, &blk->be, err, errlen);
     if (rc < 0)

@@ -86,11 +86,12 @@ struct vhd_blk_opts {
      */
     const char *werror;
     const char *rerror;
-    const char *locking; /* uring: "auto" (NULL), "on" or "off": enum vhd_blk_locking */
-    const char *pool;    /* rbd: RADOS pool */
-    const char *conf;    /* rbd: ceph.conf (NULL: librados' default search) */
-    const char *user;    /* rbd: client id (NULL: librados' default) */
-    const char *snap;    /* rbd: snapshot to open read-only (NULL: the image) */
+    const char *locking;     /* uring: "auto" (NULL), "on" or "off": enum vhd_blk_locking */
+    const char *pool;        /* rbd: RADOS pool */
+    const char *conf;        /* rbd: ceph.conf (NULL: librados' default search) */
+    const char *user;        /* rbd: client id (NULL: librados' default) */
+    const char *snap;        /* rbd: snapshot to open read-only (NULL: the image) */
+    bool report_lost_writes; /* nbd: lost writes fail the next flush (vhd_blk_config) */
 };
 
 /*

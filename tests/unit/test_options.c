@@ -124,6 +124,8 @@ VHD_TEST(blk_rejects)
         {"socket=s,backend=nbd", "uri=URI goes with backend=nbd"},
         {"socket=s,image=x,uri=nbd://h/", "uri=URI goes with backend=nbd"},
         {"socket=s,backend=nbd,uri=nbd://h/,image=x", "takes uri=, not image="},
+        {"socket=s,image=x,lost-writes=report", "lost-writes= goes with backend=nbd"},
+        {"socket=s,backend=nbd,uri=nbd://h/,lost-writes=maybe", "expected report or ignore"},
         {"socket=s,backend=nbd,uri=nbds://h/", "needs --sandbox off"},
         {"socket=s,image=x,pool=p", "go with backend=rbd"},
         {"socket=s,image=x,snap=s1", "go with backend=rbd"},
