@@ -122,13 +122,16 @@ uint32_t vhd_vq_get_base(const struct vhd_vq *vq)
 }
 
 /*
- * A miss: publish it for the control thread (release: a reader of the
- * word sees the queue's state before it) and wake it through the event
- * fd, once per distinct miss. The worker never waits for the answer.
+ * A miss at iova (the first byte not translated): publish it for the
+ * control thread (release: a reader of the word sees the queue's state
+ * before it) and wake it through the event fd, once per distinct miss. The
+ * word keeps the missed byte to 4 bytes (vq.h), not its page: the page's
+ * first byte may be mapped when the missed one is not. The worker never
+ * waits for the answer.
  */
 static void iotlb_record_miss(struct vhd_vq *vq, uint64_t iova, uint8_t perm)
 {
-    uint64_t w = (iova & ~(uint64_t)0xfff) | perm;
+    uint64_t w = VHD_VQ_IOTLB_MISS_WORD(iova, perm);
 
     if (vhd_load_relaxed(&vq->iotlb_miss) == w)
         return;

@@ -211,11 +211,13 @@ struct vhd_vq {
      * come from a pool of pages (each its own IOMMU mapping) translates them
      * without a table walk. Dropped with the rest at invalidations.
      */
-#define VHD_VQ_IOTLB_CACHE 32u
+#define VHD_VQ_IOTLB_CACHE                 32u
+#define VHD_VQ_IOTLB_MISS_WORD(iova, perm) (((iova) & ~(uint64_t)3) | (perm))
     struct vhd_iotlb_ent iotlb_cache[VHD_VQ_IOTLB_CACHE];
     /*
-     * Pending miss: the page of the IOVA (4 KiB aligned) | the access
-     * wanted (VHD_IOTLB_R/W), 0 when none. Written by the worker with a
+     * Pending miss: the missed IOVA rounded down to 4 bytes | the access
+     * wanted (VHD_IOTLB_R/W), 0 when none (VHD_VQ_IOTLB_MISS_WORD); it is
+     * answered once all of those 4 bytes translate with that access. Written by the worker with a
      * release store when it misses; the control thread reads it (acquire),
      * sends VHOST_USER_BACKEND_IOTLB_MSG MISS and, once an UPDATE covers it,
      * clears it with a compare-and-swap (control path only) and kicks the

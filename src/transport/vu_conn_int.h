@@ -44,6 +44,9 @@ struct vhd_vu_conn {
     struct vhd_iotlb *iotlb;
     uint64_t *miss_sent;  /* per queue: miss word (vq.h iotlb_miss) sent, 0: none */
     uint64_t *miss_since; /* per queue: when it was sent (ms) */
+    /* per queue: iotlb_gen + 1 when miss_sent was cleared as answered, 0: not cleared */
+    uint64_t *miss_cleared;
+    uint64_t iotlb_gen; /* bumped by every table change (UPDATE, INVALIDATE, flush) */
     uint64_t iotlb_miss_timeout_ms;
     struct vhd_ctl *ctl; /* for the miss timer (vhd_vu_conn_set_ctl), or NULL */
     struct vhd_ctl_src *miss_timer_src;

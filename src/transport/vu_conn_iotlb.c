@@ -45,12 +45,16 @@ int vhd_vu__iotlb_setup(struct vhd_vu_conn *c)
         return 0;
     c->miss_sent = calloc(n, sizeof(*c->miss_sent));
     c->miss_since = calloc(n, sizeof(*c->miss_since));
-    int rc = c->miss_sent && c->miss_since ? vhd_iotlb_new(n, &c->iotlb) : -ENOMEM;
+    c->miss_cleared = calloc(n, sizeof(*c->miss_cleared));
+    int rc =
+        c->miss_sent && c->miss_since && c->miss_cleared ? vhd_iotlb_new(n, &c->iotlb) : -ENOMEM;
     if (rc < 0) {
         free(c->miss_sent);
         free(c->miss_since);
+        free(c->miss_cleared);
         c->miss_sent = NULL;
         c->miss_since = NULL;
+        c->miss_cleared = NULL;
     }
     return rc;
 }
@@ -113,8 +117,10 @@ void vhd_vu__iotlb_free(struct vhd_vu_conn *c, bool table)
     c->iotlb = NULL;
     free(c->miss_sent);
     free(c->miss_since);
+    free(c->miss_cleared);
     c->miss_sent = NULL;
     c->miss_since = NULL;
+    c->miss_cleared = NULL;
 }
 
 /* BACKEND_IOTLB_MSG MISS (no NEED_REPLY: QEMU sends nothing for an invalid IOVA). */
@@ -139,15 +145,25 @@ static int send_miss(struct vhd_vu_conn *c, uint64_t iova, uint8_t perm)
     return 0;
 }
 
-/* Does the published table translate the miss word w now? */
+/*
+ * Does the published table translate the miss word w (vq.h: the missed
+ * byte rounded down to 4 | the access) now? All 4 bytes must: the missed
+ * one is among them, and answering a miss the worker would hit again would
+ * have it loop.
+ */
 static bool miss_answered(const struct vhd_vu_conn *c, uint64_t w)
 {
     struct vhd_iotlb_ent e;
     uint8_t perm = (uint8_t)(w & VHD_IOTLB_RW);
+    uint64_t iova = w & ~(uint64_t)3;
 
-    if (vhd_iotlb_lookup(c->iotlb->cur, w & ~(uint64_t)0xfff, &e) < 0)
-        return false;
-    return (e.perm & perm) == perm;
+    for (uint64_t a = iova; a - iova < 4; a++) {
+        if (vhd_iotlb_lookup(c->iotlb->cur, a, &e) < 0 || (e.perm & perm) != perm)
+            return false;
+        if (a == UINT64_MAX)
+            break;
+    }
+    return true;
 }
 
 /*
@@ -171,14 +187,24 @@ void vhd_vu__iotlb_service(struct vhd_vu_conn *c)
         struct vhd_queue *q = &dev->queues[i];
         uint64_t w = q->started ? vhd_load_acquire(&q->vq.iotlb_miss) : 0;
         if (!w) {
-            c->miss_sent[i] = 0;
+            if (!c->miss_cleared[i] || !q->started)
+                c->miss_sent[i] = c->miss_cleared[i] = 0;
             continue;
         }
-        if (miss_answered(c, w)) {
+        /*
+         * The miss cleared as answered comes back with no table change
+         * since: the worker and miss_answered disagree. Clearing it again
+         * would loop; it stays pending, its timeout running since it was sent.
+         */
+        bool again = w == c->miss_sent[i] && c->miss_cleared[i] == c->iotlb_gen + 1;
+        if (!again && miss_answered(c, w)) {
             uint64_t want = w;
             if (__atomic_compare_exchange_n(&q->vq.iotlb_miss, &want, 0, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                c->miss_sent[i] = 0;
+                if (c->miss_sent[i] == w) /* it keeps miss_since should it come back */
+                    c->miss_cleared[i] = c->iotlb_gen + 1;
+                else
+                    c->miss_sent[i] = c->miss_cleared[i] = 0;
                 if (q->kick_fd >= 0)
                     (void)vhd_efd_signal(q->kick_fd); /* its worker pops again */
                 continue;
@@ -186,28 +212,29 @@ void vhd_vu__iotlb_service(struct vhd_vu_conn *c)
             w = want; /* a newer miss */
         }
         pending = true;
-        if (w == c->miss_sent[i]) {
+        if (w == c->miss_sent[i] && (again || !c->miss_cleared[i])) {
             if (now - c->miss_since[i] > c->iotlb_miss_timeout_ms)
                 expired = true;
             continue;
         }
         bool dup = false;
         for (uint32_t j = 0; j < dev->num_queues && !dup; j++)
-            dup = j != i && c->miss_sent[j] == w;
+            dup = j != i && c->miss_sent[j] == w && !c->miss_cleared[j];
         vhd_log(VHD_LOG_DEBUG, "%s: queue %u: IOTLB miss at 0x%llx perm %u%s", dev->name, i,
-                (unsigned long long)(w & ~(uint64_t)0xfff), (unsigned)(w & VHD_IOTLB_RW),
+                (unsigned long long)(w & ~(uint64_t)3), (unsigned)(w & VHD_IOTLB_RW),
                 dup ? " (already asked)" : "");
         if (!dup)
-            (void)send_miss(c, w & ~(uint64_t)0xfff, (uint8_t)(w & VHD_IOTLB_RW));
+            (void)send_miss(c, w & ~(uint64_t)3, (uint8_t)(w & VHD_IOTLB_RW));
         c->miss_sent[i] = w;
         c->miss_since[i] = now;
+        c->miss_cleared[i] = 0;
     }
     if (expired) {
         vhd_vu__conn_mark_broken(c, "the front-end did not answer an IOTLB miss", true);
         (void)vhd_vu__dev_quiesce(c); /* queues stay stopped until a reset (queue_attach) */
         pending = false;
         for (uint32_t i = 0; i < dev->num_queues; i++)
-            c->miss_sent[i] = 0;
+            c->miss_sent[i] = c->miss_cleared[i] = 0;
     }
     if (pending)
         miss_timer_ensure(c);
@@ -242,6 +269,7 @@ static int iotlb_quiesce_drop(struct vhd_vu_conn *c, uint64_t iova, uint64_t siz
 
 void vhd_vu__iotlb_flush(struct vhd_vu_conn *c)
 {
+    c->iotlb_gen++;
     if (c->iotlb)
         (void)vhd_iotlb_flush(c->iotlb);
 }
@@ -285,6 +313,7 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
             return rc;
         }
         c->stat_updates++;
+        c->iotlb_gen++;
         if (rc == 1 && iotlb_quiesce_drop(c, m->iova, m->size) < 0) {
             r->why = "queues did not stop";
             return -EIO;
@@ -305,6 +334,7 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
             return rc;
         }
         c->stat_invalidates++;
+        c->iotlb_gen++;
         if (rc == 1) {
             /* size 0 for vhd_vq_iotlb_invalidated means everything: a wrapping range */
             uint64_t sz = m->size == 0 || m->size - 1 > UINT64_MAX - m->iova ? 0 : m->size;

@@ -8,11 +8,15 @@
  * invalidations while requests are in flight). The memory check of every
  * case proves the back-end wrote nothing the IOTLB did not allow.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* struct ucred */
+#endif
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -193,6 +197,90 @@ static int c_iotlb_miss_answered(struct vhd_chaos_ctx *ctx)
         rc = vhd_chaos__note(&s, -EIO, "request completed before its translation");
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE answering the miss");
+    if (!rc)
+        rc = go(&s, 0, s.tmo);
+    vhd_chaos__close(&s);
+    return rc;
+}
+
+/*
+ * CPU time (ms) the daemon's main thread, its control thread, used so far:
+ * the session's peer, found through SO_PEERCRED. 0 when unknown.
+ */
+static uint64_t ctl_cpu_ms(const struct vhd_chaos_sess *s)
+{
+    struct ucred uc;
+    socklen_t ul = sizeof(uc);
+    char path[64], buf[1024];
+    unsigned long ut = 0, st = 0;
+
+    if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &ul) < 0 || uc.pid <= 0)
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", (int)uc.pid, (int)uc.pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+    if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return (uint64_t)(ut + st) * 1000u / (uint64_t)sysconf(_SC_CLK_TCK);
+}
+
+/*
+ * The data buffer is mapped only in part: [OFF_DATA, +0x800) while the
+ * descriptor is [OFF_DATA + 0x400, +0x800). The translation misses at
+ * OFF_DATA + 0x800, inside a page whose first byte is mapped: the MISS must
+ * be for that byte (not the page, which is already translated: the device
+ * would clear and retry it forever), the device must sit idle while it
+ * waits, and the request is served once the rest comes.
+ */
+static int c_iotlb_miss_mid_page(struct vhd_chaos_ctx *ctx)
+{
+    struct vhd_chaos_sess s;
+    uint64_t iv = 0;
+    uint8_t perm = 0;
+    int rc = iotlb_blk(ctx, &s, true);
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, OFF_DATA - OFF_HDR, VHOST_ACCESS_RW),
+                             "IOTLB header/status UPDATE");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 0x800, VHOST_ACCESS_RW),
+                             "IOTLB UPDATE of half a page");
+    if (!rc) {
+        vhd_chaos__blk_hdr(&s, 0, VIRTIO_BLK_T_IN, 8);
+        vhd_chaos__allow(&s, OFF_STAT, 1);
+        vhd_chaos__allow(&s, OFF_DATA + 0x400, 0x800);
+        vhd_chaos__sdesc(&s, OFF_R0, 0, iova(OFF_HDR), sizeof(struct virtio_blk_outhdr),
+                         VRING_DESC_F_NEXT, 1);
+        vhd_chaos__sdesc(&s, OFF_R0, 1, iova(OFF_DATA + 0x400), 0x800,
+                         VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 2);
+        vhd_chaos__sdesc(&s, OFF_R0, 2, iova(OFF_STAT), 1, VRING_DESC_F_WRITE, 0);
+        vhd_chaos__split_publish(&s, OFF_R0, 0, 1);
+        vhd_chaos__kick(&s, 0);
+        rc = await_miss(&s, &iv, &perm, s.tmo);
+        if (rc)
+            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss for the unmapped half (%s)",
+                                 strerror(-rc));
+    }
+    if (!rc && (iv != iova(OFF_DATA + 0x800) || perm != VHOST_ACCESS_WO))
+        rc = vhd_chaos__note(&s, -EIO, "miss for 0x%llx perm %u, not the first unmapped byte",
+                             (unsigned long long)iv, perm);
+    if (!rc) {
+        uint64_t c0 = ctl_cpu_ms(&s);
+        ms_nap(1000);
+        uint64_t used = ctl_cpu_ms(&s) - c0;
+        if (used > 150)
+            rc = vhd_chaos__note(&s, -EIO, "%llu ms of CPU in 1 s waiting for a miss's answer",
+                                 (unsigned long long)used);
+    }
+    if (!rc && *vhd_chaos__hva(&s, OFF_R0 + RING_USED + 2) != 0)
+        rc = vhd_chaos__note(&s, -EIO, "request completed before its translation");
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA + 0x800, 0x800, VHOST_ACCESS_RW),
                              "IOTLB UPDATE answering the miss");
     if (!rc)
         rc = go(&s, 0, s.tmo);
@@ -794,22 +882,14 @@ int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t
 }
 
 const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
-    BLK(iotlb_control, IOTLB, S),
-    BLK(iotlb_miss_answered, IOTLB, S),
-    BLK(iotlb_ring_miss, IOTLB, S),
-    BLK(iotlb_ro_write, IOTLB, B),
-    BLK(iotlb_update_outside, IOTLB, N),
-    BLK(iotlb_bad_msgs, IOTLB, N),
-    BLK(iotlb_overlap_dup, IOTLB, S),
-    BLK(iotlb_invalidate, IOTLB, S),
-    BLK(iotlb_invalidate_inflight, IOTLB, S),
-    BLK(iotlb_invalidate_all, IOTLB, S),
-    BLK(iotlb_miss_unanswered, IOTLB, B),
-    BLK(iotlb_mem_table_flush, IOTLB, S),
-    BLK(iotlb_packed_control, IOTLB, S),
-    BLK(iotlb_packed_miss, IOTLB, S),
-    NET(iotlb_net_control, IOTLB, S),
-    NET(iotlb_net_rx_ro, IOTLB, B | E),
-    NET(iotlb_net_tx_miss, IOTLB, S),
+    BLK(iotlb_control, IOTLB, S),         BLK(iotlb_miss_answered, IOTLB, S),
+    BLK(iotlb_miss_mid_page, IOTLB, S),   BLK(iotlb_ring_miss, IOTLB, S),
+    BLK(iotlb_ro_write, IOTLB, B),        BLK(iotlb_update_outside, IOTLB, N),
+    BLK(iotlb_bad_msgs, IOTLB, N),        BLK(iotlb_overlap_dup, IOTLB, S),
+    BLK(iotlb_invalidate, IOTLB, S),      BLK(iotlb_invalidate_inflight, IOTLB, S),
+    BLK(iotlb_invalidate_all, IOTLB, S),  BLK(iotlb_miss_unanswered, IOTLB, B),
+    BLK(iotlb_mem_table_flush, IOTLB, S), BLK(iotlb_packed_control, IOTLB, S),
+    BLK(iotlb_packed_miss, IOTLB, S),     NET(iotlb_net_control, IOTLB, S),
+    NET(iotlb_net_rx_ro, IOTLB, B | E),   NET(iotlb_net_tx_miss, IOTLB, S),
 };
 const unsigned vhd_chaos__iotlb_ncases = VHD_ARRAY_SIZE(vhd_chaos__iotlb_cases);

@@ -601,7 +601,7 @@ IOTLB_VQ_TEST(vq_miss_then_update)
     VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 0); /* rings now, buffer missing */
     VHD_CHECK(q.f.vq.rings_ok);
     uint64_t ev;
-    VHD_CHECK_EQ(q.f.vq.iotlb_miss, BUF_IOVA | VHD_IOTLB_R);
+    VHD_CHECK_EQ(q.f.vq.iotlb_miss, (BUF_IOVA + 0x100) | VHD_IOTLB_R); /* the byte, not its page */
     VHD_CHECK_EQ(read(q.efd, &ev, sizeof(ev)), sizeof(ev));
     VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 0); /* same miss: not signalled twice */
     VHD_CHECK(!vhd_vq_has_work(&q.f.vq));
@@ -691,7 +691,7 @@ IOTLB_VQ_TEST(vq_cache_and_invalidate)
     VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c + 4, 60), 2);
     ivq_post(&q, BUF_IOVA + 8, 8, true);
     VHD_CHECK_EQ(vhd_vq_pop_burst(&q.f.vq, iov, 4, c + 6, 58), 0);
-    VHD_CHECK_EQ(ivq_take_miss(&q), BUF_IOVA | VHD_IOTLB_W);
+    VHD_CHECK_EQ(ivq_take_miss(&q), (BUF_IOVA + 8) | VHD_IOTLB_W);
     /* invalidating the rings drops them; the next verb misses on them */
     VHD_CHECK_EQ(vhd_iotlb_invalidate(q.t, RING_IOVA, 1), 1);
     vhd_vq_iotlb_invalidated(&q.f.vq, RING_IOVA, 1);
