@@ -89,7 +89,7 @@ static struct vhd_iotlb_node *take(struct build *b)
 }
 
 /*
- * Spare nodes kept for the next change (each 64 bytes): a change reserves
+ * Spare nodes kept for the next change (each 80 bytes): a change reserves
  * about 12 times the tree's height and uses a few; keeping the rest saves
  * hundreds of malloc/free pairs per UPDATE.
  */
@@ -326,6 +326,7 @@ int vhd_iotlb_new(uint32_t nslots, struct vhd_iotlb **out)
     t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
+    t->max_entries = VHD_IOTLB_MAX_ENTRIES;
     t->slots = aligned_alloc(VHD_CACHELINE, (size_t)nslots * sizeof(*t->slots));
     struct vhd_iotlb_ver *v = ver_new();
     if (!t->slots || !v) {
@@ -438,6 +439,7 @@ int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t io
     struct vhd_iotlb_node *root;
     uint32_t n;
     bool replaced;
+    int rc = -ENOMEM;
 
     if (size == 0 || size - 1 > UINT64_MAX - iova || size - 1 > UINT64_MAX - uva)
         return -EINVAL;
@@ -464,6 +466,10 @@ int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t io
     if (reserve(&b, cut_need(h_of(root))) < 0)
         goto fail;
     replaced = cut(&b, &root, &n, iova, size, false);
+    if (n > t->max_entries || pieces > t->max_entries - n) { /* after the cut: overwrites fit */
+        rc = -ENOSPC;
+        goto fail;
+    }
     uint64_t done = 0;
     for (uint32_t k = 0; k < pieces; k++) {
         int i = vhd_mem__find_uva(mem, uva + done);
@@ -492,7 +498,7 @@ fail:
     node_unref(root);
     build_end(&b);
     free(v);
-    return -ENOMEM;
+    return rc;
 }
 
 int vhd_iotlb_invalidate(struct vhd_iotlb *t, uint64_t iova, uint64_t size)

@@ -67,7 +67,16 @@ struct vhd_iotlb {
     uint64_t changes;            /* versions published (diagnostics, tests) */
     struct vhd_iotlb_node *pool; /* spare nodes for the next change, linked through l */
     uint32_t npool;
+    uint32_t max_entries; /* UPDATEs that would hold more are refused (VHD_IOTLB_MAX_ENTRIES) */
 };
+
+/*
+ * Entries one device's table may hold (a node is 80 bytes: 1 Mi entries
+ * are ~80 MiB, more while a change shares the old version): 4 GiB of
+ * guest memory mapped in 4 KiB pages. A front-end that maps more gets
+ * -ENOSPC until it invalidates.
+ */
+#define VHD_IOTLB_MAX_ENTRIES (1u << 20)
 
 /* vhd_iotlb_new - an empty IOTLB with nslots reader slots. 0 or -ENOMEM/-EINVAL. */
 int vhd_iotlb_new(uint32_t nslots, struct vhd_iotlb **out);
@@ -86,7 +95,9 @@ void vhd_iotlb_free(struct vhd_iotlb *t);
  * drop the queues' caches at a quiescent point), 0 when the range was free,
  * or -EINVAL (size 0, iova + size or uva + size wraps, perm not R/W/RW),
  * -EFAULT (some byte of the UVA range is in no region: nothing changes),
- * -ENOMEM (nothing changes). Control thread; O(k log n) for k regions.
+ * -ENOSPC (the table would hold more than t->max_entries: nothing
+ * changes), -ENOMEM (nothing changes). Control thread; O(k log n) for k
+ * regions.
  */
 int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t iova, uint64_t size,
                      uint64_t uva, uint8_t perm);

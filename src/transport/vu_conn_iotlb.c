@@ -279,7 +279,8 @@ void vhd_vu__iotlb_flush(struct vhd_vu_conn *c)
  * [uva, uva + size), cut at region boundaries; an UPDATE over mapped IOVAs
  * replaces them (iotlb.h). Refused (nothing changes, the ack says which
  * errno): size 0 or wrapping ranges, unknown access flags, a range outside
- * guest memory. INVALIDATE: the reply goes out once no worker and no
+ * guest memory, a table that would hold more than VHD_IOTLB_MAX_ENTRIES
+ * (-ENOSPC). INVALIDATE: the reply goes out once no worker and no
  * in-flight request can touch the range (iotlb_quiesce_drop); invalidating
  * what was never mapped is acked at once; size 0 invalidates everything. Always answered through
  * REPLY_ACK.
@@ -309,6 +310,7 @@ int vhd_vu__iotlb_msg(struct vhd_vu_conn *c, struct vu_req *r)
         if (rc < 0) {
             r->why = rc == -EFAULT   ? "IOTLB update outside guest memory"
                      : rc == -EINVAL ? "IOTLB update with a zero or wrapping range"
+                     : rc == -ENOSPC ? "IOTLB table full (VHD_IOTLB_MAX_ENTRIES entries)"
                                      : "IOTLB update failed";
             return rc;
         }

@@ -192,6 +192,47 @@ VHD_TEST(overlap_replaces)
     vhd_mem_free(mem);
 }
 
+/*
+ * A table at its cap refuses what would add entries (-ENOSPC, nothing
+ * changes, no version published) and still takes what replaces entries.
+ */
+VHD_TEST(max_entries_refused)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct vhd_iotlb_ent e;
+
+    VHD_CHECK(VHD_IOTLB_MAX_ENTRIES >= 262144); /* 1 GiB in 4 KiB pages works warm */
+    VHD_CHECK_EQ(t->max_entries, VHD_IOTLB_MAX_ENTRIES);
+    t->max_entries = 4;
+    for (uint64_t i = 0; i < 4; i++)
+        VHD_CHECK_EQ(
+            vhd_iotlb_update(t, mem, 0x10000 * (i + 1), 0x4000, R0_UVA + 0x10000 * i, VHD_IOTLB_RW),
+            0);
+    uint64_t changes = t->changes;
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x50000, 0x1000, R0_UVA, VHD_IOTLB_RW), -ENOSPC);
+    /* in the middle of an entry: it would be cut in two around the new one */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x11000, 0x1000, R0_UVA, VHD_IOTLB_R), -ENOSPC);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 4);
+    VHD_CHECK_EQ(t->changes, changes);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK(vhd_iotlb_lookup(v, 0x50000, &e) < 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x11000, &e), 0);
+    VHD_CHECK_EQ(e.perm, VHD_IOTLB_RW);
+    vhd_iotlb_leave(t, 0);
+    /* replacing entries fits: one over two of them leaves three */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x14000, R1_UVA, VHD_IOTLB_R), 1);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 3);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x50000, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 4);
+    /* room again once invalidated */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x60000, 0x1000, R0_UVA, VHD_IOTLB_RW), -ENOSPC);
+    VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x50000, 0x1000), 1);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x60000, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
 VHD_TEST(region_clip_and_host_adjacency)
 {
     struct vhd_mem *mem = two_regions(RSZ);
