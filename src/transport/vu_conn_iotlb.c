@@ -123,7 +123,12 @@ void vhd_vu__iotlb_free(struct vhd_vu_conn *c, bool table)
     c->miss_cleared = NULL;
 }
 
-/* BACKEND_IOTLB_MSG MISS (no NEED_REPLY: QEMU sends nothing for an invalid IOVA). */
+/*
+ * BACKEND_IOTLB_MSG MISS (no NEED_REPLY: QEMU sends nothing for an invalid
+ * IOVA). A send that fails or times out may have left part of the message
+ * in the channel: the channel is closed (as for CONFIG_CHANGE), so nothing
+ * ever follows half a message; the misses then wait out their timeout.
+ */
 static int send_miss(struct vhd_vu_conn *c, uint64_t iova, uint8_t perm)
 {
     struct vu_iotlb m = {.iova = iova, .perm = perm, .type = VHOST_IOTLB_MISS};
@@ -137,8 +142,11 @@ static int send_miss(struct vhd_vu_conn *c, uint64_t iova, uint8_t perm)
         return -ENOTCONN;
     int rc = vu_send(c->backend_fd, &h, &m, NULL, 0, IOTLB_SEND_TIMEOUT_MS);
     if (rc < 0) {
-        VHD_LOG_RL(VHD_LOG_WARN, "%s: cannot send an IOTLB miss to the front-end: %s", c->dev->name,
-                   strerror(-rc));
+        VHD_LOG_RL(
+            VHD_LOG_WARN,
+            "%s: cannot send an IOTLB miss to the front-end: %s; closing the back-end channel",
+            c->dev->name, strerror(-rc));
+        vhd_vu__close_fd(&c->backend_fd);
         return rc;
     }
     c->stat_misses_sent++;
