@@ -431,6 +431,37 @@ static void publish(struct vhd_iotlb *t, struct vhd_iotlb_ver *v, struct vhd_iot
     vhd_iotlb_reclaim(t);
 }
 
+/*
+ * Does every published translation overlapping [iova, iova + size) stay
+ * what a reader may have cached once uva/perm map the range: the same host
+ * address and region at each byte, and no permission taken away? (Only
+ * coverage or permission is added: no quiescence needed.) The UVA range was
+ * checked to lie in regions. An old entry lies in one region, contiguous in
+ * host memory, so agreeing at its first overlapped byte agrees throughout.
+ */
+static bool update_keeps(const struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t iova,
+                         uint64_t size, uint64_t uva, uint8_t perm)
+{
+    const struct vhd_iotlb_ver *v = t->cur;
+    struct vhd_iotlb_ent e;
+    uint64_t x = iova, last = iova + (size - 1);
+
+    while (vhd_iotlb_next(v, x, &e) == 0 && e.iova <= last) {
+        uint64_t from = e.iova > x ? e.iova : x, off = from - iova;
+        int i = vhd_mem__find_uva(mem, uva + off);
+        if (i < 0 || (uint32_t)i != e.region || (e.perm & ~perm))
+            return false;
+        const struct vhd_mem_region *r = &mem->regions[i];
+        if (r->hva + (uva + off - r->uva) != e.hva + (from - e.iova))
+            return false;
+        uint64_t e_last = e.iova + (e.size - 1);
+        if (e_last >= last)
+            break;
+        x = e_last + 1;
+    }
+    return true;
+}
+
 int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t iova, uint64_t size,
                      uint64_t uva, uint8_t perm)
 {
@@ -458,6 +489,8 @@ int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t io
         pieces++;
     }
 
+    bool keeps = update_keeps(t, mem, iova, size, uva, perm);
+
     v = ver_new();
     if (!v)
         return -ENOMEM;
@@ -465,7 +498,7 @@ int vhd_iotlb_update(struct vhd_iotlb *t, const struct vhd_mem *mem, uint64_t io
     root = begin(t, &n);
     if (reserve(&b, cut_need(h_of(root))) < 0)
         goto fail;
-    replaced = cut(&b, &root, &n, iova, size, false);
+    replaced = cut(&b, &root, &n, iova, size, false) && !keeps;
     if (n > t->max_entries || pieces > t->max_entries - n) { /* after the cut: overwrites fit */
         rc = -ENOSPC;
         goto fail;

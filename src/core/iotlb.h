@@ -91,8 +91,10 @@ void vhd_iotlb_free(struct vhd_iotlb *t);
  * Overlap: an UPDATE replaces whatever it overlaps (the overlapped parts of
  * older entries are removed, their other parts kept), so the table never
  * holds two translations of one IOVA. Returns 1 when some existing
- * translation was replaced (readers may have cached it: the caller must
- * drop the queues' caches at a quiescent point), 0 when the range was free,
+ * translation changed (another host address or region, or a permission
+ * taken away: readers may have cached it, the caller must drop the queues'
+ * caches at a quiescent point), 0 when the range was free or the UPDATE
+ * only adds coverage or permission (an identical re-send, R -> RW),
  * or -EINVAL (size 0, iova + size or uva + size wraps, perm not R/W/RW),
  * -EFAULT (some byte of the UVA range is in no region: nothing changes),
  * -ENOSPC (the table would hold more than t->max_entries: nothing

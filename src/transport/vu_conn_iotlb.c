@@ -265,6 +265,7 @@ static int iotlb_quiesce_drop(struct vhd_vu_conn *c, uint64_t iova, uint64_t siz
     struct vhd_dev *dev = c->dev;
     int rc = vhd_vu__dev_quiesce(c);
 
+    vhd_log(VHD_LOG_DEBUG, "%s: IOTLB change: queues quiesced (rc %d)", dev->name, rc);
     if (rc == 0) {
         for (uint32_t i = 0; i < dev->num_queues; i++)
             if (dev->queues[i].started)

@@ -138,6 +138,17 @@ const char *vhd_chaos_category_name(enum vhd_chaos_category cat);
  */
 int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t *ns);
 
+/*
+ * vhd_chaos_iotlb_resend - on a blk device with VIRTIO_F_ACCESS_PLATFORM:
+ * n rounds of two 4 KiB reads made available and kicked, then the mapping
+ * of their buffers and of the ring sent again unchanged while they run;
+ * every read must be served. Then an UPDATE takes write permission away
+ * from the first read's data page and one more read is sent there:
+ * *reduced_failed says it failed without changing the page (or broke the
+ * device). 0, or -errno (reason in ctx->note).
+ */
+int vhd_chaos_iotlb_resend(struct vhd_chaos_ctx *ctx, unsigned n, bool *reduced_failed);
+
 /* "NACK|BROKEN" for a set of outcome bits ("none" for 0). */
 const char *vhd_chaos_outcome_str(unsigned outcomes, char *buf, size_t len);
 

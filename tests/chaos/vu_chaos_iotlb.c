@@ -881,6 +881,53 @@ int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t
     return rc;
 }
 
+int vhd_chaos_iotlb_resend(struct vhd_chaos_ctx *ctx, unsigned n, bool *reduced_failed)
+{
+    struct vhd_chaos_sess s;
+    const size_t len = 0x10000 - OFF_HDR + 0x10000;
+    int rc = iotlb_blk(ctx, &s, true);
+
+    *reduced_failed = false;
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, len, VHOST_ACCESS_RW), "IOTLB UPDATE");
+    vhd_chaos__allow(&s, OFF_STAT, 64 + 1);
+    vhd_chaos__allow(&s, OFF_DATA, 2 * 4096);
+    for (unsigned r = 0; !rc && r < n; r++) {
+        struct vhd_chaos_used u;
+        post_in_at(&s, 0, (uint16_t)(2 * r + 1));
+        post_in_at(&s, 1, (uint16_t)(2 * r + 2));
+        vhd_chaos__kick(&s, 0);
+        /* the same translation again, and again for the ring: QEMU re-sends */
+        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, len, VHOST_ACCESS_RW), "identical UPDATE");
+        if (!rc)
+            rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
+        if (!rc)
+            rc = vhd_chaos__await_used(&s, OFF_R0, (uint16_t)(2 * r + 1), &u, s.tmo);
+        if (!rc && (!u.got || s.ctx->observed & VHD_CHAOS_BROKEN ||
+                    vhd_chaos__blk_status(&s, 0) != VIRTIO_BLK_S_OK ||
+                    vhd_chaos__blk_status(&s, 1) != VIRTIO_BLK_S_OK))
+            rc = vhd_chaos__note(&s, -EIO, "round %u: requests not served", r);
+    }
+    /* taking write away from request 0's data page: its next read must not land */
+    if (!rc)
+        rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 4096, VHOST_ACCESS_RO), "RO UPDATE");
+    if (!rc) {
+        struct vhd_chaos_used u;
+        uint8_t before[64];
+        memset(before, 0xa5, sizeof(before)); /* what no block of the image holds */
+        vhd_chaos__put(&s, OFF_DATA, before, sizeof(before));
+        post_in_at(&s, 0, (uint16_t)(2 * n + 1));
+        vhd_chaos__kick(&s, 0);
+        rc = vhd_chaos__await_used(&s, OFF_R0, (uint16_t)(2 * n), &u, s.tmo);
+        if (!rc)
+            *reduced_failed = (s.ctx->observed & VHD_CHAOS_BROKEN) ||
+                              (u.got && vhd_chaos__blk_status(&s, 0) != VIRTIO_BLK_S_OK &&
+                               !memcmp(before, vhd_chaos__hva(&s, OFF_DATA), sizeof(before)));
+    }
+    vhd_chaos__close(&s);
+    return rc;
+}
+
 const struct vhd_chaos_case vhd_chaos__iotlb_cases[] = {
     BLK(iotlb_control, IOTLB, S),         BLK(iotlb_miss_answered, IOTLB, S),
     BLK(iotlb_miss_mid_page, IOTLB, S),   BLK(iotlb_ring_miss, IOTLB, S),

@@ -152,8 +152,8 @@ VHD_TEST(overlap_replaces)
     struct vhd_iotlb_ent e;
 
     VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x10000, R0_UVA, VHD_IOTLB_RW), 0);
-    /* duplicate: replaces itself */
-    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x10000, R0_UVA, VHD_IOTLB_RW), 1);
+    /* duplicate: replaces itself, but no translation changed (0: no quiescence) */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x10000, R0_UVA, VHD_IOTLB_RW), 0);
     VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
     /* in the middle: the old entry is cut in two around it */
     VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x14000, 0x1000, R0_UVA + 0x80000, VHD_IOTLB_R), 1);
@@ -188,6 +188,44 @@ VHD_TEST(overlap_replaces)
     VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x1000, 0x1000), 1);
     VHD_CHECK_EQ(vhd_iotlb_count(t), 2);
     VHD_CHECK_EQ(vhd_iotlb_invalidate(t, 0x1000, 0x1000), 0);
+    vhd_iotlb_free(t);
+    vhd_mem_free(mem);
+}
+
+/*
+ * An overlapping UPDATE that only adds coverage or permission changes no
+ * translation a reader may hold (0); one that moves a host address, changes
+ * the region or takes a permission away does (1).
+ */
+VHD_TEST(overlap_keeps_or_changes)
+{
+    struct vhd_mem *mem = two_regions(RSZ);
+    struct vhd_iotlb *t = new_tlb();
+    struct vhd_iotlb_ent e;
+
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x10000, 0x2000, R0_UVA + 0x2000, VHD_IOTLB_R), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x14000, 0x1000, R0_UVA + 0x6000, VHD_IOTLB_R), 0);
+    /* R -> RW over both, filling the gap between them at the same offsets */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0xf000, 0x8000, R0_UVA + 0x1000, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_count(t), 1);
+    const struct vhd_iotlb_ver *v = vhd_iotlb_enter(t, 0);
+    VHD_CHECK_EQ(vhd_iotlb_lookup(v, 0x14800, &e), 0);
+    VHD_CHECK(e.hva + (0x14800 - e.iova) == hva_of(mem, R0_UVA + 0x6800));
+    VHD_CHECK_EQ(e.perm, VHD_IOTLB_RW);
+    vhd_iotlb_leave(t, 0);
+    /* a sub-range re-sent identically */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x11000, 0x1000, R0_UVA + 0x3000, VHD_IOTLB_RW), 0);
+    /* RW -> R: a permission taken away */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x11000, 0x1000, R0_UVA + 0x3000, VHD_IOTLB_R), 1);
+    /* R -> W: read taken away though write added */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x11000, 0x1000, R0_UVA + 0x3000, VHD_IOTLB_W), 1);
+    /* another host address one page on */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x12000, 0x1000, R0_UVA + 0x5000, VHD_IOTLB_RW), 1);
+    /* another region */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x13000, 0x1000, R1_UVA, VHD_IOTLB_RW), 1);
+    /* a range whose tail only overlaps a changed entry still counts */
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x20000, 0x1000, R0_UVA, VHD_IOTLB_RW), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(t, mem, 0x1f000, 0x2000, R0_UVA + 0x1000, VHD_IOTLB_RW), 1);
     vhd_iotlb_free(t);
     vhd_mem_free(mem);
 }
