@@ -585,3 +585,21 @@ void vhd_vq__log_desc(const struct vhd_vq *vq, uint64_t off, uint64_t len)
     if (vq->log_used)
         vhd_dirtylog_mark(vq->log, vq->log_desc_gpa + off, len);
 }
+
+/*
+ * Prefault (vhd_vq_prefault): translate [addr, addr + len) with perm as a
+ * pop would, into a scratch vector; only a miss matters (recorded by
+ * vhd_vq__iotlb_map). A buffer of more segments than the scratch holds is
+ * taken as translated (its tail is checked by the pop).
+ */
+int vhd_vq__prefault_buf(struct vhd_vq *vq, uint64_t addr, uint32_t len, uint8_t perm)
+{
+    struct iovec scratch[8];
+
+    if (len == 0)
+        return 0;
+    int n = vhd_vq__iotlb_map(vq, addr, len, perm, scratch, VHD_ARRAY_SIZE(scratch));
+    if (n == -VHD_VQ_E_IOTLB_MISS)
+        return 1;
+    return n < 0 && n != -VHD_VQ_E_IOV_FULL ? -1 : 0;
+}

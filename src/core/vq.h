@@ -620,6 +620,32 @@ static inline void vhd_vq_disable_notify(struct vhd_vq *vq)
  */
 int vhd_vq_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c);
 
+/* IOTLB prefault of each layout (vq_split.c, vq_packed.c; vhd_vq_prefault). */
+int vhd_vq__split_prefault(struct vhd_vq *vq, uint32_t max);
+int vhd_vq__packed_prefault(struct vhd_vq *vq, uint32_t max);
+/* A buffer's translation for a prefault (vq.c): 0, 1 (miss recorded) or -1 (leave it to pop). */
+int vhd_vq__prefault_buf(struct vhd_vq *vq, uint64_t addr, uint32_t len, uint8_t perm);
+
+/*
+ * vhd_vq_prefault - with an IOTLB: translate the buffers of up to max
+ * chains made available and not popped yet, without popping them, so that
+ * the first buffer not translated records its miss (the control thread
+ * sends the MISS) before the device needs it: a receive queue's buffers
+ * before a frame comes for them. Chains the pop would refuse are left to
+ * it (nothing breaks here). Returns 1 when a miss is pending, else 0.
+ * Without an IOTLB: 0, one predictable branch. Worker owning the queue.
+ */
+static inline int vhd_vq_prefault(struct vhd_vq *vq, uint32_t max)
+{
+    if (vhd_likely(!vq->iotlb))
+        return 0;
+    if (vhd_load_relaxed(&vq->iotlb_miss) != 0)
+        return 1; /* one miss at a time: the pop's, or an earlier prefault's */
+    if (vhd_vq__ready(vq) < 0)
+        return 0;
+    return vq->packed ? vhd_vq__packed_prefault(vq, max) : vhd_vq__split_prefault(vq, max);
+}
+
 /* vhd_vq_has_work - is a chain available to pop? (false when broken) */
 static inline bool vhd_vq_has_work(struct vhd_vq *vq)
 {

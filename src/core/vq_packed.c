@@ -1195,3 +1195,72 @@ int vhd_vq__packed_unpop(struct vhd_vq *vq, const struct vhd_vq_chain *c)
     }
     return 0;
 }
+
+/* ---- IOTLB prefault (vhd_vq_prefault) ---- */
+
+/* The buffers of an indirect table, as pop_indirect reads them: 0, 1 (miss) or -1. */
+static int packed_prefault_table(struct vhd_vq *vq, uint64_t addr, uint32_t len)
+{
+    struct iovec seg;
+
+    if (!vq->indirect || len == 0 || (len % sizeof(struct vhd_vring_packed_desc)) ||
+        len / sizeof(struct vhd_vring_packed_desc) > VHD_VQ_MAX_INDIRECT)
+        return -1;
+    int n = vhd_vq__iotlb_map(vq, addr, len, VHD_IOTLB_R, &seg, 1);
+    if (n != 1)
+        return n == -VHD_VQ_E_IOTLB_MISS ? 1 : -1;
+    const uint8_t *tbl = seg.iov_base;
+    for (uint32_t i = 0; i < len / sizeof(struct vhd_vring_packed_desc); i++) {
+        struct vhd_vring_packed_desc d;
+        memcpy(&d, tbl + (size_t)i * sizeof(d), sizeof(d));
+        __asm__ volatile("" ::: "memory"); /* each field fetched once (pop_indirect) */
+        uint16_t flags = vhd_le16(d.flags);
+        if (flags & VRING_DESC_F_INDIRECT)
+            return -1;
+        int rc = vhd_vq__prefault_buf(vq, vhd_le64(d.addr), vhd_le32(d.len),
+                                      flags & VRING_DESC_F_WRITE ? VHD_IOTLB_W : VHD_IOTLB_R);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/*
+ * The chains from last_avail_idx, up to max, in slots the driver made
+ * available (flags read with acquire, as in the pop): stops at the first
+ * miss (1), at a slot not available or a chain the pop will judge (0).
+ */
+int vhd_vq__packed_prefault(struct vhd_vq *vq, uint32_t max)
+{
+    const struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size, owned = device_owned(vq);
+    uint16_t slot = vq->last_avail_idx;
+    bool wrap = vq->avail_wrap, first = true;
+
+    if (owned >= size)
+        return 0;
+    for (uint32_t room = size - owned; room && max; room--) {
+        const struct vhd_vring_packed_desc *d = &ring[vhd_index_nospec(slot, size)];
+        uint16_t flags = slot_flags(d);
+        if (!desc_is_avail(flags, wrap))
+            return 0;
+        uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
+        uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
+        int rc;
+        if (flags & VRING_DESC_F_INDIRECT)
+            rc = first && !(flags & VRING_DESC_F_NEXT) ? packed_prefault_table(vq, addr, len) : -1;
+        else
+            rc = vhd_vq__prefault_buf(vq, addr, len,
+                                      flags & VRING_DESC_F_WRITE ? VHD_IOTLB_W : VHD_IOTLB_R);
+        if (rc)
+            return rc > 0;
+        first = !(flags & VRING_DESC_F_NEXT);
+        if (first)
+            max--;
+        if (++slot == size) {
+            slot = 0;
+            wrap = !wrap;
+        }
+    }
+    return 0;
+}

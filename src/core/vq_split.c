@@ -968,3 +968,71 @@ bool vhd_vq__split_has_work(struct vhd_vq *vq)
         return true;
     return vq->avail_shadow != vq->last_avail_idx;
 }
+
+/* ---- IOTLB prefault (vhd_vq_prefault) ---- */
+
+/*
+ * Translate the buffers of the chain at head, as split_walk would, without
+ * popping it: 1 when a buffer missed (recorded), 0 when all translate, -1
+ * for anything the pop must judge (bad index, loop, table, permission).
+ */
+static int split_prefault_chain(struct vhd_vq *vq, uint16_t head)
+{
+    const struct vhd_vring_desc *table = vq->ring.split.desc;
+    uint32_t table_size = vq->size, idx = head, count = 0;
+    bool indirect = false;
+
+    if (head >= vq->size)
+        return -1;
+    for (;;) {
+        struct split_desc d;
+
+        if (++count > table_size)
+            return -1;
+        split_desc_read(&table[vhd_index_nospec(idx, table_size)], &d);
+        if (d.flags & VRING_DESC_F_INDIRECT) {
+            if (indirect || !vq->indirect || (d.flags & VRING_DESC_F_NEXT) || d.len == 0 ||
+                (d.len & 15) || d.len / 16 > VHD_VQ_MAX_INDIRECT)
+                return -1;
+            struct iovec seg;
+            int n = vhd_vq__iotlb_map(vq, d.addr, d.len, VHD_IOTLB_R, &seg, 1);
+            if (n != 1)
+                return n == -VHD_VQ_E_IOTLB_MISS ? 1 : -1;
+            table = seg.iov_base;
+            table_size = d.len / 16;
+            idx = 0;
+            count = 0;
+            indirect = true;
+            continue;
+        }
+        int rc = vhd_vq__prefault_buf(vq, d.addr, d.len,
+                                      d.flags & VRING_DESC_F_WRITE ? VHD_IOTLB_W : VHD_IOTLB_R);
+        if (rc)
+            return rc;
+        if (!(d.flags & VRING_DESC_F_NEXT))
+            return 0;
+        if (d.next >= table_size)
+            return -1;
+        idx = d.next;
+    }
+}
+
+/*
+ * The chains after last_avail_idx, up to max: stops at the first miss
+ * (1) or at a chain the pop will have to judge (0). The avail entries are
+ * read after the acquire of avail->idx (pairing A), as in the pop.
+ */
+int vhd_vq__split_prefault(struct vhd_vq *vq, uint32_t max)
+{
+    if (split_read_avail_idx(vq) < 0)
+        return 0;
+    uint16_t last = vq->last_avail_idx, avail = (uint16_t)(vq->avail_shadow - last);
+    for (uint16_t k = 0; k < avail && k < max; k++) {
+        uint16_t head = vhd_le16(
+            vhd_load_relaxed(&vq->ring.split.avail->ring[(uint16_t)(last + k) & vq->mask]));
+        int rc = split_prefault_chain(vq, head);
+        if (rc)
+            return rc > 0;
+    }
+    return 0;
+}

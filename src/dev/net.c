@@ -838,6 +838,9 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
     return rc;
 }
 
+/* Receive chains translated ahead per turn (vhd_vq_prefault): a whole ring of Linux's. */
+#define NET_RX_PREFAULT 256u
+
 /*
  * Receive queue processing: the driver added buffers (a kick) or we poll.
  * The loopback delivers from the transmit path, so there is nothing to do
@@ -849,6 +852,13 @@ static int net_rx_process(struct vhd_queue *q, struct net_queue *rq, unsigned bu
 
     if (vhd_unlikely(rq->broken))
         return -EPROTO;
+    /*
+     * Behind an IOMMU every receive buffer the guest posts may be a new
+     * mapping: translate them now (a kick, a poll turn), so that the MISS
+     * goes out and the UPDATE is in before a frame needs the buffer
+     * (else the frame would be dropped). One branch without an IOTLB.
+     */
+    (void)vhd_vq_prefault(&q->vq, NET_RX_PREFAULT);
     /*
      * A generator's buffers are work only while its pair is in use: a
      * disabled ring, or a pair beyond VQ_PAIRS_SET, takes no frame, and left

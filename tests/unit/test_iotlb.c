@@ -781,6 +781,60 @@ IOTLB_VQ_TEST(vq_cache_and_invalidate)
     ivq_teardown(&q);
 }
 
+/*
+ * Receive buffers posted without a mapping: prefault records the miss of
+ * the first one not translated before anything is popped, consumes
+ * nothing, stops at a pending miss, and after the UPDATE moves on to the
+ * next unmapped one; with every buffer mapped it records nothing.
+ */
+IOTLB_VQ_TEST(vq_prefault_posted_buffers)
+{
+    struct ivq q;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    void *buf;
+
+    ivq_setup(&q, packed);
+    uint64_t bgpa = vqfx_alloc(&q.f, 3 * 4096, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 0); /* nothing posted */
+    ivq_map(&q, BUF_IOVA, bgpa, 4096, VHD_IOTLB_RW);
+    ivq_post(&q, BUF_IOVA, 1500, true);          /* mapped */
+    ivq_post(&q, BUF_IOVA + 0x1000, 1500, true); /* not yet */
+    ivq_post(&q, BUF_IOVA + 0x2000, 1500, true); /* not yet */
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 1);
+    VHD_CHECK_EQ(q.f.vq.iotlb_miss, (BUF_IOVA + 0x1000) | VHD_IOTLB_W);
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 1); /* pending: unchanged */
+    VHD_CHECK_EQ(ivq_take_miss(&q), (BUF_IOVA + 0x1000) | VHD_IOTLB_W);
+    VHD_CHECK_EQ(q.f.vq.last_avail_idx, 0);
+    VHD_CHECK_EQ(q.f.vq.inflight, 0);
+    VHD_CHECK_EQ(q.f.vq.error, 0);
+    /* bounded: one chain per turn looks at the mapped first buffer only */
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 1), 0);
+    VHD_CHECK_EQ(q.f.vq.iotlb_miss, 0);
+    ivq_map(&q, BUF_IOVA + 0x1000, bgpa + 0x1000, 4096, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 1);
+    VHD_CHECK_EQ(ivq_take_miss(&q), (BUF_IOVA + 0x2000) | VHD_IOTLB_W);
+    ivq_map(&q, BUF_IOVA + 0x2000, bgpa + 0x2000, 4096, VHD_IOTLB_RW);
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 0);
+    VHD_CHECK_EQ(q.f.vq.iotlb_miss, 0);
+    for (int i = 0; i < 3; i++) {
+        VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 1);
+        VHD_CHECK_EQ(c.nw, 1);
+        VHD_CHECK_EQ(vhd_vq_push(&q.f.vq, &c, 0), 0);
+    }
+    VHD_CHECK_EQ(vhd_vq_prefault(&q.f.vq, 64), 0); /* all popped */
+    ivq_teardown(&q);
+
+    /* without an IOTLB it does nothing */
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 64, .packed = packed};
+    vqfx_setup(&f, &o);
+    VHD_CHECK_EQ(vhd_vq_prefault(&f.vq, 64), 0);
+    vqfx_teardown(&f);
+}
+
 /* A ring whose IOMMU pages are not contiguous in host memory fails its start cleanly. */
 IOTLB_VQ_TEST(vq_ring_not_contiguous)
 {
