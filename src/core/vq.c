@@ -179,9 +179,12 @@ int vhd_vq__iotlb_map(struct vhd_vq *vq, uint64_t addr, uint64_t len, uint8_t pe
 
     if (max_iov == 0)
         return -VHD_VQ_E_IOV_FULL;
-    if (off < c->size && len <= c->size - off) {
-        if ((c->perm & perm) != perm)
-            return -VHD_VQ_E_IOTLB_PERM;
+    /*
+     * A cached entry without the access asked for is not an answer: an
+     * UPDATE may have added the access since (no quiescence for that:
+     * iotlb.h), so the table decides.
+     */
+    if (off < c->size && len <= c->size - off && (c->perm & perm) == perm) {
         iov[0].iov_base = c->hva + off;
         iov[0].iov_len = len;
         return 1;

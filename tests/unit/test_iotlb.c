@@ -782,6 +782,38 @@ IOTLB_VQ_TEST(vq_cache_and_invalidate)
 }
 
 /*
+ * An UPDATE that adds write access to a page mapped read-only changes no
+ * translation (returns 0: the transport does not drop the queue's cache);
+ * the entry the queue cached read-only must not refuse the write then.
+ */
+IOTLB_VQ_TEST(vq_cached_ro_then_rw)
+{
+    struct ivq q;
+    struct iovec iov[4];
+    struct vhd_vq_chain c;
+    void *buf;
+
+    ivq_setup(&q, packed);
+    uint64_t bgpa = vqfx_alloc(&q.f, 4096, &buf);
+    ivq_map(&q, RING_IOVA, q.f.area_gpa, q.f.area_len, VHD_IOTLB_RW);
+    ivq_map(&q, BUF_IOVA, bgpa, 4096, VHD_IOTLB_R);
+    VHD_CHECK_EQ(vhd_vq_start(&q.f.vq), 0);
+    ivq_post(&q, BUF_IOVA, 64, false);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 1); /* caches the read-only entry */
+    VHD_CHECK_EQ(vhd_vq_push(&q.f.vq, &c, 0), 0);
+    VHD_CHECK_EQ(vhd_iotlb_update(q.t, q.f.mem, BUF_IOVA, 4096, vhd_guestmem_uva(&q.f.gm, bgpa),
+                                  VHD_IOTLB_RW),
+                 0);
+    ivq_post(&q, BUF_IOVA + 128, 64, true);
+    VHD_CHECK_EQ(vhd_vq_pop(&q.f.vq, iov, 4, &c), 1);
+    VHD_CHECK_EQ(c.nw, 1);
+    VHD_CHECK(iov[0].iov_base ==
+              (uint8_t *)vhd_mem_gpa_to_hva(q.f.mem, bgpa, 1, &(uint32_t){0}) + 128);
+    VHD_CHECK_EQ(q.f.vq.error, 0);
+    ivq_teardown(&q);
+}
+
+/*
  * Receive buffers posted without a mapping: prefault records the miss of
  * the first one not translated before anything is popped, consumes
  * nothing, stops at a pending miss, and after the UPDATE moves on to the
