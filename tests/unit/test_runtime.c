@@ -177,7 +177,10 @@ static int fake_queue_process(struct vhd_queue *q, unsigned budget)
     if (fq == gate.fq) {
         char c;
         __atomic_store_n(&gate.entered, 1, __ATOMIC_RELEASE);
-        VHD_CHECK_EQ(read(gate.fd, &c, 1), 1);
+        ssize_t got;
+        while ((got = read(gate.fd, &c, 1)) < 0 && errno == EINTR) /* the efd guard's signal */
+            ;
+        VHD_CHECK_EQ(got, 1);
         gate.fq = NULL;
     }
     fake_note_thread(fq);
@@ -228,7 +231,11 @@ static int fake_queue_process(struct vhd_queue *q, unsigned budget)
             if (fq == stall.fq && n + 1 == stall.after) {
                 char ch;
                 __atomic_store_n(&stall.entered, 1, __ATOMIC_RELEASE);
-                VHD_CHECK_EQ(read(stall.fd, &ch, 1), 1);
+                /* EINTR: the eventfd guard's timer signal (efd.c) may land on this worker. */
+                ssize_t got;
+                while ((got = read(stall.fd, &ch, 1)) < 0 && errno == EINTR)
+                    ;
+                VHD_CHECK_EQ(got, 1);
                 stall.fq = NULL;
             }
             continue;
