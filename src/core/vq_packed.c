@@ -471,12 +471,16 @@ _Static_assert(offsetof(struct vhd_vring_packed_desc, len) == 8 &&
  * entry it does not take.
  */
 static inline __attribute__((always_inline)) bool
-packed_table_fast(const uint8_t *tbl, uint32_t n, struct iovec **vp, struct iovec *vend,
-                  uint32_t *total, uint32_t *wlen, uint32_t *nw, uint32_t *need,
+packed_table_fast(const uint8_t *tbl, uint32_t n, struct iovec *iov, uint32_t max_iov,
+                  struct iovec **vrp, struct iovec **vp, uint64_t *totalp, uint64_t *rlenp,
                   const struct vhd_vq__rcache *rc)
 {
     const uint64_t gpa = rc->gpa, rsize = rc->size;
-    struct iovec *v = *vp;
+    struct iovec *v = iov, *vr = NULL;
+    uint64_t total = 0, rlen = 0;
+    /* Room checked once: one buffer per entry. Readable entries first, as in packed_chain_fast. */
+    if (vhd_unlikely(n > max_iov))
+        return false;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t addr, hi;
         memcpy(&addr, tbl + 16 * (size_t)i, sizeof(addr));
@@ -487,21 +491,31 @@ packed_table_fast(const uint8_t *tbl, uint32_t n, struct iovec **vp, struct iove
         uint32_t len = (uint32_t)hi;
         uint32_t flags = (uint32_t)(hi >> 48);
         uint64_t off = addr - gpa;
-        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | *need)) != *need || off >= rsize ||
-                         (uint64_t)len - 1 >= rsize - off || v == vend ||
-                         len > UINT32_MAX - *total))
+        if (vhd_unlikely(flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE))) {
+            if (flags & VRING_DESC_F_INDIRECT)
+                return false;
+            if (vr == NULL) {
+                vr = v;
+                rlen = total;
+            }
+        } else if (vhd_unlikely(vr != NULL)) {
+            return false; /* a readable entry after a writable one */
+        }
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
             return false;
         v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
         v->iov_len = len;
         v++;
-        *total += len;
-        if (flags & VRING_DESC_F_WRITE) {
-            (*nw)++;
-            *wlen += len;
-            *need = VRING_DESC_F_WRITE;
-        }
+        total += len;
     }
+    if (vr == NULL) {
+        vr = v;
+        rlen = total;
+    }
+    *vrp = vr;
     *vp = v;
+    *totalp = total;
+    *rlenp = rlen;
     return true;
 }
 
@@ -523,67 +537,100 @@ packed_chain_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
                   uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
 {
     const uint64_t gpa = rc->gpa, rsize = rc->size;
-    struct iovec *v = iov, *const vend = iov + max_iov;
-    uint32_t total = 0, wlen = 0, nw = 0, n = 0;
-    uint32_t need = 0; /* WRITE once a writable buffer was seen: readable ones come first */
-    uint32_t id;
+    struct iovec *v = iov, *vr;
+    uint64_t total = 0, rlen, addr, hi, off;
+    uint32_t len, id, n = 0;
 
+#define PACKED_FAST_READ()                                                                      \
+    do {                                                                                        \
+        const uint8_t *src_ = (const uint8_t *)&ring[slot];                                     \
+        memcpy(&addr, src_, sizeof(addr));                                                      \
+        memcpy(&hi, src_ + 8, sizeof(hi)); /* its flags: the ones read with acquire are used */ \
+        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */         \
+        addr = vhd_le64(addr);                                                                  \
+        hi = vhd_le64(hi);                                                                      \
+        len = (uint32_t)hi;                                                                     \
+        id = (uint32_t)(hi >> 32) & 0xffff;                                                     \
+        off = addr - gpa;                                                                       \
+        n++;                                                                                    \
+        if (++slot == size) {                                                                   \
+            slot = 0;                                                                           \
+            wrap = !wrap;                                                                       \
+        }                                                                                       \
+    } while (0)
+
+    if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
+        /* A chain of its own naming a table, as packed_map_one and pop_indirect take it. */
+        PACKED_FAST_READ();
+        if (!indirect_ok || (flags & VRING_DESC_F_NEXT) || len == 0 || (len % 16) ||
+            len / 16 > VHD_VQ_MAX_INDIRECT || !vhd_vq__in_region(off, len, rsize) ||
+            !packed_table_fast(rc->hva + vhd_vq__clamp(off, rsize), len / 16, iov, max_iov, &vr, &v,
+                               &total, &rlen, rc))
+            return 0;
+        goto done;
+    }
+    /*
+     * Slots the chain may still take and buffers it may still store, one
+     * counter (a direct chain stores one buffer per slot): at most room and
+     * at most max_iov; bytes summed in 64 bits and checked once at the end.
+     * Readable buffers come first: the first loop takes them, the second
+     * the writable ones, so the order needs no test of its own.
+     */
+    uint32_t left = max_iov < room ? max_iov : room;
+    if (vhd_unlikely(left == 0))
+        return 0;
     for (;;) {
-        const uint8_t *src = (const uint8_t *)&ring[slot];
-        uint64_t addr, hi;
-        memcpy(&addr, src, sizeof(addr));
-        memcpy(&hi, src + 8, sizeof(hi)); /* its flags: the ones read with acquire are used */
-        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */
-        addr = vhd_le64(addr);
-        hi = vhd_le64(hi);
-        uint32_t len = (uint32_t)hi;
-        id = (uint32_t)(hi >> 32) & 0xffff;
-        uint64_t off = addr - gpa;
-        n++;
-
-        if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
-            /* A chain of its own naming a table, as packed_map_one and pop_indirect take it. */
-            if (!indirect_ok || n != 1 || (flags & VRING_DESC_F_NEXT) || len == 0 || (len % 16) ||
-                len / 16 > VHD_VQ_MAX_INDIRECT || off >= rsize ||
-                (uint64_t)len - 1 >= rsize - off ||
-                !packed_table_fast(rc->hva + vhd_vq__clamp(off, rsize), len / 16, &v, vend, &total,
-                                   &wlen, &nw, &need, rc))
-                return 0;
-        } else {
-            if (vhd_unlikely((flags & need) != need || off >= rsize ||
-                             (uint64_t)len - 1 >= rsize - off || v == vend ||
-                             len > UINT32_MAX - total))
-                return 0;
-            v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
-            v->iov_len = len;
-            v++;
-            total += len;
-            if (flags & VRING_DESC_F_WRITE) {
-                nw++;
-                wlen += len;
-                need = VRING_DESC_F_WRITE;
-            }
-        }
-        if (++slot == size) {
-            slot = 0;
-            wrap = !wrap;
-        }
-        if (!(flags & VRING_DESC_F_NEXT))
+        PACKED_FAST_READ();
+        if (vhd_unlikely(flags & VRING_DESC_F_WRITE))
             break;
-        if (vhd_unlikely(n == room))
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
+            return 0;
+        v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+        v->iov_len = len;
+        v++;
+        total += len;
+        if (!(flags & VRING_DESC_F_NEXT)) {
+            vr = v;
+            rlen = total;
+            goto done;
+        }
+        if (vhd_unlikely(--left == 0))
             return 0;
         flags = slot_flags(&ring[slot]);
-        if (vhd_unlikely(!desc_is_avail(flags, wrap)))
+        if (vhd_unlikely((flags & VRING_DESC_F_INDIRECT) || !desc_is_avail(flags, wrap)))
             return 0;
     }
-    if (vhd_unlikely(id >= size))
+    vr = v;
+    rlen = total;
+    for (;;) {
+        /* flags has WRITE and not INDIRECT here, the slot was read */
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
+            return 0;
+        v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+        v->iov_len = len;
+        v++;
+        total += len;
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        if (vhd_unlikely(--left == 0))
+            return 0;
+        flags = slot_flags(&ring[slot]);
+        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE)) !=
+                             VRING_DESC_F_WRITE ||
+                         !desc_is_avail(flags, wrap)))
+            return 0;
+        PACKED_FAST_READ();
+    }
+#undef PACKED_FAST_READ
+done:
+    if (vhd_unlikely(id >= size || total > UINT32_MAX))
         return 0;
     c->id = (uint16_t)vhd_vq__clamp(id, size);
     c->ndescs = (uint16_t)n;
-    c->nr = (uint16_t)((uint32_t)(v - iov) - nw);
-    c->nw = (uint16_t)nw;
-    c->rlen = total - wlen;
-    c->wlen = wlen;
+    c->nr = (uint16_t)(vr - iov);
+    c->nw = (uint16_t)(v - vr);
+    c->rlen = (uint32_t)rlen;
+    c->wlen = (uint32_t)(total - rlen);
     return n;
 }
 

@@ -447,8 +447,8 @@ static inline __attribute__((always_inline)) int split_walk_run(struct vhd_vq *v
          * As vhd_vq__map_desc_run: (len - 1) < size - off says len != 0 and
          * the buffer ends inside the region, given off < size.
          */
-        if (vhd_likely(off < rc->size && (uint64_t)len - 1 < rc->size - off && (w || nw == 0) &&
-                       used < max_iov && len <= UINT32_MAX - total)) {
+        if (vhd_likely(vhd_vq__in_region(off, len, rc->size) && (w || nw == 0) && used < max_iov &&
+                       len <= UINT32_MAX - total)) {
             iov[used].iov_base = rc->hva + vhd_index_nospec(off, rc->size);
             iov[used].iov_len = len;
             used++;
@@ -487,6 +487,24 @@ static inline __attribute__((always_inline)) int split_walk_run(struct vhd_vq *v
     return 0;
 }
 
+/* One descriptor of a fast walk, read once (see split_walk_run); false when idx is out of the
+ * table. */
+static inline __attribute__((always_inline)) bool split_fast_read(const struct vhd_vring_desc *desc,
+                                                                  uint32_t size, uint32_t idx,
+                                                                  uint64_t *addr, uint64_t *hi)
+{
+    if (vhd_unlikely(idx >= size))
+        return false;
+    const uint8_t *src = (const uint8_t *)&desc[vhd_vq__clamp(idx, size)];
+    uint64_t a, h;
+    memcpy(&a, src, sizeof(a));
+    memcpy(&h, src + 8, sizeof(h));
+    __asm__ volatile("" : "+r"(a), "+r"(h)); /* read once: see split_walk_run */
+    *addr = vhd_le64(a);
+    *hi = vhd_le64(h);
+    return true;
+}
+
 /*
  * The common chain of a run, attempted first: direct descriptors only, each
  * buffer non-empty, in the cached region, in order, with room in iov and
@@ -504,51 +522,79 @@ split_chain_fast(const struct vhd_vring_desc *desc, uint32_t size, uint16_t head
 {
     const uint64_t gpa = rc->gpa, rsize = rc->size;
     uint8_t *const hva = rc->hva;
-    struct iovec *v = iov, *const vend = iov + max_iov;
-    uint32_t idx = head, left = size; /* descriptors the walk may still visit */
-    uint32_t total = 0, wlen = 0, nw = 0;
-    uint32_t need = 0; /* WRITE once a writable buffer was seen: readable ones come first */
+    struct iovec *v = iov, *vr;
+    /*
+     * Descriptors the walk may still visit and store: at most size (a
+     * longer chain loops) and at most max_iov (room), one counter for both;
+     * bytes summed in 64 bits and checked once at the end. Readable buffers
+     * come first: the first loop takes them, the second the writable ones,
+     * so the order needs no test of its own.
+     */
+    uint32_t idx = head, left = max_iov < size ? max_iov : size;
+    uint64_t total = 0, rlen, addr, hi;
+    uint32_t len, flags;
 
+    if (vhd_unlikely(left == 0))
+        return 0;
     for (;;) {
-        if (vhd_unlikely(idx >= size))
+        if (vhd_unlikely(!split_fast_read(desc, size, idx, &addr, &hi)))
             return 0;
-        const uint8_t *src = (const uint8_t *)&desc[vhd_vq__clamp(idx, size)];
-        uint64_t addr, hi;
-        memcpy(&addr, src, sizeof(addr));
-        memcpy(&hi, src + 8, sizeof(hi));
-        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once: see split_walk_run */
-        addr = vhd_le64(addr);
-        hi = vhd_le64(hi);
-        uint32_t len = (uint32_t)hi;
-        uint32_t flags = (uint32_t)(hi >> 32);
+        len = (uint32_t)hi;
+        flags = (uint32_t)(hi >> 32);
+        if (vhd_unlikely(flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE))) {
+            if (flags & VRING_DESC_F_INDIRECT)
+                return v == iov ? 2 : 0; /* 2: the head names a table (split_chain_table) */
+            break;
+        }
         uint64_t off = addr - gpa;
-
-        if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT))
-            return left == size ? 2 : 0; /* 2: the head names a table (split_chain_table) */
-        if (vhd_unlikely((flags & need) != need || off >= rsize ||
-                         (uint64_t)len - 1 >= rsize - off || v == vend || len > UINT32_MAX - total))
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
             return 0;
         v->iov_base = hva + vhd_vq__clamp(off, rsize);
         v->iov_len = len;
         v++;
         total += len;
-        if (flags & VRING_DESC_F_WRITE) {
-            nw++;
-            wlen += len;
-            need = VRING_DESC_F_WRITE;
+        if (!(flags & VRING_DESC_F_NEXT)) {
+            vr = v;
+            rlen = total;
+            goto done;
         }
+        idx = (uint32_t)(hi >> 48);
+        if (vhd_unlikely(--left == 0))
+            return 0;
+    }
+    vr = v;
+    rlen = total;
+    for (;;) {
+        /* flags has WRITE and not INDIRECT here */
+        uint64_t off = addr - gpa;
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
+            return 0;
+        v->iov_base = hva + vhd_vq__clamp(off, rsize);
+        v->iov_len = len;
+        v++;
+        total += len;
         if (!(flags & VRING_DESC_F_NEXT))
             break;
         idx = (uint32_t)(hi >> 48);
         if (vhd_unlikely(--left == 0))
             return 0;
+        if (vhd_unlikely(!split_fast_read(desc, size, idx, &addr, &hi)))
+            return 0;
+        len = (uint32_t)hi;
+        flags = (uint32_t)(hi >> 32);
+        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE)) !=
+                         VRING_DESC_F_WRITE))
+            return 0;
     }
+done:
+    if (vhd_unlikely(total > UINT32_MAX))
+        return 0;
     c->id = head;
     c->ndescs = 1;
-    c->nr = (uint16_t)((uint32_t)(v - iov) - nw);
-    c->nw = (uint16_t)nw;
-    c->rlen = total - wlen;
-    c->wlen = wlen;
+    c->nr = (uint16_t)(vr - iov);
+    c->nw = (uint16_t)(v - vr);
+    c->rlen = (uint32_t)rlen;
+    c->wlen = (uint32_t)(total - rlen);
     return 1;
 }
 
@@ -574,7 +620,7 @@ split_chain_table(const struct vhd_vring_desc *desc, uint32_t size, uint16_t hea
     if (vhd_unlikely((d.flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_NEXT)) !=
                          VRING_DESC_F_INDIRECT ||
                      d.len == 0 || (d.len & 15) || d.len / 16 > VHD_VQ_MAX_INDIRECT ||
-                     off >= rc->size || d.len - 1 >= rc->size - off))
+                     !vhd_vq__in_region(off, d.len, rc->size)))
         return 0;
     const struct vhd_vring_desc *table =
         (const struct vhd_vring_desc *)(const void *)(rc->hva + vhd_index_nospec(off, rc->size));
