@@ -976,6 +976,68 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
  * bound, less each chain's slots as it is used) and the batch state kept
  * in locals and stored once. With inflight tracking, push itself per chain.
  */
+/*
+ * The untracked push of a run (vhd_vq__packed_push_burst), with the
+ * written test resolved by the caller (hw: written is not NULL). The
+ * checks of packed_push_one, in its order, per chain: the buffer id, then
+ * one more than in flight or more slots than the driver made available
+ * (nd - 1 >= outstanding: nd is 0 or above outstanding); in flight bounds
+ * the loop.
+ */
+static inline __attribute__((always_inline)) int packed_push_run(struct vhd_vq *vq,
+                                                                 const struct vhd_vq_chain *c,
+                                                                 const uint32_t *written,
+                                                                 uint32_t n, bool hw)
+{
+    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint32_t u = vq->used_idx, left = vq->inflight, npend = vq->batch_npending;
+    bool uw = vq->used_wrap;
+    uint32_t outstanding = pos_dist(size, vq->used_idx, uw, vq->last_avail_idx, vq->avail_wrap);
+    uint16_t base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+    int err = 0;
+    uint32_t m = n <= left ? n : left, k;
+
+    for (k = 0; k < m; k++) {
+        uint32_t nd = c[k].ndescs, id = c[k].id;
+        if (vhd_unlikely(id >= size)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+            break;
+        }
+        if (vhd_unlikely(nd - 1 >= outstanding)) {
+            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+            break;
+        }
+        uint32_t wr = hw ? written[k] : 0;
+        uint16_t flags = (uint16_t)(base | (wr ? VRING_DESC_F_WRITE : 0));
+        struct vhd_vring_packed_desc *d = &ring[u];
+        vhd_store_relaxed(&d->id, vhd_le16((uint16_t)id));
+        vhd_store_relaxed(&d->len, vhd_le32(wr));
+        if (npend == 0) {
+            vq->batch_head = (uint16_t)u;
+            vq->batch_head_flags = flags;
+        } else {
+            /* Release: id/len before flags (packed_push_one). */
+            vhd_store_release(&d->flags, vhd_le16(flags));
+        }
+        npend++;
+        outstanding -= nd;
+        u += nd;
+        if (u >= size) {
+            u -= size;
+            uw = !uw;
+            base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+        }
+    }
+    if (vhd_unlikely(k == m && m < n)) /* nothing in flight for chain k */
+        err = vhd_vq__fail(vq, c[k].id >= size ? VHD_VQ_E_BUFFER_ID : VHD_VQ_E_USED_OVERFLOW);
+    vq->used_idx = (uint16_t)u;
+    vq->used_wrap = uw;
+    vq->inflight = (uint16_t)(left - k);
+    vq->batch_npending = (uint16_t)npend;
+    return err;
+}
+
 int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                               const uint32_t *written, uint32_t n)
 {
@@ -987,51 +1049,8 @@ int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
         }
         return 0;
     }
-    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
-    uint32_t size = vq->size;
-    uint32_t u = vq->used_idx, left = vq->inflight, npend = vq->batch_npending;
-    bool uw = vq->used_wrap;
-    uint32_t outstanding = pos_dist(size, vq->used_idx, uw, vq->last_avail_idx, vq->avail_wrap);
-    uint16_t base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
-    int err = 0;
-
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t nd = c[k].ndescs;
-        if (vhd_unlikely(c[k].id >= size)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
-            break;
-        }
-        if (vhd_unlikely(left == 0 || nd == 0 || nd > outstanding)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
-            break;
-        }
-        uint32_t wr = written ? written[k] : 0;
-        uint16_t flags = (uint16_t)(base | (wr ? VRING_DESC_F_WRITE : 0));
-        struct vhd_vring_packed_desc *d = &ring[u];
-        vhd_store_relaxed(&d->id, vhd_le16(c[k].id));
-        vhd_store_relaxed(&d->len, vhd_le32(wr));
-        if (npend == 0) {
-            vq->batch_head = (uint16_t)u;
-            vq->batch_head_flags = flags;
-        } else {
-            /* Release: id/len before flags (packed_push_one). */
-            vhd_store_release(&d->flags, vhd_le16(flags));
-        }
-        npend++;
-        left--;
-        outstanding -= nd;
-        u += nd;
-        if (u >= size) {
-            u -= size;
-            uw = !uw;
-            base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
-        }
-    }
-    vq->used_idx = (uint16_t)u;
-    vq->used_wrap = uw;
-    vq->inflight = (uint16_t)left;
-    vq->batch_npending = (uint16_t)npend;
-    return err;
+    return written != NULL ? packed_push_run(vq, c, written, n, true)
+                           : packed_push_run(vq, c, NULL, n, false);
 }
 
 /*
