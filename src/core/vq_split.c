@@ -825,26 +825,45 @@ int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
     /* The checks of push, in its order: the id, then one more than in flight. */
     uint32_t m = n <= left ? n : left;
     uint32_t k;
-    /* written tested once: a loop for each case. */
+    /*
+     * written tested once: a loop for each case; the used ring is written in
+     * at most two stretches (before and after its end), through a pointer.
+     */
+    uint32_t pos = u & mask, first = size - pos;
+    struct vhd_vring_used_elem *e = &ring[pos];
+    k = 0;
     if (written != NULL) {
-        for (k = 0; k < m; k++) {
-            uint32_t id = c[k].id;
-            if (vhd_unlikely(id >= size))
+        for (;;) {
+            uint32_t end = m < first ? m : first;
+            for (; k < end; k++, e++) {
+                uint32_t id = c[k].id;
+                if (vhd_unlikely(id >= size))
+                    goto stop;
+                vhd_store_relaxed(&e->id, vhd_le32(id));
+                vhd_store_relaxed(&e->len, vhd_le32(written[k]));
+            }
+            if (k == m)
                 break;
-            struct vhd_vring_used_elem *e = &ring[(u + k) & mask];
-            vhd_store_relaxed(&e->id, vhd_le32(id));
-            vhd_store_relaxed(&e->len, vhd_le32(written[k]));
+            e = ring;
+            first = k + size; /* the next stretch: one whole ring at most */
         }
     } else {
-        for (k = 0; k < m; k++) {
-            uint32_t id = c[k].id;
-            if (vhd_unlikely(id >= size))
+        for (;;) {
+            uint32_t end = m < first ? m : first;
+            for (; k < end; k++, e++) {
+                uint32_t id = c[k].id;
+                if (vhd_unlikely(id >= size))
+                    goto stop;
+                vhd_store_relaxed(&e->id, vhd_le32(id));
+                vhd_store_relaxed(&e->len, 0);
+            }
+            if (k == m)
                 break;
-            struct vhd_vring_used_elem *e = &ring[(u + k) & mask];
-            vhd_store_relaxed(&e->id, vhd_le32(id));
-            vhd_store_relaxed(&e->len, 0);
+            e = ring;
+            first = k + size; /* the next stretch: one whole ring at most */
         }
     }
+stop:
     if (vhd_unlikely(k < n))
         err = vhd_vq__fail(
             vq, k < m ? VHD_VQ_E_DESC_INDEX
