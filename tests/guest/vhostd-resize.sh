@@ -69,12 +69,14 @@ run_case() {
     guest_pid=$!
     # The guest is ready (its driver runs): resize, bounded by the boot timeout.
     i=0
-    while ! grep -q 'RESIZE-READY' "$log" 2>/dev/null && kill -0 "$guest_pid" 2>/dev/null &&
+    # Anchored: the GUEST-START line echoes the guest's command, RESIZE-READY included.
+    while ! grep -Eq '^INFO RESIZE-READY [0-9]+' "$log" 2>/dev/null &&
+        kill -0 "$guest_pid" 2>/dev/null &&
         [ $i -lt $((GUEST_TIMEOUT * 10)) ]; do
         sleep 0.1
         i=$((i + 1))
     done
-    if grep -q "RESIZE-READY $((OLD / 512))" "$log" 2>/dev/null; then
+    if grep -Eq "^INFO RESIZE-READY $((OLD / 512))\b" "$log" 2>/dev/null; then
         out=$(timeout 30 "$VHOSTCTL" --rpc "$dir/rpc.sock" resize rw.sock 32M 2>&1) ||
             reason="vhostctl resize failed: $out"
         echo "  vhostctl: $out"
@@ -84,9 +86,9 @@ run_case() {
     wait "$guest_pid" || rc=$?
     guest_pid=""
     [ "$rc" = 0 ] || reason="${reason:+$reason; }guest: see $log"
-    grep -q "RESIZED $((OLD / 512)) $((NEW / 512))" "$log" ||
-        reason="${reason:+$reason; }the guest did not see $((NEW / 512)) sectors: $(grep RESIZED "$log" || echo none)"
-    grep -q "MARKER-WRITTEN" "$log" || reason="${reason:+$reason; }the guest wrote no marker"
+    grep -Eq "^INFO RESIZED $((OLD / 512)) $((NEW / 512))\b" "$log" ||
+        reason="${reason:+$reason; }the guest did not see $((NEW / 512)) sectors: $(grep -E '^INFO RESIZED' "$log" || echo none)"
+    grep -Eq '^INFO MARKER-WRITTEN' "$log" || reason="${reason:+$reason; }the guest wrote no marker"
     if ! kill -0 "$vhostd_pid" 2>/dev/null; then
         reason="${reason:+$reason; }vhostd died: $(tail -n 1 "$vlog")"
     fi
