@@ -458,6 +458,10 @@ int main(int argc, char **argv)
     if (cc.poll == VHD_CTX_POLL_ADAPTIVE && cc.poll_us > 0) /* --poll-us 0: event mode */
         vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), adaptive polling %u us",
                 vhd_version(), d.ndev, nworkers, cc.poll_us);
+    else if (cc.poll != VHD_CTX_POLL_ALWAYS && cc.spin_us == VHD_CTX_SPIN_AUTO)
+        vhd_log(VHD_LOG_INFO,
+                "vhostd %s: %d device(s), %u worker(s), polling never, spin auto (one wake-up)",
+                vhd_version(), d.ndev, nworkers);
     else
         vhd_log(VHD_LOG_INFO, "vhostd %s: %d device(s), %u worker(s), polling %s, spin %u us",
                 vhd_version(), d.ndev, nworkers,

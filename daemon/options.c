@@ -28,9 +28,10 @@ const char vhd_usage[] =
     "  --poll MODE          adaptive (default) | always | never\n"
     "  --poll-us N          adaptive polling: the longest window after the last work, in us\n"
     "                       (default 50); 0: event mode, as --poll never (with the spin)\n"
-    "  --spin-us N          event mode (and the adaptive window's floor): poll N us after\n"
-    "                       work before re-enabling notifications and sleeping (default 10;\n"
-    "                       0: sleep at once)\n"
+    "  --spin-us N|auto     event mode (and the adaptive window's floor): poll N us after\n"
+    "                       work before re-enabling notifications and sleeping (0: sleep at\n"
+    "                       once); auto (default): what a sleep and wake-up cost each worker,\n"
+    "                       as it measures them (1..100 us)\n"
     "  --cpus LIST          pin worker i to the i-th CPU of LIST (taskset -c syntax: 0,2-5);\n"
     "                       without --workers, one worker per listed CPU; with more workers\n"
     "                       than CPUs the list repeats\n"
@@ -1028,9 +1029,12 @@ static int parse_global(struct vhd_options *o, const char *k, const char *v, cha
             return fail(err, errlen, "--poll-us %s: expected 0..1000000", v);
         o->poll_us = (unsigned)n;
     } else if (!strcmp(k, "spin-us")) {
-        if (parse_uint(v, 1000000, &n))
-            return fail(err, errlen, "--spin-us %s: expected 0..1000000", v);
-        o->spin_us = (unsigned)n;
+        if (!strcmp(v, "auto"))
+            o->spin_us = VHD_CTX_SPIN_AUTO;
+        else if (parse_uint(v, 1000000, &n))
+            return fail(err, errlen, "--spin-us %s: expected 0..1000000 or auto", v);
+        else
+            o->spin_us = (unsigned)n;
     } else if (!strcmp(k, "cpus")) {
         int c = vhd_parse_cpu_list(v, o->cpus, VHD_OPT_MAX_WORKERS);
         if (c < 0)

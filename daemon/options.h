@@ -96,7 +96,7 @@ struct vhd_options {
     bool workers_set;
     enum vhd_opt_poll poll_mode;
     unsigned poll_us; /* default 50 */
-    unsigned spin_us; /* --spin-us: event-mode spin (default 10) */
+    unsigned spin_us; /* --spin-us: event-mode spin (default VHD_CTX_SPIN_AUTO) */
     /* --cpus LIST: worker i pinned to cpus[i % ncpus]; ncpus 0: not pinned */
     unsigned cpus[VHD_OPT_MAX_WORKERS];
     unsigned ncpus;

@@ -718,6 +718,7 @@ static json_object *m_stats(struct call *c)
         json_object_object_add(jw, "sleep_ns", json_object_new_uint64(ws.sleep_ns));
         json_object_object_add(jw, "poll_ns", json_object_new_uint64(ws.poll_ns));
         json_object_object_add(jw, "event_ns", json_object_new_uint64(ws.event_ns));
+        json_object_object_add(jw, "wake_cost_ns", json_object_new_uint64(ws.wake_cost_ns));
         json_object_array_add(wa, jw);
     }
     json_object_object_add(o, "workers", wa);
@@ -739,7 +740,10 @@ static json_object *m_save_config(struct call *c)
     fprintf(f, "# vhostd %s: running configuration\n", vhd_version());
     fprintf(f, "workers %u\n", vhd_ctx_workers(c->r->ctx));
     fprintf(f, "poll %s\npoll-us %u\n", polls[o->poll_mode], o->poll_us);
-    fprintf(f, "spin-us %u\n", o->spin_us);
+    if (o->spin_us == VHD_CTX_SPIN_AUTO)
+        fprintf(f, "spin-us auto\n");
+    else
+        fprintf(f, "spin-us %u\n", o->spin_us);
     for (unsigned i = 0; i < o->ncpus; i++)
         fprintf(f, "%s%u%s", i ? "," : "cpus ", o->cpus[i], i + 1 == o->ncpus ? "\n" : "");
     if (o->log_level >= 0 && o->log_level < 4)

@@ -337,6 +337,17 @@ static void prometheus(json_object *res)
         {"sleep_ns", "vhostd_worker_sleep_seconds_total",
          "Time blocked waiting for an event (part of the event time).", 1e-9},
     };
+    for (size_t i = 0; workers && i < json_object_array_length(workers); i++) {
+        json_object *w = json_object_array_get_idx(workers, i), *wc;
+        if (!json_object_object_get_ex(w, "wake_cost_ns", &wc))
+            continue;
+        if (i == 0)
+            printf("# HELP vhostd_worker_wake_cost_seconds CPU time a sleep and its wake-up cost "
+                   "the worker (average of the last ones).\n"
+                   "# TYPE vhostd_worker_wake_cost_seconds gauge\n");
+        printf("vhostd_worker_wake_cost_seconds{worker=\"%" PRIu64 "\"} %.9f\n",
+               get_u64(w, "worker"), (double)get_u64(w, "wake_cost_ns") * 1e-9);
+    }
     for (size_t k = 0; workers && k < sizeof(wm) / sizeof(wm[0]); k++) {
         printf("# HELP %s %s\n# TYPE %s counter\n", wm[k].metric, wm[k].help, wm[k].metric);
         for (size_t i = 0; i < json_object_array_length(workers); i++) {

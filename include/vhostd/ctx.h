@@ -38,6 +38,7 @@ struct vhd_ctx_watch; /* an embedder's fd watched by the control loop */
 
 /* Most worker threads a context may have. */
 #define VHD_CTX_MAX_WORKERS 64u
+#define VHD_CTX_SPIN_AUTO   0xffffffffu /* vhd_ctx_config.spin_us: the measured wake-up cost */
 
 /* How idle workers wait for work. */
 enum vhd_ctx_poll {
@@ -70,10 +71,15 @@ struct vhd_ctx_config {
      */
     bool sigbus_guard;
     /*
-     * Event-mode spin, us (default 10, at most 1000000): VHD_CTX_POLL_NEVER
-     * polls this long after work before it turns notifications back on and
-     * sleeps (0: sleep at once); VHD_CTX_POLL_ADAPTIVE never shrinks its
-     * window below it (0: a fixed window of poll_us).
+     * Event-mode spin, us (at most 1000000, or VHD_CTX_SPIN_AUTO, the
+     * default): VHD_CTX_POLL_NEVER polls this long after work before it
+     * turns notifications back on and sleeps (0: sleep at once);
+     * VHD_CTX_POLL_ADAPTIVE never shrinks its window below it (0: a fixed
+     * window of poll_us). VHD_CTX_SPIN_AUTO: each worker spins as long as
+     * one of its sleeps and wake-ups costs it in CPU, as it measures them
+     * (vhd_worker_stats.wake_cost_ns; 1..100 us): no choice of spin can
+     * then cost more than twice the CPU of the best one for the gaps that
+     * come.
      */
     unsigned spin_us;
     /*
@@ -151,6 +157,12 @@ struct vhd_worker_stats {
     uint64_t sleep_ns; /* time blocked so (part of event_ns) */
     uint64_t poll_ns;  /* time polling the rings, driver notifications off */
     uint64_t event_ns; /* time in event mode (notifications on): handling events or asleep */
+    /*
+     * Thread CPU time one sleep and its wake-up cost the worker, averaged
+     * over its last sleeps (10 us until it first slept): what the host
+     * charges for a wake-up; the automatic spin follows it.
+     */
+    uint64_t wake_cost_ns;
 };
 
 /*

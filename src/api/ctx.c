@@ -187,7 +187,7 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
     if (cfg->workers < 1 || cfg->workers > VHD_CTX_MAX_WORKERS || cfg->budget < 1 ||
         (cfg->poll != VHD_CTX_POLL_ADAPTIVE && cfg->poll != VHD_CTX_POLL_ALWAYS &&
          cfg->poll != VHD_CTX_POLL_NEVER) ||
-        cfg->spin_us > 1000000)
+        (cfg->spin_us > 1000000 && cfg->spin_us != VHD_CTX_SPIN_AUTO))
         return -EINVAL;
     if (cfg->ncpus) {
         rc = ctx_cpus(cfg, cpus);
@@ -206,6 +206,7 @@ int vhd_ctx_new(const struct vhd_ctx_config *cfg, struct vhd_ctx **out)
     vhd_rt_opts_default(&ro);
     ro.nworkers = cfg->workers;
     ro.poll_us = cfg->poll_us;
+    _Static_assert(VHD_CTX_SPIN_AUTO == VHD_RT_SPIN_AUTO, "the automatic spin passes through");
     ro.spin_us = cfg->spin_us;
     ro.budget = cfg->budget;
     ro.cpus = cfg->ncpus ? cpus : NULL;
@@ -286,6 +287,7 @@ int vhd_ctx_worker_stats(const struct vhd_ctx *ctx, unsigned worker, struct vhd_
     out->sleep_ns = st.sleep_ns;
     out->poll_ns = st.poll_ns;
     out->event_ns = st.event_ns;
+    out->wake_cost_ns = st.wake_cost_ns;
     return 0;
 }
 

@@ -34,7 +34,9 @@ struct vhd_rt_opts {
      * shortest poll window. The adaptive window starts at poll_us, doubles
      * (up to poll_us) when work comes within poll_us of a window closing, and
      * halves (down to spin_us) when it comes later; spin_us 0 (or >= poll_us)
-     * keeps it fixed at poll_us.
+     * keeps it fixed at poll_us. VHD_RT_SPIN_AUTO (the default): each
+     * worker's spin is what a sleep and its wake-up cost it, as measured
+     * (worker.c, RT_WAKE_*), between 1 and 100 us.
      */
     unsigned spin_us;
     unsigned uring_entries; /* io_uring SQ size per worker (power of two) */
@@ -59,8 +61,9 @@ struct vhd_rt_opts {
 };
 
 #define VHD_RT_MAX_WORKERS 64
+#define VHD_RT_SPIN_AUTO   0xffffffffu /* spin_us: follow the measured wake-up cost */
 
-/* Fill defaults: 1 worker, adaptive, 50 us, spin 10 us, 256 entries, budget 64. */
+/* Fill defaults: 1 worker, adaptive, 50 us, spin auto, 256 entries, budget 64. */
 void vhd_rt_opts_default(struct vhd_rt_opts *o);
 
 /* Start the workers. 0 and *out, or -errno. */
@@ -81,6 +84,8 @@ unsigned vhd_rt_nworkers(const struct vhd_rt *rt);
  *   poll_ns:  time polling (poll-always mode, or inside a poll window with
  *             notifications off)
  *   event_ns: the rest: notifications on, handling kicks and completions or asleep
+ *   wake_cost_ns: thread CPU time one sleep and its wake-up cost, averaged over
+ *             the last sleeps (a gauge; 10 us until the worker first slept)
  * The worker's time belongs to all the queues it runs: it is reported per
  * worker, and each queue says which worker runs it.
  */
@@ -89,6 +94,7 @@ struct vhd_rt_worker_stats {
     uint64_t sleep_ns;
     uint64_t poll_ns;
     uint64_t event_ns;
+    uint64_t wake_cost_ns;
 };
 
 /* Worker `worker`'s counters; -EINVAL for a bad index. Any thread. */

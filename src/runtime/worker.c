@@ -81,6 +81,30 @@
 #define RT_PUBLISH_EVERY     8u
 #define RT_ATTACH_TIMEOUT_MS 5000
 
+/*
+ * The automatic spin (VHD_RT_SPIN_AUTO, the default). Polling for a while
+ * before sleeping saves a sleep and its wake-up when work comes within that
+ * while; it wastes the while when work comes later. Polling exactly as long
+ * as one sleep and wake-up costs never spends more than twice the CPU of the
+ * best choice made knowing when the work comes (the ski-rental bound), and
+ * that cost is a property of the host: 1-2 us of CPU between two threads of
+ * one CPU, 10-30 us across CPUs of a virtual machine (docs/PERFORMANCE.md).
+ * So each worker measures it: the thread CPU time (CLOCK_THREAD_CPUTIME_ID,
+ * two reads of 0.2 us around a sleep of 10+ us) spent inside every
+ * epoll_wait that actually slept (its wall time exceeded its CPU time by
+ * RT_WAKE_SLEPT_NS: one that returned at once is not a wake-up), averaged
+ * with weight 1/8, and uses it as the spin.
+ *  RT_WAKE_INIT_NS: the cost assumed before the first measured sleep (a quiet host's).
+ *  RT_WAKE_MAX_SAMPLE_NS: a sample is capped there (a page fault or an interrupt
+ *    storm inside one sleep must not set the spin for the next eight).
+ *  RT_SPIN_AUTO_MIN_NS / MAX_NS: the spin's range whatever the measurement.
+ */
+#define RT_WAKE_INIT_NS       10000u
+#define RT_WAKE_SLEPT_NS      1000u
+#define RT_WAKE_MAX_SAMPLE_NS 200000u
+#define RT_SPIN_AUTO_MIN_NS   1000u
+#define RT_SPIN_AUTO_MAX_NS   100000u
+
 /* Distinct addresses tagging the non-queue epoll sources. */
 static char rt_tag_mailbox, rt_tag_uring;
 
@@ -163,6 +187,8 @@ struct vhd_worker {
     uint64_t poll_ns;      /* windowed: the poll window, in [win_min_ns, win_max_ns] */
     uint64_t win_min_ns;   /* adaptive: the window's floor (opts.spin_us; = max: fixed) */
     uint64_t win_max_ns;   /* adaptive: the window's ceiling (opts.poll_us) */
+    bool spin_auto;        /* the spin follows the measured wake-up cost (RT_WAKE_*) */
+    uint64_t wake_cost_ns; /* measured CPU cost of a sleep and its wake-up (average) */
     uint64_t now_ns;       /* the last clock read while polling */
     uint64_t closed_ns;    /* when the window last closed */
     uint64_t last_work_ns; /* windowed: when work was last seen (to RT_CLOCK_EVERY turns) */
@@ -596,6 +622,63 @@ static bool worker_poll_tick(struct vhd_worker *w, bool work)
     return w->polling && now - w->last_work_ns >= w->poll_ns;
 }
 
+static uint64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * Set the window bounds from the spin (win_min_ns) under the mode's rules:
+ * event mode polls a fixed window of the spin; adaptive keeps its window in
+ * [spin, poll_us] (a spin above the ceiling: a fixed window of poll_us).
+ * The current window is moved into the bounds and published.
+ */
+static void worker_set_spin(struct vhd_worker *w, uint64_t spin_ns)
+{
+    uint64_t ceiling = (uint64_t)w->rt->opts.poll_us * 1000u;
+    if (w->mode == VHD_POLL_NEVER)
+        ceiling = spin_ns;
+    w->win_max_ns = ceiling;
+    w->win_min_ns = spin_ns == 0 || spin_ns > ceiling ? ceiling : spin_ns;
+    uint64_t win = w->poll_ns;
+    if (w->mode == VHD_POLL_NEVER || win > w->win_max_ns)
+        win = w->win_max_ns;
+    if (win < w->win_min_ns)
+        win = w->win_min_ns;
+    w->poll_ns = win;
+    vhd_store_relaxed(&w->window_pub, win);
+}
+
+/*
+ * After an epoll_wait that may have blocked: cpu_ns of thread CPU and
+ * wall_ns of time went by inside it. A real sleep (RT_WAKE_SLEPT_NS more
+ * wall than CPU) updates the wake-up cost; with the automatic spin, the
+ * spin follows it (RT_SPIN_AUTO_*).
+ */
+static void worker_wake_sample(struct vhd_worker *w, uint64_t cpu_ns, uint64_t wall_ns)
+{
+    if (wall_ns < cpu_ns + RT_WAKE_SLEPT_NS)
+        return;
+    if (cpu_ns > RT_WAKE_MAX_SAMPLE_NS)
+        cpu_ns = RT_WAKE_MAX_SAMPLE_NS;
+    uint64_t c = w->wake_cost_ns;
+    c = c - c / 8 + cpu_ns / 8;
+    w->wake_cost_ns = c;
+    vhd_store_relaxed(&w->st.wake_cost_ns, c);
+    if (!w->spin_auto)
+        return;
+    uint64_t spin = c < RT_SPIN_AUTO_MIN_NS   ? RT_SPIN_AUTO_MIN_NS
+                    : c > RT_SPIN_AUTO_MAX_NS ? RT_SPIN_AUTO_MAX_NS
+                                              : c;
+    /* Move the bounds only for a change of 1/16 or more: no churn for noise. */
+    uint64_t cur = w->win_min_ns, d = spin > cur ? spin - cur : cur - spin;
+    if (d * 16 >= cur)
+        worker_set_spin(w, spin);
+}
+
 /*
  * Adaptive window (in the spirit of QEMU's poll-grow / poll-shrink): work
  * came `gap` ns after the last window closed (after a sleep, or found by the
@@ -1023,19 +1106,23 @@ static void *worker_main(void *arg)
         bool mail = vhd_load_acquire(&w->mail) != 0;
         if (timeout != 0 || !poll_all || mail || w->epoll_due) {
             w->epoll_due = false;
-            uint64_t t0 = 0;
+            uint64_t t0 = 0, c0 = 0;
             if (timeout != 0) {
                 t0 = vhd_now_ns();
                 worker_account(w, t0);
                 vhd_store_relaxed(&w->st.sleeps, w->st.sleeps + 1);
+                c0 = thread_cpu_ns();
             }
             int n = epoll_wait(w->epfd, evs, RT_EVENTS, timeout);
             if (timeout != 0) {
+                uint64_t c1 = thread_cpu_ns();
                 /* asleep: event time, whatever the mode (poll-always sleeps only at start) */
                 uint64_t t1 = vhd_now_ns();
                 vhd_store_relaxed(&w->st.sleep_ns, w->st.sleep_ns + (t1 - t0));
                 vhd_store_relaxed(&w->st.event_ns, w->st.event_ns + (t1 - t0));
                 w->acct_ns = t1;
+                if (n > 0 && c1 >= c0 && c0 != 0)
+                    worker_wake_sample(w, c1 - c0, t1 - t0);
             }
             for (int i = 0; i < n; i++)
                 mail |= worker_dispatch(w, &evs[i]);
@@ -1084,12 +1171,8 @@ void vhd_rt_opts_default(struct vhd_rt_opts *o)
     o->poll_mode = VHD_POLL_ADAPTIVE;
     /* Tens of microseconds: longer than a typical guest's gap between requests under load. */
     o->poll_us = 50;
-    /*
-     * About one wake-up's worth (a cross-CPU eventfd wake-up costs 10-20 us
-     * of CPU and latency on a quiet host, docs/PERFORMANCE.md): polling that
-     * long before sleeping costs no more than the sleep it may save.
-     */
-    o->spin_us = 10;
+    /* One wake-up's worth, as each worker measures it (RT_WAKE_*). */
+    o->spin_us = VHD_RT_SPIN_AUTO;
     o->uring_entries = 256;
     /* 64 chains: enough to batch notifications, small enough to keep other queues' latency low. */
     o->budget = 64;
@@ -1171,16 +1254,16 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
      * Adaptive: the window moves between the spin (floor) and poll_us
      * (ceiling), starting at the ceiling. Event mode with a spin: a fixed
      * window of spin_us (poll that long after work before notifications go
-     * back on and the worker sleeps); without one, pure event mode.
+     * back on and the worker sleeps); without one, pure event mode. The
+     * automatic spin starts at RT_WAKE_INIT_NS and follows the measured
+     * wake-up cost (worker_wake_sample).
      */
-    w->win_max_ns = (uint64_t)rt->opts.poll_us * 1000u;
-    w->win_min_ns = (uint64_t)rt->opts.spin_us * 1000u;
-    if (w->mode == VHD_POLL_NEVER)
-        w->win_max_ns = w->win_min_ns;
-    if (w->win_min_ns == 0 || w->win_min_ns > w->win_max_ns)
-        w->win_min_ns = w->win_max_ns;
-    w->poll_ns = w->win_max_ns;
-    w->window_pub = w->poll_ns;
+    w->rt = rt;
+    w->spin_auto = rt->opts.spin_us == VHD_RT_SPIN_AUTO;
+    w->wake_cost_ns = RT_WAKE_INIT_NS;
+    w->st.wake_cost_ns = RT_WAKE_INIT_NS;
+    w->poll_ns = (uint64_t)rt->opts.poll_us * 1000u; /* starts at the ceiling */
+    worker_set_spin(w, w->spin_auto ? RT_WAKE_INIT_NS : (uint64_t)rt->opts.spin_us * 1000u);
     w->windowed = (w->mode == VHD_POLL_ADAPTIVE || w->mode == VHD_POLL_NEVER) && w->poll_ns > 0;
 
     if (pthread_mutex_init(&w->lock, NULL) != 0)
@@ -1202,7 +1285,6 @@ static int worker_init(struct vhd_rt *rt, struct vhd_worker *w, unsigned index)
     w->mbox_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->mbox_fd < 0)
         return -errno;
-    w->rt = rt;
 
     ev.data.ptr = &rt_tag_mailbox;
     if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, w->mbox_fd, &ev) < 0)
@@ -1462,6 +1544,7 @@ int vhd_rt_worker_stats(const struct vhd_rt *rt, unsigned worker, struct vhd_rt_
     out->sleep_ns = vhd_load_relaxed(&st->sleep_ns);
     out->poll_ns = vhd_load_relaxed(&st->poll_ns);
     out->event_ns = vhd_load_relaxed(&st->event_ns);
+    out->wake_cost_ns = vhd_load_relaxed(&st->wake_cost_ns);
     return 0;
 }
 

@@ -206,7 +206,7 @@ VHD_TEST(ctx_spin_reaches_workers)
     static const unsigned spins[] = {10, 0, 25, 1000};
 
     vhd_ctx_config_init(&cfg);
-    VHD_CHECK_EQ(cfg.spin_us, 10u);
+    VHD_CHECK_EQ(cfg.spin_us, VHD_CTX_SPIN_AUTO);
     cfg.workers = 2;
     cfg.poll = VHD_CTX_POLL_NEVER;
     for (size_t i = 0; i < sizeof(spins) / sizeof(spins[0]); i++) {
@@ -222,6 +222,17 @@ VHD_TEST(ctx_spin_reaches_workers)
     cfg.spin_us = 0;
     VHD_CHECK_EQ(vhd_ctx_new(&cfg, &ctx), 0);
     VHD_CHECK_EQ(vhd_rt_poll_window_ns(ctx->rt, 0), 80000u);
+    vhd_ctx_destroy(ctx);
+    /* Automatic: every worker starts at the assumed wake-up cost (10 us), then measures. */
+    cfg.poll = VHD_CTX_POLL_NEVER;
+    cfg.spin_us = VHD_CTX_SPIN_AUTO;
+    VHD_CHECK_EQ(vhd_ctx_new(&cfg, &ctx), 0);
+    for (unsigned w = 0; w < 2; w++) {
+        struct vhd_worker_stats ws;
+        VHD_CHECK_EQ(vhd_rt_poll_window_ns(ctx->rt, w), 10000u);
+        VHD_CHECK_EQ(vhd_ctx_worker_stats(ctx, w, &ws), 0);
+        VHD_CHECK_EQ(ws.wake_cost_ns, 10000u);
+    }
     vhd_ctx_destroy(ctx);
     cfg.spin_us = 1000001;
     VHD_CHECK_EQ(vhd_ctx_new(&cfg, &ctx), -EINVAL);
@@ -419,7 +430,12 @@ VHD_TEST(daemon_spin_option)
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     const char *dflt[] = {"--poll-us", "0", "--workers", "1", NULL};
     start(&dm, dflt);
-    wait_log(&dm, "polling never, spin 10 us"); /* --poll-us 0 is event mode with the spin */
+    /* --poll-us 0 is event mode with the spin: the default, automatic */
+    wait_log(&dm, "polling never, spin auto (one wake-up)");
+    VHD_CHECK_EQ(daemon_stop(&dm), 0);
+    const char *fixed[] = {"--poll", "never", "--spin-us", "10", "--workers", "1", NULL};
+    start(&dm, fixed);
+    wait_log(&dm, "polling never, spin 10 us");
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
     g_test_ok = true;
     test_done();

@@ -1140,6 +1140,10 @@ static void stats_run(const char *poll, bool event)
         VHD_CHECK(sleeps >= 1);
         VHD_CHECK(sleep_ns > 0 && sleep_ns <= event_ns);
         VHD_CHECK(sleep_ns >= 1000000); /* the test idled >= 2n ms; the worker slept part of it */
+        /* Its sleeps were measured: the wake-up cost moved off the 10 us assumed before. */
+        uint64_t wake = u64_after(r, key, "wake_cost_ns");
+        fprintf(stderr, "  worker %u: wake-up cost %llu ns\n", w, (unsigned long long)wake);
+        VHD_CHECK(wake > 0 && wake != 10000);
     } else {
         /*
          * Notifications stay off: no kick but the one a ring may get before
@@ -1167,6 +1171,8 @@ static void stats_run(const char *poll, bool event)
         CHECK_HAS(out, "# TYPE vhostd_worker_poll_seconds_total counter\n");
         CHECK_HAS(out, "# TYPE vhostd_worker_event_seconds_total counter\n");
         CHECK_HAS(out, "vhostd_worker_sleeps_total{worker=\"1\"} ");
+        CHECK_HAS(out, "# TYPE vhostd_worker_wake_cost_seconds gauge\n");
+        CHECK_HAS(out, "vhostd_worker_wake_cost_seconds{worker=\"1\"} 0.0");
         VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "stats", NULL, NULL, NULL), 0);
         CHECK_HAS(out, "KICKS  CALLS  INFLIGHT");
         CHECK_HAS(out, "WORKER  SLEEPS  POLL_S");

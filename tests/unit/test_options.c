@@ -331,6 +331,19 @@ VHD_TEST(global_rejects)
     VHD_CHECK(parse(&o, err, "--poll", "sometimes", "--blk=socket=s,image=a", NULL) < 0);
     VHD_CHECK(strstr(err, "adaptive, always or never"));
     vhd_options_free(&o);
+    VHD_CHECK(parse(&o, err, "--spin-us", "soon", "--blk=socket=s,image=a", NULL) < 0);
+    VHD_CHECK(strstr(err, "expected 0..1000000 or auto"));
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--blk=socket=s,image=a", NULL, NULL, NULL), 0);
+    VHD_CHECK_EQ(o.spin_us, VHD_CTX_SPIN_AUTO); /* the default */
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--spin-us", "25", "--blk=socket=s,image=a", NULL), 0);
+    VHD_CHECK_EQ(o.spin_us, 25u);
+    vhd_options_free(&o);
+    VHD_CHECK_EQ(parse(&o, err, "--spin-us=0", "--spin-us=auto", "--blk=socket=s,image=a", NULL),
+                 0);
+    VHD_CHECK_EQ(o.spin_us, VHD_CTX_SPIN_AUTO);
+    vhd_options_free(&o);
     VHD_CHECK(parse(&o, err, "--workers", NULL, NULL, NULL) < 0);
     VHD_CHECK(strstr(err, "needs a value"));
     vhd_options_free(&o);

@@ -617,7 +617,7 @@ VHD_TEST(opts_and_lifecycle)
     VHD_CHECK_EQ(o.nworkers, 1);
     VHD_CHECK_EQ(o.poll_mode, VHD_POLL_ADAPTIVE);
     VHD_CHECK_EQ(o.poll_us, 50);
-    VHD_CHECK_EQ(o.spin_us, 10);
+    VHD_CHECK_EQ(o.spin_us, VHD_RT_SPIN_AUTO);
     VHD_CHECK_EQ(o.uring_entries, 256);
     VHD_CHECK_EQ(o.budget, 64);
 
@@ -1457,6 +1457,61 @@ VHD_TEST(adaptive_window_grows_and_shrinks)
     VHD_CHECK_EQ(vhd_rt_new(&ro, &rt), 0);
     VHD_CHECK_EQ(vhd_rt_poll_window_ns(rt, 0), 0);
     vhd_rt_free(rt);
+}
+
+/*
+ * The automatic spin (the default): a worker that sleeps between requests
+ * measures what each sleep and wake-up cost it (thread CPU time inside the
+ * blocking epoll_wait), and its event-mode spin follows that cost within
+ * [1, 100] us. A fixed spin stays where it was set; the cost is measured
+ * in every mode that sleeps.
+ */
+static uint64_t auto_spin_of(uint64_t cost)
+{
+    return cost < 1000 ? 1000 : cost > 100000 ? 100000 : cost;
+}
+
+VHD_TEST(spin_auto_follows_measured_wake_cost)
+{
+    for (int fixed = 0; fixed < 2; fixed++) {
+        struct vhd_rt_opts ro;
+        struct env e;
+        rt_opts(&ro, 1, VHD_POLL_NEVER);
+        if (fixed)
+            ro.spin_us = 7;
+        env_init(&e, &ro);
+        struct qopts qo = {.event_idx = true, .mode = FAKE_NOP};
+        struct tq *t = env_add_queue(&e, &qo, 100);
+        VHD_CHECK_EQ(vhd_rt_attach(e.rt, &t->fq->q, 0), 0);
+        struct vhd_rt_worker_stats st0, st;
+        VHD_CHECK_EQ(vhd_rt_worker_stats(e.rt, 0, &st0), 0);
+        if (fixed)
+            VHD_CHECK_EQ(vhd_rt_poll_window_ns(e.rt, 0), 7000u);
+        /* Requests 2 ms apart: after each the worker spins, then sleeps until the next kick. */
+        for (int i = 0; i < 40; i++) {
+            drv_run(t, 1, 1);
+            usleep(2000);
+        }
+        VHD_CHECK_EQ(vhd_rt_worker_stats(e.rt, 0, &st), 0);
+        uint64_t win = vhd_rt_poll_window_ns(e.rt, 0);
+        fprintf(stderr, "  %s spin: %llu sleeps, wake-up cost %llu ns, window %llu ns\n",
+                fixed ? "fixed" : "auto", (unsigned long long)(st.sleeps - st0.sleeps),
+                (unsigned long long)st.wake_cost_ns, (unsigned long long)win);
+        VHD_CHECK(st.sleeps - st0.sleeps >= 20);
+        /* 20+ samples at weight 1/8: the assumed 10 us is at most 7 % of the average now. */
+        VHD_CHECK(st.wake_cost_ns > 0 && st.wake_cost_ns != 10000u);
+        if (fixed) {
+            VHD_CHECK_EQ(win, 7000u);
+        } else {
+            /* The window moves when the cost moved by 1/16 of it or more. */
+            uint64_t want = auto_spin_of(st.wake_cost_ns);
+            uint64_t d = want > win ? want - win : win - want;
+            VHD_CHECK(win >= 1000 && win <= 100000);
+            VHD_CHECK(d * 16 < win);
+        }
+        VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
+        env_fini(&e);
+    }
 }
 
 /* Wait (bounded) for the runtime's event fd and for q->broken. */
