@@ -3105,3 +3105,465 @@ BOTH(burst_dirty_log)
     close(lfd);
     vqfx_teardown(&f);
 }
+
+/* ---- split runs: indirect tables the fast table walk hands to the full walk ---- */
+
+/*
+ * Each case is one chain (head 4) published between good ones (head 0: an
+ * indirect chain, head 2: a direct one, head 8: another indirect one; all
+ * direct without VIRTIO_F_INDIRECT_DESC), on two fixtures laid out alike:
+ * popped chain by chain with vhd_vq_pop on one and as runs with
+ * vhd_vq_pop_burst on the other, with and without inflight tracking. The
+ * outcomes (chains, their segments as guest addresses, the error, the ring
+ * state, the inflight records) must be identical, and the case's chain must
+ * pop as expected (err, or the shape nr / nw / rlen / wlen).
+ */
+enum tw_case {
+    TW_IN_ORDER,     /* R, R, W in table order (the fast walk's own case) */
+    TW_OUT_OF_ORDER, /* 0 -> 2 -> 1: a valid chain, not in table order */
+    TW_LOOP,         /* 0 -> 1 -> 0 */
+    TW_NEXT_AT_END,  /* the last entry names next == n */
+    TW_NEXT_BEYOND,  /* 0 -> 7 in a 2-entry table */
+    TW_NESTED,       /* the second entry has INDIRECT */
+    TW_NESTED_FIRST, /* the first entry has INDIRECT */
+    TW_READ_AFTER_WRITE,
+    TW_ENTRY_OTHER,    /* an entry's buffer in region 1 (valid) */
+    TW_ENTRY_OUTSIDE,  /* an entry's buffer outside guest memory */
+    TW_ENTRY_CROSSING, /* an entry's buffer across the two regions (two segments) */
+    TW_TABLE_OTHER,    /* the table in region 1 (valid) */
+    TW_TABLE_CROSSING, /* the table across the two regions */
+    TW_TABLE_LEN_ODD,  /* 24 bytes */
+    TW_TABLE_LEN_ZERO,
+    TW_HEAD_NEXT,  /* INDIRECT | NEXT on the head */
+    TW_HEAD_WRITE, /* INDIRECT | WRITE on the head: WRITE ignored (2.7.5.3.2) */
+    TW_DIRECT_THEN_TABLE,
+    TW_TABLE_LONGER, /* 4 entries, the chain uses 2 */
+    TW_TABLE_ROOMY,  /* 6 entries (more than max_iov), the chain uses 2 */
+    TW_IOV_FULL,     /* 5 entries in order, max_iov 4 */
+    TW_EMPTY_ENTRY,  /* a zero-length entry: no segment */
+    TW_OTHER_FLAG,   /* an entry with an unknown flag bit */
+    TW_NOFEAT,       /* a table without VIRTIO_F_INDIRECT_DESC */
+    TW__COUNT
+};
+
+struct tw_expect {
+    int err; /* VHD_VQ_E_*, or 0: a chain of this shape */
+    uint16_t nr, nw;
+    uint32_t rlen, wlen;
+};
+
+static const struct tw_expect tw_expected[TW__COUNT] = {
+    [TW_IN_ORDER] = {0, 2, 1, 24, 1},
+    [TW_OUT_OF_ORDER] = {0, 2, 1, 24, 1},
+    [TW_LOOP] = {VHD_VQ_E_CHAIN_LOOP, 0, 0, 0, 0},
+    [TW_NEXT_AT_END] = {VHD_VQ_E_DESC_INDEX, 0, 0, 0, 0},
+    [TW_NEXT_BEYOND] = {VHD_VQ_E_DESC_INDEX, 0, 0, 0, 0},
+    [TW_NESTED] = {VHD_VQ_E_NESTED_INDIRECT, 0, 0, 0, 0},
+    [TW_NESTED_FIRST] = {VHD_VQ_E_NESTED_INDIRECT, 0, 0, 0, 0},
+    [TW_READ_AFTER_WRITE] = {VHD_VQ_E_WRITE_ORDER, 0, 0, 0, 0},
+    [TW_ENTRY_OTHER] = {0, 1, 1, 16, 1},
+    [TW_ENTRY_OUTSIDE] = {VHD_VQ_E_ADDR, 0, 0, 0, 0},
+    [TW_ENTRY_CROSSING] = {0, 2, 1, 32, 1},
+    [TW_TABLE_OTHER] = {0, 1, 1, 16, 1},
+    [TW_TABLE_CROSSING] = {VHD_VQ_E_ADDR, 0, 0, 0, 0},
+    [TW_TABLE_LEN_ODD] = {VHD_VQ_E_INDIRECT_LEN, 0, 0, 0, 0},
+    [TW_TABLE_LEN_ZERO] = {VHD_VQ_E_INDIRECT_LEN, 0, 0, 0, 0},
+    [TW_HEAD_NEXT] = {VHD_VQ_E_INDIRECT_FLAGS, 0, 0, 0, 0},
+    [TW_HEAD_WRITE] = {0, 1, 1, 16, 1},
+    [TW_DIRECT_THEN_TABLE] = {0, 2, 1, 24, 1},
+    [TW_TABLE_LONGER] = {0, 1, 1, 16, 1},
+    [TW_TABLE_ROOMY] = {0, 1, 1, 16, 1},
+    [TW_IOV_FULL] = {VHD_VQ_E_IOV_FULL, 0, 0, 0, 0},
+    [TW_EMPTY_ENTRY] = {0, 1, 1, 16, 1},
+    [TW_OTHER_FLAG] = {0, 1, 1, 16, 1},
+    [TW_NOFEAT] = {VHD_VQ_E_INDIRECT_NOFEAT, 0, 0, 0, 0},
+};
+
+#define TW_REGION  (1ull << 20)
+#define TW_R1      (VQFX_BASE_GPA + TW_REGION) /* region 1's first byte */
+#define TW_MAX_IOV 4u
+
+/* A table of n entries in region 0; *t our pointer to it. */
+static uint64_t tw_table(struct vqfx *f, uint32_t n, void **t)
+{
+    return vqfx_alloc(f, 16ull * n, t);
+}
+
+/* A good indirect chain at head h (R 16, W 1), or a direct one without the feature. */
+static void tw_good(struct vqfx *f, uint16_t h, uint64_t buf, bool ind)
+{
+    if (ind) {
+        void *t;
+        uint64_t tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        vqfx_split_desc(f, h, tg, 32, IND, 0);
+    } else {
+        vqfx_split_desc(f, h, buf, 16, NEXT, (uint16_t)(h + 1));
+        vqfx_split_desc(f, (uint16_t)(h + 1), buf + 32, 1, WRITE, 0);
+    }
+}
+
+/* The case's chain at head 4 (descriptors 4..7), its tables and buffers from buf. */
+static void tw_case_chain(struct vqfx *f, enum tw_case k, uint64_t buf)
+{
+    void *t;
+    uint64_t tg;
+    uint16_t ind_flags = IND;
+    uint32_t tlen = 2 * 16; /* the head's len: the table's size unless a case says */
+
+    switch (k) {
+    case TW_IN_ORDER:
+        tg = tw_table(f, 3, &t);
+        tlen = 3 * 16;
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 16, 8, NEXT, 2);
+        vqfx_table_desc(t, 2, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_OUT_OF_ORDER:
+        tg = tw_table(f, 3, &t);
+        tlen = 3 * 16;
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 2);
+        vqfx_table_desc(t, 2, buf + 16, 8, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_LOOP:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 16, 16, NEXT, 0);
+        break;
+    case TW_NEXT_AT_END:
+        /* a good entry just past the table's 2: it must not be read as entry 2 */
+        tg = tw_table(f, 3, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE | NEXT, 2);
+        vqfx_table_desc(t, 2, buf + 48, 1, WRITE, 0);
+        break;
+    case TW_NEXT_BEYOND:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 7);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_NESTED:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, tg, 32, IND, 0);
+        break;
+    case TW_NESTED_FIRST:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, tg, 32, IND | NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_READ_AFTER_WRITE:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf + 32, 1, WRITE | NEXT, 1);
+        vqfx_table_desc(t, 1, buf, 16, 0, 0);
+        break;
+    case TW_ENTRY_OTHER:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, TW_R1 + 4096, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_ENTRY_OUTSIDE:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, vqfx_mem_end(f) + 4096, 1, WRITE, 0);
+        break;
+    case TW_ENTRY_CROSSING:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, TW_R1 - 16, 32, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_TABLE_OTHER:
+        tg = TW_R1 + 8192;
+        t = vqfx_ptr(f, tg, 32);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_TABLE_CROSSING:
+        /* entry 0 in region 0's last 16 bytes, entry 1 in region 1's first 16 */
+        tg = TW_R1 - 16;
+        vqfx_table_desc(vqfx_ptr(f, tg, 16), 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(vqfx_ptr(f, TW_R1, 16), 0, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_TABLE_LEN_ODD:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, 0, 0);
+        tlen = 24;
+        break;
+    case TW_TABLE_LEN_ZERO:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, 0, 0);
+        tlen = 0;
+        break;
+    case TW_HEAD_NEXT:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        ind_flags = IND | NEXT;
+        break;
+    case TW_HEAD_WRITE:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        ind_flags = IND | WRITE;
+        break;
+    case TW_DIRECT_THEN_TABLE:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf + 16, 8, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        vqfx_split_desc(f, 4, buf, 16, NEXT, 6);
+        vqfx_split_desc(f, 6, tg, 32, IND, 0);
+        return;
+    case TW_TABLE_LONGER:
+    case TW_TABLE_ROOMY:
+        tg = tw_table(f, k == TW_TABLE_LONGER ? 4 : 6, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        tlen = k == TW_TABLE_LONGER ? 4 * 16 : 6 * 16;
+        break;
+    case TW_IOV_FULL:
+        tg = tw_table(f, 5, &t);
+        tlen = 5 * 16;
+        for (uint32_t i = 0; i < 5; i++)
+            vqfx_table_desc(t, i, buf + 16 * i, 16, i < 4 ? NEXT : 0, (uint16_t)(i + 1));
+        break;
+    case TW_EMPTY_ENTRY:
+        tg = tw_table(f, 3, &t);
+        tlen = 3 * 16;
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 16, 0, NEXT, 2);
+        vqfx_table_desc(t, 2, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_OTHER_FLAG:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT | 0x8, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    case TW_NOFEAT:
+    default:
+        tg = tw_table(f, 2, &t);
+        vqfx_table_desc(t, 0, buf, 16, NEXT, 1);
+        vqfx_table_desc(t, 1, buf + 32, 1, WRITE, 0);
+        break;
+    }
+    vqfx_split_desc(f, 4, tg, tlen, ind_flags, 0);
+}
+
+#define TW_MAX_OUT 16u
+
+/* What one play saw: the chains popped, then what the next pop returned, and the state. */
+struct tw_out {
+    uint32_t n;
+    struct vhd_vq_chain c[TW_MAX_OUT];
+    uint64_t seg_gpa[TW_MAX_OUT][TW_MAX_IOV];
+    uint64_t seg_len[TW_MAX_OUT][TW_MAX_IOV];
+    int end; /* 0 (ring empty) or -VHD_VQ_E_* */
+    uint8_t error;
+    uint16_t last_avail_idx, inflight;
+    uint8_t inf[4096]; /* the inflight area (tracked plays) */
+};
+
+/* A segment's guest address: the two fixtures map guest memory at different host addresses. */
+static uint64_t tw_seg_gpa(const struct vhd_mem *m, const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (uint32_t i = 0; i < m->nregions; i++) {
+        uintptr_t b = (uintptr_t)m->regions[i].hva;
+        if (a >= b && a - b < m->regions[i].size)
+            return m->regions[i].gpa + (a - b);
+    }
+    VHD_CHECK(false); /* a segment outside guest memory */
+    return UINT64_MAX;
+}
+
+static void tw_record(struct tw_out *out, const struct vhd_mem *m, const struct vhd_vq_chain *c,
+                      const struct iovec *iov)
+{
+    VHD_CHECK(out->n < TW_MAX_OUT);
+    VHD_CHECK((uint32_t)c->nr + c->nw <= TW_MAX_IOV);
+    out->c[out->n] = *c;
+    for (uint32_t s = 0; s < (uint32_t)c->nr + c->nw; s++) {
+        out->seg_gpa[out->n][s] = tw_seg_gpa(m, iov[s].iov_base);
+        out->seg_len[out->n][s] = iov[s].iov_len;
+    }
+    out->n++;
+}
+
+/* Pop everything published: chain by chain, or as runs of up to 8; then the state. */
+static void tw_pop_all(struct vqfx *f, bool batch, struct tw_out *out, const void *inf,
+                       size_t inf_len)
+{
+    memset(out, 0, sizeof(*out));
+    struct iovec iov[8 * TW_MAX_IOV];
+    struct vhd_vq_chain c[8];
+    int rc;
+    do {
+        if (batch)
+            rc = vhd_vq_pop_burst(&f->vq, iov, TW_MAX_IOV, c, 8);
+        else
+            rc = vhd_vq_pop(&f->vq, iov, TW_MAX_IOV, c);
+        for (int i = 0; i < rc; i++)
+            tw_record(out, f->mem, &c[i], iov + (size_t)i * TW_MAX_IOV);
+    } while (rc > 0);
+    out->end = rc;
+    out->error = f->vq.error;
+    out->last_avail_idx = f->vq.last_avail_idx;
+    out->inflight = f->vq.inflight;
+    if (inf) {
+        VHD_CHECK(inf_len <= sizeof(out->inf));
+        memcpy(out->inf, inf, inf_len);
+    }
+}
+
+/* The two plays saw the same chains, segments, error and state. */
+static void tw_same(const struct tw_out *a, const struct tw_out *b)
+{
+    VHD_CHECK_EQ(a->n, b->n);
+    for (uint32_t i = 0; i < a->n; i++) {
+        VHD_CHECK_EQ(a->c[i].id, b->c[i].id);
+        VHD_CHECK_EQ(a->c[i].ndescs, b->c[i].ndescs);
+        VHD_CHECK_EQ(a->c[i].nr, b->c[i].nr);
+        VHD_CHECK_EQ(a->c[i].nw, b->c[i].nw);
+        VHD_CHECK_EQ(a->c[i].rlen, b->c[i].rlen);
+        VHD_CHECK_EQ(a->c[i].wlen, b->c[i].wlen);
+        for (uint32_t s = 0; s < (uint32_t)a->c[i].nr + a->c[i].nw; s++) {
+            VHD_CHECK_EQ(a->seg_gpa[i][s], b->seg_gpa[i][s]);
+            VHD_CHECK_EQ(a->seg_len[i][s], b->seg_len[i][s]);
+        }
+    }
+    VHD_CHECK_EQ(a->end, b->end);
+    VHD_CHECK_EQ(a->error, b->error);
+    VHD_CHECK_EQ(a->last_avail_idx, b->last_avail_idx);
+    VHD_CHECK_EQ(a->inflight, b->inflight);
+    VHD_CHECK(memcmp(a->inf, b->inf, sizeof(a->inf)) == 0);
+}
+
+/* Publish case k between the good chains and pop everything: one chain at a time, or as runs. */
+static void tw_play(enum tw_case k, bool batch, bool tracked, struct tw_out *out)
+{
+    struct vqfx f;
+    bool ind = k != TW_NOFEAT;
+    struct vqfx_opts o = {
+        .size = 16, .indirect = ind, .nregions = 2, .region_size = TW_REGION, .no_start = true};
+    vqfx_setup(&f, &o);
+    size_t inf_len = vhd_inflight_queue_size(false, 16);
+    VHD_CHECK(inf_len <= sizeof(out->inf));
+    void *inf = NULL;
+    if (tracked) {
+        inf = aligned_alloc(64, (inf_len + 63) & ~(size_t)63);
+        VHD_CHECK(inf != NULL);
+        memset(inf, 0, inf_len);
+        VHD_CHECK_EQ(vhd_vq_set_inflight(&f.vq, inf, 16), 0);
+    }
+    VHD_CHECK_EQ(vhd_vq_start(&f.vq), 0);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    tw_good(&f, 0, buf + 256, ind);
+    tw_good(&f, 2, buf + 512, false);
+    tw_case_chain(&f, k, buf);
+    tw_good(&f, 8, buf + 768, ind);
+    static const uint16_t heads[] = {0, 2, 4, 8};
+    for (unsigned i = 0; i < VHD_ARRAY_SIZE(heads); i++)
+        vqfx_split_post(&f, heads[i]);
+
+    tw_pop_all(&f, batch, out, inf, inf_len);
+    vhd_vq_fini(&f.vq);
+    free(inf);
+    vqfx_teardown(&f);
+}
+
+/*
+ * Every case, tracked or not: the run gives what the single pops give, and
+ * the case's chain pops as expected (the good ones before it are delivered
+ * when it fails; the queue is broken by the pop after them).
+ */
+VHD_TEST(table_walk_refusals_split)
+{
+    static struct tw_out a, b;
+    for (int k = 0; k < TW__COUNT; k++) {
+        for (int tracked = 0; tracked < 2; tracked++) {
+            const struct tw_expect *e = &tw_expected[k];
+            tw_play((enum tw_case)k, false, tracked, &a);
+            tw_play((enum tw_case)k, true, tracked, &b);
+            if (a.n != b.n || a.end != b.end || a.end != -e->err || (e->err ? a.n != 2 : a.n != 4))
+                fprintf(stderr, "  case %d tracked %d: single %u chains then %d, run %u then %d\n",
+                        k, tracked, a.n, a.end, b.n, b.end);
+            tw_same(&a, &b);
+
+            /* the case's own outcome */
+            VHD_CHECK_EQ(a.end, -e->err);
+            VHD_CHECK_EQ(a.error, e->err);
+            if (e->err) {
+                VHD_CHECK_EQ(a.n, 2);
+            } else {
+                VHD_CHECK_EQ(a.n, 4);
+                VHD_CHECK_EQ(a.c[2].id, 4);
+                VHD_CHECK_EQ(a.c[2].nr, e->nr);
+                VHD_CHECK_EQ(a.c[2].nw, e->nw);
+                VHD_CHECK_EQ(a.c[2].rlen, e->rlen);
+                VHD_CHECK_EQ(a.c[2].wlen, e->wlen);
+            }
+            VHD_CHECK_EQ(a.c[0].id, 0);
+            VHD_CHECK_EQ(a.c[1].id, 2);
+        }
+    }
+}
+
+/*
+ * Runs mixing direct and indirect chains of random shapes (0-2 readable and
+ * 1-2 writable buffers, some in region 1 or across the two regions, which
+ * moves the run's cached region), popped as runs and one by one: the same
+ * chains, segments and state.
+ */
+VHD_TEST(table_walk_mixed_run_split)
+{
+    static struct tw_out a, b;
+    uint32_t mixed = 0; /* runs with both direct and indirect chains */
+    for (uint32_t seed = 1; seed <= 60; seed++) {
+        uint32_t n = 0, indirect = 0;
+        for (int batch = 0; batch < 2; batch++) {
+            struct vqfx f;
+            struct vqfx_opts o = {.size = 64, /* room for 16 chains of 3 descriptors */
+                                  .indirect = true,
+                                  .max_indirect = 4,
+                                  .nregions = 2,
+                                  .region_size = TW_REGION};
+            vqfx_setup(&f, &o);
+            uint64_t pool = vqfx_alloc(&f, 8192, NULL);
+            rng_seed(seed);
+            n = 1 + rnd_below(16);
+            indirect = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                struct vhd_drv_buf bufs[3];
+                uint32_t nr = rnd_below(3), nw = 1 + rnd_below(2);
+                bool crossed = false, ind = rnd_below(3) != 0;
+                if (nr + nw > 3)
+                    nr = 3 - nw;
+                for (uint32_t k = 0; k < nr + nw; k++) {
+                    uint32_t where = rnd_below(8);
+                    bufs[k].len = 1 + rnd_below(64);
+                    if (where == 0) {
+                        bufs[k].gpa = TW_R1 + rnd_below(4096);
+                    } else if (where == 1 && !crossed) {
+                        bufs[k].gpa = TW_R1 - 1 - rnd_below(bufs[k].len > 1 ? bufs[k].len - 1 : 1);
+                        crossed = bufs[k].gpa + bufs[k].len > TW_R1;
+                    } else {
+                        bufs[k].gpa = pool + rnd_below(8000);
+                    }
+                }
+                VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, bufs, nr, nw, ind, (void *)(uintptr_t)(i + 1)),
+                             0);
+                indirect += ind;
+            }
+            vhd_drv_vq_publish(&f.dq);
+            tw_pop_all(&f, batch, batch ? &b : &a, NULL, 0);
+            vqfx_teardown(&f);
+        }
+        tw_same(&a, &b);
+        VHD_CHECK_EQ(a.end, 0);
+        VHD_CHECK_EQ(a.error, 0);
+        VHD_CHECK_EQ(a.n, n);
+        mixed += indirect > 0 && indirect < n;
+    }
+    VHD_CHECK(mixed >= 30);
+}
