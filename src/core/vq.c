@@ -74,6 +74,7 @@ int vhd_vq_init(struct vhd_vq *vq, const struct vhd_vq_params *p, const struct v
     vq->packed = p->packed;
     vq->event_idx = p->event_idx;
     vq->indirect = p->indirect;
+    vq->in_order = p->in_order;
     vq->addr_is_gpa = p->addr_is_gpa;
     vq->desc_addr = p->desc;
     vq->avail_addr = p->avail;

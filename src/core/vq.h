@@ -76,6 +76,8 @@ struct vhd_vq_params {
     bool packed;      /* VIRTIO_F_RING_PACKED negotiated */
     bool event_idx;   /* VIRTIO_F_EVENT_IDX negotiated */
     bool indirect;    /* VIRTIO_F_INDIRECT_DESC negotiated */
+    bool in_order;    /* VIRTIO_F_IN_ORDER negotiated: the device uses buffers in the
+                         order they were made available (vhd_vq_push_burst) */
     bool addr_is_gpa; /* ring addresses below are GPAs, not front-end VAs */
     uint64_t desc;    /* split: descriptor table;  packed: descriptor ring */
     uint64_t avail;   /* split: available ring;    packed: driver event suppression area */
@@ -111,6 +113,7 @@ struct vhd_vq {
     bool packed;
     bool event_idx;
     bool indirect;
+    bool in_order; /* VIRTIO_F_IN_ORDER: push_burst may use one element for a run */
     bool rings_ok; /* cached ring pointers below are valid */
     uint8_t error; /* sticky enum vhd_vq_err; non-zero: queue is broken */
 
@@ -527,6 +530,14 @@ static inline int vhd_vq_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs
  * checked as vhd_vq_push checks them; on an error the chains before the
  * bad one are pushed, the queue is broken and -enum vhd_vq_err returned.
  * Returns 0. Nothing is visible to the driver until vhd_vq_flush().
+ * With VIRTIO_F_IN_ORDER (vq->in_order), no inflight tracking, and a run in
+ * which no chain has device-writable bytes or reports any written (a
+ * transmit run), the run is used as one batch (2.7.9 / 2.8.8): one used
+ * element (split) or descriptor (packed) with the last chain's id and
+ * length 0, at the used position of the first chain; the position then
+ * moves past the whole run. The caller must then push the chains in the
+ * order they were popped (which IN_ORDER promises anyway). Other runs get
+ * one used entry per chain.
  */
 static inline int vhd_vq_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                                     const uint32_t *written, uint32_t n)

@@ -1038,9 +1038,98 @@ static inline __attribute__((always_inline)) int packed_push_run(struct vhd_vq *
     return err;
 }
 
+/*
+ * VIRTIO_F_IN_ORDER (2.8.8, "In-order use of descriptors"): the device may
+ * tell the driver that a batch of buffers is used with a single used
+ * descriptor, written over the batch's first available descriptor, holding
+ * the buffer id of its last buffer; both sides then skip the slots of the
+ * whole batch, and the driver takes the buffers skipped as used completely.
+ * A run is used that way when it is a transmit run: no chain has
+ * device-writable bytes and none reports bytes written (split_push_in_order
+ * says why). The checks of packed_push_run stay per chain and in its order;
+ * on a bad chain the chains before it are the batch. The one descriptor
+ * follows the batch-head rule of packed_push_one (flags kept back for
+ * flush when it opens the batch); flush logs the run's whole range of
+ * slots and need_notify works on positions, so both hold as they are.
+ * hw: written is not NULL (resolved by the caller, as for
+ * packed_push_run). Returns 1 when the run is not a transmit run (nothing
+ * done), else 0 or -enum vhd_vq_err.
+ */
+static inline __attribute__((always_inline)) int packed_push_in_order(struct vhd_vq *vq,
+                                                                      const struct vhd_vq_chain *c,
+                                                                      const uint32_t *written,
+                                                                      uint32_t n, bool hw)
+{
+    uint32_t size = vq->size, left = vq->inflight;
+    uint32_t outstanding =
+        pos_dist(size, vq->used_idx, vq->used_wrap, vq->last_avail_idx, vq->avail_wrap);
+    uint32_t m = n <= left ? n : left, k = 0, acc = 0, rem = outstanding;
+    int err = 0;
+
+    /* A receive run shows it at its first chain: leave before the walk. */
+    if (m != 0 && (c[0].wlen | (hw ? written[0] : 0)) != 0)
+        return 1;
+    for (; k < m; k++) {
+        uint32_t nd = c[k].ndescs;
+        if (vhd_unlikely(c[k].id >= size)) {
+            err = VHD_VQ_E_BUFFER_ID;
+            break;
+        }
+        if (vhd_unlikely(nd - 1 >= rem)) {
+            err = VHD_VQ_E_USED_OVERFLOW;
+            break;
+        }
+        rem -= nd;
+        /* Or-ed and tested once, after the walk: a run is rarely mixed. */
+        acc |= c[k].wlen | (hw ? written[k] : 0);
+    }
+    if (acc != 0)
+        return 1;
+    if (vhd_unlikely(k == m && m < n)) /* nothing in flight for chain k */
+        err = c[k].id >= size ? VHD_VQ_E_BUFFER_ID : VHD_VQ_E_USED_OVERFLOW;
+    if (vhd_likely(k > 0)) {
+        struct vhd_vring_packed_desc *d = &vq->ring.packed.desc[vq->used_idx];
+        uint16_t flags = vq->used_wrap ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+        vhd_store_relaxed(&d->id, vhd_le16(c[k - 1].id));
+        vhd_store_relaxed(&d->len, 0);
+        if (vq->batch_npending == 0) {
+            vq->batch_head = vq->used_idx;
+            vq->batch_head_flags = flags;
+        } else {
+            /* Release: id/len before flags (packed_push_one). */
+            vhd_store_release(&d->flags, vhd_le16(flags));
+        }
+        vq->batch_npending++; /* <= inflight <= 32768 */
+        /*
+         * The run's slots are at most outstanding, a lap at most (pop's
+         * bound): one wrap. A position pair set_base put more than a lap
+         * apart (pos_dist < 2 laps) is taken to two, so used_idx stays a
+         * slot whatever the state.
+         */
+        uint32_t u = vq->used_idx + (outstanding - rem);
+        if (u >= size) {
+            u -= size;
+            vq->used_wrap = !vq->used_wrap;
+        }
+        if (vhd_unlikely(u >= size)) {
+            u -= size;
+            vq->used_wrap = !vq->used_wrap;
+        }
+        vq->used_idx = (uint16_t)u;
+        vq->inflight = (uint16_t)(left - k);
+    }
+    return vhd_unlikely(err) ? vhd_vq__fail(vq, err) : 0;
+}
+
 int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                               const uint32_t *written, uint32_t n)
 {
+    if (vq->in_order && vhd_likely(vq->inf.any == NULL)) {
+        int rc = written != NULL ? packed_push_in_order(vq, c, written, n, true)
+                                 : packed_push_in_order(vq, c, NULL, n, false);
+        if (rc <= 0)
+            return rc;
+    }
     if (vhd_unlikely(vq->inf.any != NULL)) {
         for (uint32_t k = 0; k < n; k++) {
             int rc = packed_push_one(vq, &c[k], written ? written[k] : 0);

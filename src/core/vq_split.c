@@ -930,12 +930,65 @@ int vhd_vq__split_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_t
 }
 
 /*
+ * VIRTIO_F_IN_ORDER (2.7.9): the device may tell the driver that a batch of
+ * buffers is used with a single used element, written at the ring index of
+ * the batch's first buffer, holding the head id of its last one, and
+ * used->idx moved by the batch's size; the driver takes the buffers it
+ * skips as used completely. A run is used that way when it is a transmit
+ * run: no chain has device-writable bytes (so "used completely" is exact)
+ * and none reports bytes written (written NULL or 0). Any other run keeps
+ * one element per chain: a receive or blk driver needs each length (DPDK's
+ * in-order receive path reads every element, skipping or not).
+ * The checks of push stay per chain and in its order (the id, then one more
+ * than in flight); on a bad chain the chains before it are the batch and the
+ * error is push_burst's. Flush publishes and logs as for any run (the
+ * log marks the run's whole range of elements, the one written among them;
+ * need_notify works on indices). Returns 1 when the run is not a transmit
+ * run (nothing done: the per-chain path takes it), else 0 or -enum vhd_vq_err.
+ */
+static int split_push_in_order(struct vhd_vq *vq, const struct vhd_vq_chain *c,
+                               const uint32_t *written, uint32_t n)
+{
+    uint32_t size = vq->size, left = vq->inflight;
+    uint32_t m = n <= left ? n : left, k = 0, acc = 0;
+
+    /* A receive or blk run shows it at its first chain: leave before the walk. */
+    if (m != 0 && (c[0].wlen | (written != NULL ? written[0] : 0)) != 0)
+        return 1;
+    /* The lengths are or-ed and tested once, after the walk: a run is rarely mixed. */
+    if (written == NULL) {
+        for (; k < m && vhd_likely(c[k].id < size); k++)
+            acc |= c[k].wlen;
+    } else {
+        for (; k < m && vhd_likely(c[k].id < size); k++)
+            acc |= c[k].wlen | written[k];
+    }
+    if (acc != 0)
+        return 1;
+    if (vhd_likely(k > 0)) {
+        struct vhd_vring_used_elem *e = &vq->ring.split.used->ring[vq->used_idx & vq->mask];
+        vhd_store_relaxed(&e->id, vhd_le32(c[k - 1].id));
+        vhd_store_relaxed(&e->len, 0);
+        vq->used_idx = (uint16_t)(vq->used_idx + k);
+        vq->inflight = (uint16_t)(left - k);
+    }
+    if (vhd_unlikely(k < n))
+        return vhd_vq__fail(vq, c[k].id >= size ? VHD_VQ_E_DESC_INDEX : VHD_VQ_E_USED_OVERFLOW);
+    return 0;
+}
+
+/*
  * vhd_vq_push_burst: push's checks and stores for each chain, with the
  * ring, index and mask loaded once and the counters stored once.
  */
 int vhd_vq__split_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
                              const uint32_t *written, uint32_t n)
 {
+    if (vq->in_order && vhd_likely(vq->inf.any == NULL)) {
+        int rc = split_push_in_order(vq, c, written, n);
+        if (rc <= 0)
+            return rc;
+    }
     struct vhd_vring_used_elem *ring = vq->ring.split.used->ring;
     uint32_t size = vq->size, mask = vq->mask, left = vq->inflight;
     uint32_t u = vq->used_idx;

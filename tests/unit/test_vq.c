@@ -3567,3 +3567,510 @@ VHD_TEST(table_walk_mixed_run_split)
     }
     VHD_CHECK(mixed >= 30);
 }
+
+/* ---- VIRTIO_F_IN_ORDER: a transmit run used with one entry (vhd_vq_push_burst) ---- */
+
+#define IO_QMAX 64u /* rings of the in-order tests hold at most this many slots */
+
+/*
+ * An in-order driver (2.7.9, 2.8.8) written against the rings directly:
+ * descriptors (split) and ring slots (packed) are filled in ring order, a
+ * chain's descriptors are consecutive, a packed buffer id is the chain's
+ * first slot, and a used entry names the last buffer of a batch that
+ * starts at the first buffer not used yet. Every batch collected is
+ * recorded (its size and used length).
+ */
+struct io_drv {
+    struct vqfx *f;
+    uint32_t size;
+    uint64_t buf;                          /* 64 bytes of buffer per descriptor / slot */
+    uint16_t q_id[IO_QMAX], q_nd[IO_QMAX]; /* chains in flight, in avail order */
+    uint32_t qh, qt;                       /* FIFO head and tail (free-running) */
+    uint32_t free;                         /* descriptors / slots free */
+    uint32_t next;                         /* next descriptor / slot to fill */
+    bool wrap;                             /* packed: driver ring wrap counter */
+    uint32_t used;                         /* split: next used index (16-bit); packed: slot */
+    bool used_wrap;                        /* packed: wrap counter of the next used slot */
+    uint32_t batch[IO_QMAX], blen[IO_QMAX], nbatch;
+};
+
+static void io_init(struct io_drv *d, struct vqfx *f)
+{
+    memset(d, 0, sizeof(*d));
+    VHD_CHECK(f->o.size <= IO_QMAX);
+    d->f = f;
+    d->size = f->o.size;
+    d->buf = vqfx_alloc(f, 64ull * d->size, NULL);
+    d->free = d->size;
+    d->wrap = true;
+    d->used_wrap = true;
+}
+
+/*
+ * Queue and publish one chain of nd descriptors: 16-byte device-readable
+ * buffers, the last one device-writable with wlen bytes when wlen != 0.
+ * false when the ring has no room.
+ */
+static bool io_add(struct io_drv *d, uint32_t nd, uint32_t wlen)
+{
+    struct vqfx *f = d->f;
+    uint16_t id = (uint16_t)d->next;
+
+    if (nd > d->free)
+        return false;
+    if (f->o.packed) {
+        struct vqfx_pd pd[4];
+        VHD_CHECK(nd <= 4);
+        for (uint32_t j = 0; j < nd; j++) {
+            bool last = j + 1 == nd, w = last && wlen != 0;
+            pd[j] = (struct vqfx_pd){
+                d->buf + 64ull * ((d->next + j) % d->size), w ? wlen : 16, id,
+                (uint16_t)((last ? 0 : VRING_DESC_F_NEXT) | (w ? VRING_DESC_F_WRITE : 0))};
+        }
+        uint16_t slot = (uint16_t)d->next;
+        vqfx_packed_chain(f, &slot, &d->wrap, pd, nd);
+        d->next = slot;
+    } else {
+        for (uint32_t j = 0; j < nd; j++) {
+            uint32_t i = (d->next + j) % d->size;
+            bool last = j + 1 == nd, w = last && wlen != 0;
+            vqfx_split_desc(
+                f, (uint16_t)i, d->buf + 64ull * i, w ? wlen : 16,
+                (uint16_t)((last ? 0 : VRING_DESC_F_NEXT) | (w ? VRING_DESC_F_WRITE : 0)),
+                (uint16_t)((i + 1) % d->size));
+        }
+        vqfx_split_post(f, id);
+        d->next = (d->next + nd) % d->size;
+    }
+    d->q_id[d->qt % IO_QMAX] = id;
+    d->q_nd[d->qt % IO_QMAX] = (uint16_t)nd;
+    d->qt++;
+    d->free -= nd;
+    return true;
+}
+
+/* Take the chains of one batch, up to the one with id; returns the count (0: id not in flight). */
+static uint32_t io_take(struct io_drv *d, uint32_t id)
+{
+    uint32_t cnt = 0;
+    while (d->qh != d->qt) {
+        uint32_t h = d->qh++ % IO_QMAX;
+        cnt++;
+        d->free += d->q_nd[h];
+        if (d->f->o.packed) {
+            d->used += d->q_nd[h];
+            if (d->used >= d->size) {
+                d->used -= d->size;
+                d->used_wrap = !d->used_wrap;
+            }
+        }
+        if (d->q_id[h] == id)
+            return cnt;
+    }
+    return 0;
+}
+
+/* Collect every published used entry; returns the buffers they covered. */
+static uint32_t io_collect(struct io_drv *d)
+{
+    struct vqfx *f = d->f;
+    uint32_t total = 0;
+
+    if (!f->o.packed) {
+        struct vhd_vring_used *u = f->dq.ring.split.used;
+        uint16_t idx = vhd_le16(vhd_load_acquire(&u->idx));
+        while ((uint16_t)d->used != idx) {
+            const struct vhd_vring_used_elem *e = &u->ring[d->used & (d->size - 1)];
+            uint32_t cnt = io_take(d, vhd_le32(e->id));
+            VHD_CHECK(cnt != 0);
+            VHD_CHECK(cnt <= (uint16_t)(idx - d->used));
+            VHD_CHECK(d->nbatch < IO_QMAX);
+            d->batch[d->nbatch] = cnt;
+            d->blen[d->nbatch++] = vhd_le32(e->len);
+            d->used = (uint16_t)(d->used + cnt);
+            total += cnt;
+        }
+        return total;
+    }
+    while (d->qh != d->qt) {
+        const struct vhd_vring_packed_desc *pd = &f->dq.ring.packed.desc[d->used];
+        uint16_t fl = vhd_le16(vhd_load_acquire(&pd->flags));
+        if (((fl & VRING_PACKED_DESC_F_AVAIL) != 0) != d->used_wrap ||
+            ((fl & VRING_PACKED_DESC_F_USED) != 0) != d->used_wrap)
+            break;
+        uint32_t len = vhd_le32(pd->len);
+        VHD_CHECK((fl & VRING_DESC_F_WRITE) || len == 0);
+        uint32_t cnt = io_take(d, vhd_le16(pd->id));
+        VHD_CHECK(cnt != 0);
+        VHD_CHECK(d->nbatch < IO_QMAX);
+        d->batch[d->nbatch] = cnt;
+        d->blen[d->nbatch++] = len;
+        total += cnt;
+    }
+    return total;
+}
+
+/* A started queue with VIRTIO_F_IN_ORDER negotiated (and inflight tracking when inf). */
+static void io_setup(struct vqfx *f, bool packed, uint32_t size, bool event_idx, void **inf)
+{
+    struct vqfx_opts o = {.size = size, .packed = packed, .event_idx = event_idx, .no_start = true};
+    vqfx_setup(f, &o);
+    f->params.in_order = true;
+    VHD_CHECK_EQ(vhd_vq_init(&f->vq, &f->params, f->mem), 0);
+    VHD_CHECK(f->vq.in_order);
+    if (inf) {
+        size_t len = vhd_inflight_queue_size(packed, size);
+        *inf = aligned_alloc(64, (len + 63) & ~(size_t)63);
+        VHD_CHECK(*inf != NULL);
+        memset(*inf, 0, len);
+        VHD_CHECK_EQ(vhd_vq_set_inflight(&f->vq, *inf, size), 0);
+    }
+    VHD_CHECK_EQ(vhd_vq_start(&f->vq), 0);
+}
+
+/* Pop n chains (in runs); every one must come. */
+static void io_pop(struct vqfx *f, struct vhd_vq_chain *c, uint32_t n)
+{
+    struct iovec iov[IO_QMAX * 4];
+    uint32_t got = 0;
+    while (got < n) {
+        int rc = vhd_vq_pop_burst(&f->vq, iov, 4, c + got, 1 + rnd_below(n - got));
+        VHD_CHECK(rc > 0);
+        got += (uint32_t)rc;
+    }
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f->vq, iov, 4, c + got, 1), 0);
+}
+
+/* Where used entries go: split used->ring (8 bytes each), packed the descriptor ring (16). */
+static uint8_t *io_ring(struct vqfx *f, size_t *esz)
+{
+    *esz = f->o.packed ? 16 : 8;
+    return f->o.packed ? (uint8_t *)f->dq.ring.packed.desc : (uint8_t *)f->dq.ring.split.used->ring;
+}
+
+/* The device's next used position: split ring index, packed slot. */
+static uint32_t io_upos(const struct vqfx *f)
+{
+    return f->o.packed ? f->vq.used_idx : (uint32_t)(f->vq.used_idx & (f->o.size - 1));
+}
+
+/*
+ * Before pushes: fill the split used ring with a pattern (the driver has
+ * collected everything) and snapshot the used-entry ring into snap.
+ */
+static void io_snap(struct vqfx *f, uint8_t *snap)
+{
+    size_t esz;
+    uint8_t *r = io_ring(f, &esz);
+    if (!f->o.packed)
+        memset(r, 0xa5, esz * f->o.size);
+    memcpy(snap, r, esz * f->o.size);
+}
+
+/* Since io_snap, no entry of the ring changed but those at pos[0..n). */
+static void io_only_written(struct vqfx *f, const uint8_t *snap, const uint32_t *pos, uint32_t n)
+{
+    size_t esz;
+    const uint8_t *r = io_ring(f, &esz);
+    for (uint32_t e = 0; e < f->o.size; e++) {
+        bool listed = false;
+        for (uint32_t i = 0; i < n; i++)
+            listed = listed || pos[i] == e;
+        if (!listed && memcmp(r + e * esz, snap + e * esz, esz) != 0) {
+            fprintf(stderr, "  used entry %u written, expected only the runs' first\n", e);
+            VHD_CHECK(false);
+        }
+    }
+}
+
+/*
+ * Transmit runs (device-readable chains of 1-3 descriptors, pushed with
+ * written NULL or all 0) on rings whose end the runs cross many times: each
+ * push_burst call is one batch for the driver (split: one element at the
+ * run's first index with its last head, used->idx moved by the run;
+ * packed: one descriptor over the run's first slot with its last buffer
+ * id, the next one the run's slots later), nothing else of the ring is
+ * written, and device and driver end at the same position.
+ */
+BOTH(inorder_tx_runs)
+{
+    static const uint32_t sizes[] = {8, 7, 16};
+    for (unsigned si = 0; si < VHD_ARRAY_SIZE(sizes); si++) {
+        uint32_t size = sizes[si];
+        if (!packed && size == 7)
+            continue;
+        struct vqfx f;
+        io_setup(&f, packed, size, false, NULL);
+        struct io_drv *d = xcalloc(1, sizeof(*d));
+        io_init(d, &f);
+        rng_seed(77 + size + packed);
+        uint32_t zeros[IO_QMAX] = {0}, total = 0, wraps = 0;
+        uint8_t snap[16 * IO_QMAX];
+        struct vhd_vq_chain c[IO_QMAX];
+        for (int round = 0; round < 300; round++) {
+            uint32_t want = 1 + rnd_below(6), added = 0;
+            while (added < want && io_add(d, 1 + rnd_below(3), 0))
+                added++;
+            VHD_CHECK(added > 0);
+            io_pop(&f, c, added);
+            uint32_t first = rnd_below(2) ? 1 + rnd_below(added) : added;
+            uint32_t pos[2], runs[2], nr = 0, before = f.vq.used_idx;
+            io_snap(&f, snap);
+            for (uint32_t s = 0; s < added; s += runs[nr - 1]) {
+                pos[nr] = io_upos(&f);
+                runs[nr] = s == 0 ? first : added - s;
+                VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c + s, (rnd() & 1) ? zeros : NULL, runs[nr]),
+                             0);
+                nr++;
+            }
+            vhd_vq_flush(&f.vq);
+            io_only_written(&f, snap, pos, nr);
+            d->nbatch = 0;
+            VHD_CHECK_EQ(io_collect(d), added);
+            VHD_CHECK_EQ(d->nbatch, nr);
+            for (uint32_t b = 0; b < nr; b++) {
+                VHD_CHECK_EQ(d->batch[b], runs[b]);
+                VHD_CHECK_EQ(d->blen[b], 0);
+            }
+            VHD_CHECK_EQ(d->free, size);
+            if (packed) {
+                VHD_CHECK_EQ(f.vq.used_idx, d->used);
+                VHD_CHECK_EQ(f.vq.used_wrap, d->used_wrap);
+                wraps += f.vq.used_idx < before;
+            } else {
+                VHD_CHECK_EQ(f.vq.used_idx, (uint16_t)d->used);
+                VHD_CHECK_EQ(vhd_le16(f.dq.ring.split.used->idx), f.vq.used_idx);
+                wraps += (f.vq.used_idx & (size - 1)) < (before & (size - 1));
+            }
+            VHD_CHECK_EQ(f.vq.inflight, 0);
+            total += added;
+        }
+        VHD_CHECK(wraps > 20);
+        VHD_CHECK(total > 4 * size);
+        VHD_CHECK_EQ(f.vq.error, 0);
+        free(d);
+        vqfx_teardown(&f);
+    }
+}
+
+/*
+ * Runs that are not transmit runs keep one used entry per chain: a chain
+ * reporting bytes written in the run (written 0, 5, 0), chains with
+ * device-writable bytes pushed with written NULL (the driver would take
+ * skipped ones as written completely), and a transmit run ending with such
+ * a chain. A transmit run after them is one batch again.
+ */
+BOTH(inorder_written_falls_back)
+{
+    struct vqfx f;
+    io_setup(&f, packed, 16, false, NULL);
+    struct io_drv d;
+    io_init(&d, &f);
+    struct vhd_vq_chain c[4];
+    static const uint32_t wlens[4][3] = {{8, 8, 8}, {8, 8, 8}, {0, 0, 8}, {0, 0, 0}};
+    static const uint32_t written[3] = {0, 5, 0};
+    static const uint32_t want_len[4][3] = {{0, 5, 0}, {0, 0, 0}, {0, 0, 0}, {0}};
+    for (uint32_t r = 0; r < 4; r++) {
+        for (uint32_t k = 0; k < 3; k++)
+            VHD_CHECK(io_add(&d, 2, wlens[r][k]));
+        io_pop(&f, c, 3);
+        for (uint32_t k = 0; k < 3; k++)
+            VHD_CHECK_EQ(c[k].wlen, wlens[r][k]);
+        VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, r == 0 ? written : NULL, 3), 0);
+        vhd_vq_flush(&f.vq);
+        d.nbatch = 0;
+        VHD_CHECK_EQ(io_collect(&d), 3);
+        if (r < 3) {
+            VHD_CHECK_EQ(d.nbatch, 3);
+            for (uint32_t k = 0; k < 3; k++) {
+                VHD_CHECK_EQ(d.batch[k], 1);
+                VHD_CHECK_EQ(d.blen[k], want_len[r][k]);
+            }
+        } else {
+            VHD_CHECK_EQ(d.nbatch, 1);
+            VHD_CHECK_EQ(d.batch[0], 3);
+        }
+    }
+    VHD_CHECK_EQ(f.vq.error, 0);
+    vqfx_teardown(&f);
+}
+
+/*
+ * A bad chain in the middle of a transmit run, and more chains pushed than
+ * popped: the same errors and counts as without IN_ORDER (BUFFER_ID /
+ * DESC_INDEX, USED_OVERFLOW; the chains before the bad one used, the queue
+ * broken), and with IN_ORDER the chains before it are one batch: one entry
+ * at the run's first position naming the last good chain, nothing else.
+ */
+BOTH(inorder_bad_chain_mid_run)
+{
+    int bad_err = packed ? VHD_VQ_E_BUFFER_ID : VHD_VQ_E_DESC_INDEX;
+    for (int io = 0; io < 2; io++) {
+        for (int overflow = 0; overflow < 2; overflow++) {
+            struct vqfx f;
+            if (io) {
+                io_setup(&f, packed, 16, false, NULL);
+            } else {
+                struct vqfx_opts o = {.size = 16, .packed = packed};
+                vqfx_setup(&f, &o);
+            }
+            struct io_drv d;
+            io_init(&d, &f);
+            uint32_t n = overflow ? 2 : 4;
+            for (uint32_t k = 0; k < n; k++)
+                VHD_CHECK(io_add(&d, 2, 0));
+            struct vhd_vq_chain c[4];
+            io_pop(&f, c, n);
+            uint8_t snap[16 * 16];
+            io_snap(&f, snap);
+            uint16_t last_good = c[1].id, flags0 = 0;
+            if (packed)
+                flags0 = f.dq.ring.packed.desc[0].flags;
+            if (overflow)
+                c[2] = c[1];
+            else
+                c[2].id = 16;
+            int err = overflow ? VHD_VQ_E_USED_OVERFLOW : bad_err;
+            VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, overflow ? 3 : 4), -err);
+            VHD_CHECK_EQ(f.vq.error, err);
+            VHD_CHECK_EQ(f.vq.inflight, n - 2);
+            VHD_CHECK_EQ(f.vq.used_idx, packed ? 4 : 2);
+            if (io) {
+                uint32_t pos0 = 0;
+                io_only_written(&f, snap, &pos0, 1);
+                if (packed) {
+                    const struct vhd_vring_packed_desc *pd = &f.dq.ring.packed.desc[0];
+                    VHD_CHECK_EQ(vhd_le16(pd->id), last_good);
+                    VHD_CHECK_EQ(vhd_le32(pd->len), 0);
+                    /* The batch's head: its flags are kept for flush (which a broken queue skips).
+                     */
+                    VHD_CHECK_EQ(pd->flags, flags0);
+                    VHD_CHECK_EQ(f.vq.batch_npending, 1);
+                    VHD_CHECK_EQ(f.vq.batch_head, 0);
+                    VHD_CHECK_EQ(f.vq.batch_head_flags,
+                                 VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED);
+                } else {
+                    const struct vhd_vring_used_elem *e = &f.dq.ring.split.used->ring[0];
+                    VHD_CHECK_EQ(vhd_le32(e->id), last_good);
+                    VHD_CHECK_EQ(vhd_le32(e->len), 0);
+                    VHD_CHECK_EQ(vhd_le16(f.dq.ring.split.used->idx), 0);
+                }
+            }
+            vqfx_expect_broken(&f, err);
+            vqfx_teardown(&f);
+        }
+    }
+}
+
+/* With inflight tracking, a transmit run keeps one used entry per chain (the records need them). */
+BOTH(inorder_inflight_per_chain)
+{
+    struct vqfx f;
+    void *inf = NULL;
+    io_setup(&f, packed, 16, false, &inf);
+    struct io_drv d;
+    io_init(&d, &f);
+    struct vhd_vq_chain c[3];
+    for (uint32_t k = 0; k < 3; k++)
+        VHD_CHECK(io_add(&d, 1 + k, 0));
+    io_pop(&f, c, 3);
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, 3), 0);
+    vhd_vq_flush(&f.vq);
+    VHD_CHECK_EQ(io_collect(&d), 3);
+    VHD_CHECK_EQ(d.nbatch, 3);
+    uint32_t marked = 0;
+    for (uint32_t i = 0; i < 16; i++)
+        marked += packed ? ((struct vhd_inflight_packed *)inf)->desc[i].inflight
+                         : ((struct vhd_inflight_split *)inf)->desc[i].inflight;
+    VHD_CHECK_EQ(marked, 0);
+    VHD_CHECK_EQ(f.vq.error, 0);
+    vhd_vq_fini(&f.vq);
+    free(inf);
+    vqfx_teardown(&f);
+}
+
+/*
+ * Dirty logging of an in-order transmit run: the page of the used entry
+ * written (and of used->idx) is marked, and nothing else (the buffers are
+ * only read).
+ */
+BOTH(inorder_dirty_log)
+{
+    struct vqfx f;
+    io_setup(&f, packed, 16, false, NULL);
+    int lfd = memfd_create("vhd-test-log", MFD_CLOEXEC);
+    VHD_CHECK(lfd >= 0);
+    VHD_CHECK_EQ(ftruncate(lfd, 4096), 0);
+    struct vhd_dirtylog *log = NULL;
+    const char *why;
+    VHD_CHECK_EQ(vhd_dirtylog_map(lfd, 4096, 0, &log, &why), 0); /* 32768 pages */
+    vhd_vq_set_log(&f.vq, log, true, f.dq.used_gpa);
+    struct io_drv d;
+    io_init(&d, &f);
+    struct vhd_vq_chain c[4];
+    for (uint32_t k = 0; k < 3; k++)
+        VHD_CHECK(io_add(&d, 1, 0));
+    io_pop(&f, c, 3);
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, 3), 0); /* ring positions 0..2 */
+    for (uint32_t k = 0; k < 4; k++)
+        VHD_CHECK(io_add(&d, 3, 0));
+    io_pop(&f, c, 4);
+    uint64_t entry =
+        packed ? f.dq.desc_gpa + 16ull * f.vq.used_idx : f.dq.used_gpa + 4 + 8ull * f.vq.used_idx;
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, 4), 0);
+    vhd_vq_flush(&f.vq);
+    uint64_t idx_page = (packed ? f.dq.desc_gpa : f.dq.used_gpa + 2) >> VHD_DIRTYLOG_PAGE_SHIFT;
+    for (uint64_t pg = 0; pg < 32768; pg++) {
+        bool want = pg == (entry >> VHD_DIRTYLOG_PAGE_SHIFT) || pg == idx_page;
+        bool got = (log->bits[pg / 8] >> (pg % 8)) & 1;
+        if (got != want)
+            fprintf(stderr, "  page %llu: marked %d, expected %d\n", (unsigned long long)pg, got,
+                    want);
+        VHD_CHECK_EQ(got, want);
+    }
+    VHD_CHECK_EQ(io_collect(&d), 7);
+    VHD_CHECK_EQ(d.nbatch, 2);
+    VHD_CHECK_EQ(d.batch[0], 3);
+    VHD_CHECK_EQ(d.batch[1], 4);
+    vhd_vq_set_log(&f.vq, NULL, false, 0);
+    vhd_dirtylog_free(log);
+    close(lfd);
+    vqfx_teardown(&f);
+}
+
+/*
+ * EVENT_IDX with in-order runs: the driver's event position may fall on a
+ * buffer whose entry was skipped; the decision works on positions, so
+ * crossing it in a run notifies, and a position beyond the run does not.
+ */
+BOTH(inorder_event_idx)
+{
+    struct vqfx f;
+    io_setup(&f, packed, 16, true, NULL);
+    struct io_drv d;
+    io_init(&d, &f);
+    struct vhd_vq_chain c[4];
+    static const uint32_t run[3] = {2, 4, 2};
+    /* The event position for runs 1 and 2: a skipped buffer of run 1, then past run 2. */
+    static const uint16_t event[3] = {0, 3, 9};
+    static const bool want[3] = {true, true, false};
+    for (uint32_t r = 0; r < 3; r++) {
+        for (uint32_t k = 0; k < run[r]; k++)
+            VHD_CHECK(io_add(&d, 1, 0));
+        io_pop(&f, c, run[r]);
+        if (packed) {
+            struct vhd_vring_packed_event *drv = f.dq.ring.packed.driver;
+            drv->off_wrap = vhd_le16((uint16_t)(event[r] | 1u << VRING_PACKED_EVENT_WRAP_SHIFT));
+            drv->flags = vhd_le16(VRING_PACKED_EVENT_FLAG_DESC);
+        } else {
+            *vqfx_split_used_event(&f) = vhd_le16(event[r]);
+        }
+        VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, NULL, run[r]), 0);
+        vhd_vq_flush(&f.vq);
+        VHD_CHECK_EQ(vhd_vq_need_notify(&f.vq), want[r]);
+        d.nbatch = 0;
+        VHD_CHECK_EQ(io_collect(&d), run[r]);
+        VHD_CHECK_EQ(d.nbatch, 1);
+    }
+    vqfx_teardown(&f);
+}
