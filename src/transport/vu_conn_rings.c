@@ -270,6 +270,7 @@ static int queue_start(struct vhd_vu_conn *c, struct vu_req *r, struct vhd_queue
         .packed = vhd_vu__feature_has(c, VIRTIO_F_RING_PACKED),
         .event_idx = vhd_vu__feature_has(c, VIRTIO_F_EVENT_IDX),
         .indirect = vhd_vu__feature_has(c, VIRTIO_F_INDIRECT_DESC),
+        .in_order = vhd_vu__feature_has(c, VIRTIO_F_IN_ORDER),
         .addr_is_gpa = false,
         .desc = q->addr_desc,
         .avail = q->addr_avail,

@@ -3,7 +3,8 @@
 # DPDK interop: dpdk-testpmd's virtio-user PMD (net_virtio_user, the same
 # driver DPDK applications use) against vhostd's virtio-net loopback, in
 # txonly, rxonly and io modes, split and packed rings, with and without
-# mergeable receive buffers, one and two queue pairs, and one pair more than
+# mergeable receive buffers, with and without VIRTIO_F_IN_ORDER (checked
+# negotiated as asked), one and two queue pairs, and one pair more than
 # the device has (refused). Frame counts are
 # checked on both sides: testpmd's port statistics and vhostd's per-queue
 # counters (logged when the front-end disconnects); vhostd must exit 0 on
@@ -186,6 +187,13 @@ run_case() {
         grep -iE "error|fail|warn" "$vlog" | head -n 5 | sed 's/^/      /'
         failed=$((failed + 1)); return 1
     fi
+    # VIRTIO_F_IN_ORDER (bit 35): DPDK's virtio-user takes it unless in_order=0, and then
+    # vhostd uses each transmit run with one used entry (2.7.9 / 2.8.8): DPDK must accept it.
+    local feat want_io=1
+    feat=$(grep -Eo ": features 0x[0-9a-f]+" "$vlog" | tail -n 1 | grep -Eo '0x[0-9a-f]+$')
+    case $extra in *in_order=0*) want_io=0 ;; esac
+    check "$name" "VIRTIO_F_IN_ORDER negotiated: $want_io (features ${feat:-none})" \
+        test -n "$feat" -a $(((${feat:-0} >> 35) & 1)) -eq "$want_io" || ok=0
     check "$name" "no malformed frames or buffers (vhostd tx_errors $v_txe, rx_errors $v_rxe)" \
         test "$v_txe" -eq 0 -a "$v_rxe" -eq 0 || ok=0
     check "$name" "vhostd took every frame testpmd sent (testpmd TX $t_tx, vhostd tx $v_tx)" \
@@ -286,7 +294,8 @@ echo "testpmd interop: DPDK $(dpkg-query -W -f='${Version}' dpdk-dev 2>/dev/null
 
 cases_plan testpmd-loopback "${TESTPMD_CASES:-}" split-txonly-q1 split-io-q1 split-io-q1-nomrg \
     split-rxonly-q1 packed-txonly-q1 packed-io-q1 packed-io-q1-nomrg split-io-q2 \
-    split-txonly-q2-nomrg packed-io-q2 packed-rxonly-q2 queues-over-limit
+    split-txonly-q2-nomrg packed-io-q2 packed-rxonly-q2 split-io-q1-noinorder \
+    packed-txonly-q1-noinorder queues-over-limit
 # name                         pairs mode    vdev options
 run_case split-txonly-q1       1 txonly ""
 run_case split-io-q1           1 io     ""
@@ -299,6 +308,9 @@ run_case split-io-q2           2 io     ""
 run_case split-txonly-q2-nomrg 2 txonly ",mrg_rxbuf=0"
 run_case packed-io-q2          2 io     ",packed_vq=1"
 run_case packed-rxonly-q2      2 rxonly ",packed_vq=1,mrg_rxbuf=0"
+# without VIRTIO_F_IN_ORDER (every case above has it): one used entry per transmitted frame
+run_case split-io-q1-noinorder      1 io     ",in_order=0"
+run_case packed-txonly-q1-noinorder 1 txonly ",packed_vq=1,in_order=0"
 # the pair limit: 2 pairs work above, 3 on a 2-pair device do not
 run_refused queues-over-limit  2
 
