@@ -8,7 +8,9 @@
  * vhd_vq_pop_burst or vhd_vq_pop_burstv (an input bit chooses) and
  * vhd_vq_push_burst. The chains (ids, sizes, segments),
  * the errors, the ring state, the ring area and the inflight area must be
- * identical.
+ * identical. With VIRTIO_F_IN_ORDER (an input bit), the single play turns
+ * what vhd_vq_push wrote for a run into the one used entry the batch push
+ * writes for a transmit run (model_in_order), so that path is compared too.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -115,6 +117,39 @@ static void th_chain(struct trace *t, const struct vhd_vq_chain *c, const struct
 }
 
 /*
+ * The single play's model of vhd_vq_push_burst with VIRTIO_F_IN_ORDER and
+ * no inflight tracking: vhd_vq_push used c[0..kk) one by one from used
+ * position u0 with np0 descriptors pending (snap: the used-entry ring
+ * before). When none of them has device-writable bytes or bytes written,
+ * the batch push writes one entry instead, at u0, naming c[kk - 1] with
+ * length 0 (split: used element; packed: descriptor, the one pending
+ * descriptor more), and leaves the other entries as they were; every
+ * position, count and error is push's.
+ */
+static void model_in_order(struct vhd_vq *vq, struct vhd_drv_vq *dq, bool packed, uint32_t qsize,
+                           const struct vhd_vq_chain *c, const uint32_t *written, uint32_t kk,
+                           uint16_t u0, uint16_t np0, const uint8_t *snap)
+{
+    uint32_t acc = 0;
+    for (uint32_t i = 0; i < kk; i++)
+        acc |= c[i].wlen | written[i];
+    if (kk == 0 || acc != 0)
+        return;
+    if (packed) {
+        struct vhd_vring_packed_desc *r = dq->ring.packed.desc, first = r[u0];
+        memcpy(r, snap, 16ull * qsize);
+        r[u0] = first; /* chain 0's: flags as push stored them (or kept back), len 0 */
+        r[u0].id = vhd_le16(c[kk - 1].id);
+        vq->batch_npending = (uint16_t)(np0 + 1);
+    } else {
+        struct vhd_vring_used_elem *r = dq->ring.split.used->ring;
+        memcpy(r, snap, 8ull * qsize);
+        r[u0 & (qsize - 1)].id = vhd_le32(c[kk - 1].id);
+        r[u0 & (qsize - 1)].len = 0;
+    }
+}
+
+/*
  * Play the script in `in` (a copy) with the single verbs (batch false) or
  * the batch verbs. inf: the inflight region to use, or NULL.
  */
@@ -126,6 +161,7 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
 
     uint8_t hdr = get8(&in);
     bool packed = hdr & 1, ind_feat = hdr & 2, tracked = hdr & 4, ind_drv = hdr & 8;
+    bool in_order = hdr & 16;
     uint32_t qsize;
     if (packed)
         qsize = 1u + get8(&in) % QMAX;
@@ -149,6 +185,7 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
                                .packed = packed,
                                .event_idx = true,
                                .indirect = ind_feat,
+                               .in_order = in_order,
                                .addr_is_gpa = true,
                                .desc = dq.desc_gpa,
                                .avail = dq.avail_gpa,
@@ -226,6 +263,7 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
             break;
         }
         case 4: { /* the device pushes p held chains, oldest first (o bit 3: newest first) */
+            static uint8_t snap[16 * QMAX];
             uint32_t p = get8(&in) % 70;
             if (p > h.n)
                 p = h.n;
@@ -233,7 +271,8 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
             uint32_t written[70];
             for (uint32_t i = 0; i < p; i++) {
                 sel[i] = (o & 8) ? h.c[h.n - 1 - i] : h.c[i];
-                written[i] = get8(&in);
+                uint8_t w = get8(&in);
+                written[i] = (o & 0x40) ? 0 : w; /* bit 6: nothing written (transmit) */
             }
             if (o & 0x10 && p) /* a chain the device never popped (a device bug) */
                 sel[p - 1].id = (uint16_t)(sel[p - 1].id + get8(&in) * 8u);
@@ -241,8 +280,19 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
             if (batch && p) {
                 rc = vhd_vq_push_burst(vq, sel, written, p);
             } else {
-                for (uint32_t i = 0; i < p && rc == 0; i++)
+                bool model = in_order && !tracked;
+                uint16_t u0 = vq->used_idx, np0 = vq->batch_npending;
+                uint32_t kk = 0;
+                if (model)
+                    memcpy(snap,
+                           packed ? (void *)dq.ring.packed.desc : (void *)dq.ring.split.used->ring,
+                           (packed ? 16ull : 8ull) * qsize);
+                for (uint32_t i = 0; i < p && rc == 0; i++) {
                     rc = vhd_vq_push(vq, &sel[i], written[i]);
+                    kk += rc == 0;
+                }
+                if (model)
+                    model_in_order(vq, &dq, packed, qsize, sel, written, kk, u0, np0, snap);
             }
             th(t, (uint64_t)(int64_t)rc);
             if (o & 8) {
