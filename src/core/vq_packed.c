@@ -41,13 +41,19 @@
  * Pop prefetches the descriptor this many slots ahead (4 cache lines of
  * 16-byte descriptors), the packed counterpart of SPLIT_PREFETCH_AHEAD: the
  * driver wrote the descriptors on its own CPU, and a pop that waits for each
- * line in turn stalls once every four slots. Once per line (slots that
- * are a multiple of 4: a chain of several slots may step over one, which
- * only loses that hint), and only slots the driver owns (within `room`). Whether the driver has
- * made that slot available yet cannot be known without reading its flags (the load we want to
- * hide), so when the device runs ahead of the driver the prefetch may pull a line the driver is
- * about to write: that costs the driver one ownership transfer, and happens only when the device is
- * waiting anyway.
+ * line in turn stalls once every four slots. A single pop: once per line
+ * (slots that are a multiple of 4: a chain of several slots may step over
+ * one, which only loses that hint), and only slots the driver owns (within
+ * `room`). Whether the driver has made that slot available yet cannot be
+ * known without reading its flags (the load we want to hide), so when the
+ * device runs ahead of the driver the prefetch may pull a line the driver
+ * is about to write: that costs the driver one ownership transfer, and
+ * happens only when the device is waiting anyway. A run: at each chain (or
+ * group of four) it takes, with no test (one instruction; testing the line
+ * and the bound cost six per chain): near the end of the driver's slots or
+ * of the ring the hint may name a line of the device's own slots or just
+ * past the ring, which a prefetch never faults on and which only costs a
+ * useless line fill.
  */
 #define PACKED_PREFETCH_AHEAD 16u
 
@@ -450,11 +456,8 @@ static __attribute__((noinline)) int packed_pop_plain(struct vhd_vq *vq, struct 
     return packed_pop(vq, iov, max_iov, c, false);
 }
 
-/* Packed 2.8.1 availability of flags for wrap counter w, as one mask test. */
-static inline bool desc_is_avail_fast(uint16_t flags, uint16_t want)
-{
-    return (flags & (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED)) == want;
-}
+/* The AVAIL/USED bits of a slot's flags (2.8.1). */
+#define PACKED_AM (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED)
 
 /* The run walks read a descriptor as two words: addr, then len | id << 32 | flags << 48. */
 _Static_assert(offsetof(struct vhd_vring_packed_desc, len) == 8 &&
@@ -520,43 +523,97 @@ packed_table_fast(const uint8_t *tbl, uint32_t n, struct iovec *iov, uint32_t ma
 }
 
 /*
- * The common chain of a run, attempted first: from slot (flags: the head's,
- * already read with acquire and found available), descriptors without
- * INDIRECT (or one alone naming a table in the cached region, walked by
- * packed_table_fast), each buffer non-empty, in the cached region, in
- * order, with room in iov and within the length limit, every slot of the
- * chain available and inside room, the buffer id below size. Returns the
- * chain's slot count with iov and *c filled, or 0 at the first thing it
- * does not take (nothing else changed: iov and *c are scratch until the
- * chain is popped), and the run then walks the chain with every check.
+ * A fast walk's *c from id (clamped), nsh (ndescs << 16), vrb and vb (the
+ * byte offsets in its iovec array of its first writable buffer and of its
+ * end: nr = vrb / 16, nw = (vb - vrb) / 16), rlen and total (the chain's
+ * bytes, <= UINT32_MAX), stored as two 8-byte words: stored field by field,
+ * the compiler merges the six stores with a dozen shifts.
+ */
+_Static_assert(offsetof(struct vhd_vq_chain, ndescs) == 2 &&
+                   offsetof(struct vhd_vq_chain, nr) == 4 &&
+                   offsetof(struct vhd_vq_chain, nw) == 6 &&
+                   offsetof(struct vhd_vq_chain, rlen) == 8 &&
+                   offsetof(struct vhd_vq_chain, wlen) == 12 && sizeof(struct vhd_vq_chain) == 16,
+               "vhd_vq_chain layout");
+_Static_assert(sizeof(struct iovec) == 16, "iovec size");
+
+static inline void packed_chain_put(struct vhd_vq_chain *c, uint64_t id, uint64_t nsh, uint64_t vrb,
+                                    uint64_t vb, uint64_t rlen, uint64_t total)
+{
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* ndescs = nsh >> 16, nr = vrb / 16 at bit 32, nw = (vb - vrb) / 16 at bit 48 */
+    uint64_t w[2] = {id | nsh | vrb << 28 | (vb - vrb) << 44, rlen | (total - rlen) << 32};
+    memcpy(c, w, sizeof(w));
+#else
+    c->id = (uint16_t)id;
+    c->ndescs = (uint16_t)(nsh >> 16);
+    c->nr = (uint16_t)(vrb / 16);
+    c->nw = (uint16_t)((vb - vrb) / 16);
+    c->rlen = (uint32_t)rlen;
+    c->wlen = (uint32_t)(total - rlen);
+#endif
+}
+
+/*
+ * The end of a fast walk at d (after the chain's last slot): the buffer id
+ * (the last descriptor's, 2.8.6, in hi) below size and the chain's bytes
+ * within 32 bits, then *c (nsh: its slot count << 16; readable buffers
+ * from iov, writable from vr, up to v). Returns d, or NULL when the walk
+ * does not take it.
+ */
+static inline __attribute__((always_inline)) const struct vhd_vring_packed_desc *
+packed_chain_end(const struct vhd_vring_packed_desc *d, uint64_t hi, uint32_t size, uint64_t nsh,
+                 const struct iovec *iov, const struct iovec *vr, const struct iovec *v,
+                 uint64_t rlen, uint64_t total, struct vhd_vq_chain *c)
+{
+    uint64_t id = (hi >> 32) & 0xffff;
+    if (vhd_unlikely(id >= size))
+        return NULL;
+    if (vhd_unlikely(total > UINT32_MAX))
+        return NULL;
+    packed_chain_put(c, vhd_vq__clamp(id, size), nsh, (uintptr_t)vr - (uintptr_t)iov,
+                     (uintptr_t)v - (uintptr_t)iov, rlen, total);
+    return d;
+}
+
+/*
+ * The common chain of a run, attempted first, wholly inside the stretch
+ * [d, dend) of the ring: dend is at most the ring's end and within the
+ * slots the driver owns, so no slot of the walk wraps and every one carries
+ * want (the AVAIL/USED bits of an available slot in this lap) when
+ * available. From d (flags: the head's, already read with acquire and found
+ * available): descriptors without INDIRECT (or one alone naming a table in
+ * the cached region, walked by packed_table_fast), each buffer non-empty,
+ * in the cached region, in order, with room in iov and within the length
+ * limit, every slot of the chain available, the buffer id below size.
+ * Returns the slot after the chain with iov and *c filled, or NULL at the
+ * first thing it does not take (a chain running past dend included;
+ * nothing else changed: iov and *c are scratch until the chain is popped),
+ * and the run then walks the chain with every check (packed_chain_full).
  * Each field is read once per walk and only the walk that is kept is used.
  */
-static inline __attribute__((always_inline)) uint32_t
-packed_chain_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint32_t slot, bool wrap,
-                  uint32_t room, uint16_t flags, bool indirect_ok, struct iovec *iov,
+static inline __attribute__((always_inline)) const struct vhd_vring_packed_desc *
+packed_chain_fast(const struct vhd_vring_packed_desc *d, const struct vhd_vring_packed_desc *dend,
+                  uint32_t size, uint16_t want, uint16_t flags, bool indirect_ok, struct iovec *iov,
                   uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
 {
     const uint64_t gpa = rc->gpa, rsize = rc->size;
+    uint8_t *const hva = rc->hva;
     struct iovec *v = iov, *vr;
     uint64_t total = 0, rlen, addr, hi, off;
-    uint32_t len, id, n = 0;
+    uint32_t len;
 
-#define PACKED_FAST_READ()                                                                      \
-    do {                                                                                        \
-        const uint8_t *src_ = (const uint8_t *)&ring[slot];                                     \
-        memcpy(&addr, src_, sizeof(addr));                                                      \
-        memcpy(&hi, src_ + 8, sizeof(hi)); /* its flags: the ones read with acquire are used */ \
-        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */         \
-        addr = vhd_le64(addr);                                                                  \
-        hi = vhd_le64(hi);                                                                      \
-        len = (uint32_t)hi;                                                                     \
-        id = (uint32_t)(hi >> 32) & 0xffff;                                                     \
-        off = addr - gpa;                                                                       \
-        n++;                                                                                    \
-        if (++slot == size) {                                                                   \
-            slot = 0;                                                                           \
-            wrap = !wrap;                                                                       \
-        }                                                                                       \
+    /* d < dend: the run's own position, never the guest's. */
+#define PACKED_FAST_READ()                                                                    \
+    do {                                                                                      \
+        memcpy(&addr, (const uint8_t *)d, sizeof(addr));                                      \
+        memcpy(&hi, (const uint8_t *)d + 8, sizeof(hi)); /* flags: those read with acquire */ \
+        __asm__ volatile("" : "+r"(addr), "+r"(hi));     /* read once, after the acquire */   \
+        d++;                                                                                  \
+        addr = vhd_le64(addr);                                                                \
+        hi = vhd_le64(hi);                                                                    \
+        len = (uint32_t)hi;                                                                   \
+        off = addr - gpa;                                                                     \
     } while (0)
 
     if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
@@ -564,108 +621,99 @@ packed_chain_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
         PACKED_FAST_READ();
         if (!indirect_ok || (flags & VRING_DESC_F_NEXT) || len == 0 || (len % 16) ||
             len / 16 > VHD_VQ_MAX_INDIRECT || !vhd_vq__in_region(off, len, rsize) ||
-            !packed_table_fast(rc->hva + vhd_vq__clamp(off, rsize), len / 16, iov, max_iov, &vr, &v,
+            !packed_table_fast(hva + vhd_vq__clamp(off, rsize), len / 16, iov, max_iov, &vr, &v,
                                &total, &rlen, rc))
-            return 0;
-        goto done;
+            return NULL;
+        return packed_chain_end(d, hi, size, 1u << 16, iov, vr, v, rlen, total, c);
     }
     /*
-     * Slots the chain may still take and buffers it may still store, one
-     * counter (a direct chain stores one buffer per slot): at most room and
-     * at most max_iov; bytes summed in 64 bits and checked once at the end.
+     * The chain's slots end by lim: at dend and after at most max_iov
+     * slots (a direct chain stores one buffer per slot, so that is also the
+     * room in iov); bytes summed in 64 bits and checked once at the end.
      * Readable buffers come first: the first loop takes them, the second
-     * the writable ones, so the order needs no test of its own.
+     * the writable ones, so the order needs no test of its own. A later
+     * slot's availability, INDIRECT (and WRITE in the second loop) are
+     * tested by one mask compare.
      */
-    uint32_t left = max_iov < room ? max_iov : room;
-    if (vhd_unlikely(left == 0))
-        return 0;
+    uintptr_t lim = (uintptr_t)d + (uintptr_t)max_iov * sizeof(*d);
+    if (lim > (uintptr_t)dend)
+        lim = (uintptr_t)dend;
+    if (vhd_unlikely((uintptr_t)d == lim))
+        return NULL;
     for (;;) {
         PACKED_FAST_READ();
         if (vhd_unlikely(flags & VRING_DESC_F_WRITE))
             break;
         if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
-            return 0;
-        v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+            return NULL;
+        v->iov_base = hva + vhd_vq__clamp(off, rsize);
         v->iov_len = len;
         v++;
         total += len;
-        if (!(flags & VRING_DESC_F_NEXT)) {
-            vr = v;
-            rlen = total;
-            goto done;
-        }
-        if (vhd_unlikely(--left == 0))
-            return 0;
-        flags = slot_flags(&ring[slot]);
-        if (vhd_unlikely((flags & VRING_DESC_F_INDIRECT) || !desc_is_avail(flags, wrap)))
-            return 0;
+        if (!(flags & VRING_DESC_F_NEXT)) /* readable buffers only */
+            return packed_chain_end(d, hi, size, ((uintptr_t)v - (uintptr_t)iov) << 12, iov, v, v,
+                                    total, total, c);
+        if (vhd_unlikely((uintptr_t)d == lim))
+            return NULL;
+        flags = slot_flags(d);
+        if (vhd_unlikely((flags & (PACKED_AM | VRING_DESC_F_INDIRECT)) != want))
+            return NULL;
     }
     vr = v;
     rlen = total;
     for (;;) {
         /* flags has WRITE and not INDIRECT here, the slot was read */
         if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
-            return 0;
-        v->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
+            return NULL;
+        v->iov_base = hva + vhd_vq__clamp(off, rsize);
         v->iov_len = len;
         v++;
         total += len;
         if (!(flags & VRING_DESC_F_NEXT))
             break;
-        if (vhd_unlikely(--left == 0))
-            return 0;
-        flags = slot_flags(&ring[slot]);
-        if (vhd_unlikely((flags & (VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE)) !=
-                             VRING_DESC_F_WRITE ||
-                         !desc_is_avail(flags, wrap)))
-            return 0;
+        if (vhd_unlikely((uintptr_t)d == lim))
+            return NULL;
+        flags = slot_flags(d);
+        if (vhd_unlikely((flags & (PACKED_AM | VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE)) !=
+                         (want | VRING_DESC_F_WRITE)))
+            return NULL;
         PACKED_FAST_READ();
     }
 #undef PACKED_FAST_READ
-done:
-    if (vhd_unlikely(id >= size || total > UINT32_MAX))
-        return 0;
-    c->id = (uint16_t)vhd_vq__clamp(id, size);
-    c->ndescs = (uint16_t)n;
-    c->nr = (uint16_t)(vr - iov);
-    c->nw = (uint16_t)(v - vr);
-    c->rlen = (uint32_t)rlen;
-    c->wlen = (uint32_t)(total - rlen);
-    return n;
+    return packed_chain_end(d, hi, size, ((uintptr_t)v - (uintptr_t)iov) << 12, iov, vr, v, rlen,
+                            total, c);
 }
 
 /*
- * Four single-slot chains at once (the DPDK way): at four aligned slots
- * inside the ring and the room, their flags are read (acquire each) and
- * tested together: all available for wrap (want: the AVAIL/USED bits
- * available descriptors carry), none with NEXT or INDIRECT. Then each
- * buffer is taken as packed_chain_fast takes a one-slot chain. Returns the
- * chains popped (0..4): it stops at the first it does not take, which the
- * run then pops alone with every check.
+ * Four single-slot chains at once (the DPDK way): at a line of four slots
+ * inside the stretch of the run (no wrap, within the room), f0 the first
+ * one's flags (read with acquire: available, neither NEXT nor INDIRECT),
+ * the other three's flags are read (acquire each) and tested together: all
+ * available for want (the AVAIL/USED bits available descriptors carry in
+ * this lap), none with NEXT or INDIRECT. Then each buffer is taken as
+ * packed_chain_fast takes a one-slot chain (max_iov >= 1: the caller's
+ * test). Returns the chains popped (0..4): it stops at the first it does
+ * not take, which the run then pops alone with every check.
  */
 static inline __attribute__((always_inline)) uint32_t
-packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint32_t slot,
-                  uint16_t want, const struct vhd_vq__out *o, uint32_t k0, uint32_t max_iov,
-                  const struct vhd_vq__rcache *rc)
+packed_group_fast(const struct vhd_vring_packed_desc *d, uint32_t size, uint16_t want, uint16_t f0,
+                  const struct vhd_vq__out *o, uint32_t k0, const struct vhd_vq__rcache *rc)
 {
-    const uint16_t am = VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED;
     const uint16_t one = VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT;
     uint16_t f[4];
 
-    f[0] = slot_flags(&ring[slot]);
-    if ((f[0] & (am | one)) != want) /* the common reason not to: a longer chain */
-        return 0;
-    f[1] = slot_flags(&ring[slot + 1]);
-    f[2] = slot_flags(&ring[slot + 2]);
-    f[3] = slot_flags(&ring[slot + 3]);
-    uint16_t all = f[0] & f[1] & f[2] & f[3], any = f[0] | f[1] | f[2] | f[3];
-    if ((any & one) || ((all ^ any) & am) || (all & am) != want)
+    f[0] = f0;
+    f[1] = slot_flags(&d[1]);
+    f[2] = slot_flags(&d[2]);
+    f[3] = slot_flags(&d[3]);
+    uint16_t all = f[1] & f[2] & f[3], any = f[1] | f[2] | f[3];
+    if ((any & one) || ((all ^ any) & PACKED_AM) || (all & PACKED_AM) != want)
         return 0;
 
     const uint64_t gpa = rc->gpa, rsize = rc->size;
     uint32_t i;
     for (i = 0; i < 4; i++) {
-        const uint8_t *src = (const uint8_t *)&ring[slot + i];
+        const uint8_t *src = (const uint8_t *)&d[i];
         uint64_t addr, hi;
         memcpy(&addr, src, sizeof(addr));
         memcpy(&hi, src + 8, sizeof(hi));
@@ -674,8 +722,7 @@ packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
         hi = vhd_le64(hi);
         uint32_t len = (uint32_t)hi, id = (uint32_t)(hi >> 32) & 0xffff;
         uint64_t off = addr - gpa;
-        if (vhd_unlikely(off >= rsize || (uint64_t)len - 1 >= rsize - off || max_iov == 0 ||
-                         id >= size))
+        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize) || id >= size))
             break;
         struct iovec *iov = vhd_vq__out_iov(o, k0 + i);
         iov->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
@@ -699,127 +746,212 @@ packed_group_fast(const struct vhd_vring_packed_desc *ring, uint32_t size, uint3
 }
 
 /*
+ * The chain at slot (room: the slots the driver owns from slot on) walked
+ * with every check, as packed_pop walks it: what the run does with a chain
+ * packed_chain_fast did not take. Its head's flags are read again (with
+ * acquire): this walk uses only its own reads. Out of line so that the
+ * run's loop keeps its state in registers. Returns the chain's slot count
+ * with iov and *c filled, 0 when the head is not available (any more), or
+ * -enum vhd_vq_err with the queue marked broken. *rc follows the
+ * translation hint.
+ */
+static __attribute__((noinline)) int packed_chain_full(struct vhd_vq *vq, uint32_t slot, bool wrap,
+                                                       uint32_t room, struct iovec *iov,
+                                                       uint32_t max_iov, struct vhd_vq_chain *c,
+                                                       struct vhd_vq__rcache *rc)
+{
+    const struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint64_t total = 0;
+    uint32_t n = 0;
+    uint16_t id;
+
+    uint16_t flags = slot_flags(&ring[slot]);
+    if (!desc_is_avail(flags, wrap))
+        return 0;
+    c->nr = c->nw = 0;
+    c->rlen = c->wlen = 0;
+    for (;;) {
+        const struct vhd_vring_packed_desc *d = &ring[slot];
+        /* Each guest field read once, after the acquire on this slot's flags. */
+        uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
+        uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
+        id = vhd_le16(vhd_load_relaxed(&d->id));
+        n++;
+        int err = packed_map_one(vq, addr, len, flags, n == 1, iov, max_iov, c, &total, rc);
+        if (vhd_unlikely(err < 0))
+            return err;
+        if (++slot == size) {
+            slot = 0;
+            wrap = !wrap;
+        }
+        if (!(flags & VRING_DESC_F_NEXT))
+            break;
+        if (vhd_unlikely(n == room))
+            return vhd_vq__fail(vq, n == size ? VHD_VQ_E_CHAIN_LOOP : VHD_VQ_E_PACKED_CHAIN);
+        flags = slot_flags(&ring[slot]);
+        if (vhd_unlikely(!desc_is_avail(flags, wrap)))
+            return vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
+    }
+    if (vhd_unlikely(id >= size))
+        return vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+    c->id = (uint16_t)vhd_index_nospec(id, size);
+    c->ndescs = (uint16_t)n;
+    return (int)n; /* n <= room <= size <= 32768 */
+}
+
+/*
+ * The fast part of a run in one stretch [*dp, dend) of the ring (no wrap,
+ * within the slots the driver owns; want: the AVAIL/USED bits of an
+ * available slot in this lap): chains k.. of the caller's output o, up to
+ * max, each taken by packed_group_fast (four one-slot chains at a line of
+ * four slots) or packed_chain_fast. Stops at dend, at max, at a slot not
+ * available or at a chain the fast walks do not take. Returns the chains
+ * taken so far (k and the new ones), with *dp after them. Instantiated out
+ * of line per output kind (packed_stretch_burst/_burstv) so that the loop
+ * has the registers to itself.
+ */
+static inline __attribute__((always_inline)) uint32_t
+packed_stretch(const struct vhd_vring_packed_desc **dp, const struct vhd_vring_packed_desc *dend,
+               uint32_t size, uint16_t want, bool ind_ok, const struct vhd_vq__out oo, uint32_t k,
+               uint32_t max, const struct vhd_vq__rcache *rcp, bool *gap)
+{
+    const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
+    const uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
+    const struct vhd_vq__rcache rc = *rcp;
+    const struct vhd_vring_packed_desc *d = *dp;
+    /* vhd_vq_pop_burst: chain k's iovecs and chain, moved along with k (no multiply per chain). */
+    struct iovec *ivk = o->iovs ? NULL : o->iov + (size_t)k * o->stride;
+    struct vhd_vq_chain *ckk = o->cs ? NULL : o->c + k;
+
+    while (d < dend && k < max) {
+        uint16_t flags = slot_flags(d);
+        if ((flags & PACKED_AM) != want) {
+            *gap = true; /* nothing more available */
+            break;
+        }
+        __builtin_prefetch(d + PACKED_PREFETCH_AHEAD);
+        /* At a line of four slots (at 64-byte alignment of the ring, as a host maps it). */
+        if (!(flags & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT)) && ((uintptr_t)d & 63) == 0 &&
+            max_iov != 0 && dend - d >= 4 && max - k >= 4) {
+            uint32_t g = packed_group_fast(d, size, want, flags, o, k, &rc);
+            if (g != 0) {
+                k += g;
+                d += g;
+                if (!o->iovs) {
+                    ivk += (size_t)g * o->stride;
+                    ckk += g;
+                }
+                continue;
+            }
+        }
+        const struct vhd_vring_packed_desc *nd =
+            packed_chain_fast(d, dend, size, want, flags, ind_ok, o->iovs ? o->iovs[k] : ivk,
+                              max_iov, o->cs ? o->cs[k] : ckk, &rc);
+        if (vhd_unlikely(nd == NULL))
+            break;
+        k++;
+        d = nd;
+        if (!o->iovs) {
+            ivk += o->stride;
+            ckk++;
+        }
+    }
+    *dp = d;
+    return k;
+}
+
+static __attribute__((noinline)) uint32_t
+packed_stretch_burst(const struct vhd_vring_packed_desc **dp,
+                     const struct vhd_vring_packed_desc *dend, uint32_t size, uint16_t want,
+                     bool ind_ok, const struct vhd_vq__out *o, uint32_t k, uint32_t max,
+                     const struct vhd_vq__rcache *rc, bool *gap)
+{
+    const struct vhd_vq__out ob = {
+        .iov = o->iov, .c = o->c, .stride = o->stride, .max_iov = o->max_iov};
+    return packed_stretch(dp, dend, size, want, ind_ok, ob, k, max, rc, gap);
+}
+
+static __attribute__((noinline)) uint32_t
+packed_stretch_burstv(const struct vhd_vring_packed_desc **dp,
+                      const struct vhd_vring_packed_desc *dend, uint32_t size, uint16_t want,
+                      bool ind_ok, const struct vhd_vq__out *o, uint32_t k, uint32_t max,
+                      const struct vhd_vq__rcache *rc, bool *gap)
+{
+    const struct vhd_vq__out ov = {.iovs = o->iovs, .cs = o->cs, .max_iov = o->max_iov};
+    return packed_stretch(dp, dend, size, want, ind_ok, ov, k, max, rc, gap);
+}
+
+/*
  * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked: the
- * ring's state (owned slots, room, position, region) is loaded once and kept
- * in locals; at four aligned slots, four one-slot chains are taken at once
- * (packed_group_fast); otherwise each chain is tried by packed_chain_fast
- * and, when it does not take it, walked with pop's checks and errors. A
- * chain that fails after the first ends the run before it with the queue
- * not broken (the failing walk changed only vq->error and its own iov/c);
- * the next pop walks it again.
+ * ring's state (owned slots, position, region) is loaded once and kept in
+ * locals. The slots the driver owns are taken in stretches that do not
+ * cross the ring's end (at most two per run, plus one after each chain the
+ * full walk takes): inside one the wrap counter, and so the AVAIL/USED bits
+ * of an available slot, are constants and no position wraps, and
+ * packed_stretch takes the common chains (out of line: its loop has the
+ * registers to itself). A chain it does not take (a chain across the
+ * ring's end among them) is walked with pop's checks and errors by
+ * packed_chain_full. A chain that fails after the first ends the run
+ * before it with the queue not broken (the failing walk changed only
+ * vq->error and its own iov/c); the next pop walks it again.
  */
 static inline __attribute__((always_inline)) int
 packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
 {
     const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
-    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
-    uint32_t size = vq->size;
-    uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
+    const struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    const uint32_t size = vq->size;
+    const uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
 
     uint32_t owned = device_owned(vq);
     if (vhd_unlikely(owned > size))
         return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX); /* inconsistent SET_VRING_BASE */
-    uint32_t room = size - owned;
     uint32_t slot = vq->last_avail_idx;
-    bool wrap = vq->avail_wrap;
-    uint16_t want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
-
-    bool ind_ok = vq->indirect;
+    /* The slots the driver owns: [slot, lim) counted on past the ring's end (lim < 2 * size). */
+    uint32_t lim = slot + (size - owned);
+    uint16_t want = vq->avail_wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+    const bool ind_ok = vq->indirect;
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
     int err = 0;
     uint32_t k = 0;
-    while (k < max && room != 0) {
-        struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k);
-        struct iovec *iv = vhd_vq__out_iov(o, k);
-        if ((slot & 3) == 0) {
-            if (room > PACKED_PREFETCH_AHEAD) {
-                uint32_t ahead = slot + PACKED_PREFETCH_AHEAD;
-                __builtin_prefetch(&ring[ahead < size ? ahead : ahead - size]);
-            }
-            if (room >= 4 && slot + 4 <= size && max - k >= 4) {
-                uint32_t g = packed_group_fast(ring, size, slot, want, o, k, max_iov, &rc);
-                if (g != 0) {
-                    k += g;
-                    room -= g;
-                    slot += g;
-                    if (slot == size) {
-                        slot = 0;
-                        wrap = !wrap;
-                        want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
-                    }
-                    continue;
-                }
-            }
-        }
-        uint16_t flags = slot_flags(&ring[slot]);
-        if (!desc_is_avail_fast(flags, want))
-            break;
 
-        uint32_t nf =
-            packed_chain_fast(ring, size, slot, wrap, room, flags, ind_ok, iv, max_iov, ck, &rc);
-        if (vhd_likely(nf != 0)) {
-            k++;
-            room -= nf;
-            slot += nf;
-            if (slot >= size) {
-                slot -= size;
-                wrap = !wrap;
-                want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+    while (k < max && slot < lim) {
+        /* A stretch: up to the ring's end or the end of the driver's slots. */
+        const uint32_t end = lim < size ? lim : size;
+        const struct vhd_vring_packed_desc *d = ring + slot, *const dend = ring + end;
+        bool gap = false;
+        k = o->iovs ? packed_stretch_burstv(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap)
+                    : packed_stretch_burst(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap);
+        slot = (uint32_t)(d - ring);
+        if (d == dend) {
+            if (slot == size) {
+                slot = 0;
+                lim -= size;
+                want ^= PACKED_AM;
             }
             continue;
         }
-
-        /* The chain with every check, as packed_pop walks it. */
-        ck->nr = ck->nw = 0;
-        ck->rlen = ck->wlen = 0;
-        uint64_t total = 0;
-        uint32_t n = 0, s = slot;
-        bool w = wrap;
-        uint16_t id;
-        for (;;) {
-            const struct vhd_vring_packed_desc *d = &ring[s];
-            /* Each guest field read once, after the acquire on this slot's flags. */
-            uint64_t addr = vhd_le64(vhd_load_relaxed(&d->addr));
-            uint32_t len = vhd_le32(vhd_load_relaxed(&d->len));
-            id = vhd_le16(vhd_load_relaxed(&d->id));
-            n++;
-            err = packed_map_one(vq, addr, len, flags, n == 1, iv, max_iov, ck, &total, &rc);
-            if (vhd_unlikely(err < 0))
-                goto out;
-            if (++s == size) {
-                s = 0;
-                w = !w;
-            }
-            if (!(flags & VRING_DESC_F_NEXT))
-                break;
-            if (vhd_unlikely(n == room)) {
-                err = vhd_vq__fail(vq, n == size ? VHD_VQ_E_CHAIN_LOOP : VHD_VQ_E_PACKED_CHAIN);
-                goto out;
-            }
-            flags = slot_flags(&ring[s]);
-            if (vhd_unlikely(!desc_is_avail(flags, w))) {
-                err = vhd_vq__fail(vq, VHD_VQ_E_PACKED_CHAIN);
-                goto out;
-            }
+        if (k == max || gap)
+            break;
+        /* A chain the fast walks do not take: walked with every check. */
+        int n = packed_chain_full(vq, slot, want == VRING_PACKED_DESC_F_AVAIL, lim - slot,
+                                  vhd_vq__out_iov(o, k), max_iov, vhd_vq__out_chain(o, k), &rc);
+        if (vhd_unlikely(n <= 0)) {
+            err = n;
+            break;
         }
-        if (vhd_unlikely(id >= size)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
-            goto out;
-        }
-        ck->id = (uint16_t)vhd_index_nospec(id, size);
-        ck->ndescs = (uint16_t)n;
         k++;
-        room -= n;
-        slot = s;
-        if (w != wrap) {
-            wrap = w;
-            want = wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+        slot += (uint32_t)n;
+        if (slot >= size) {
+            slot -= size;
+            lim -= size;
+            want ^= PACKED_AM;
         }
     }
-out:
     vq->last_avail_idx = (uint16_t)slot;
-    vq->avail_wrap = wrap;
+    vq->avail_wrap = want == VRING_PACKED_DESC_F_AVAIL;
     vq->inflight = (uint16_t)(vq->inflight + k);
     if (vhd_unlikely(err < 0)) {
         if (k == 0)

@@ -2895,6 +2895,178 @@ BOTH(burst_budget)
 }
 
 /*
+ * Packed runs across the ring's end: chains of 1 to 3 slots, taken in one
+ * run that starts at each of several slots before the end, so that a chain
+ * straddles the end at its first, middle or last slot, or none does, and
+ * single-slot chains meet the end inside a group of four. Each chain comes
+ * back with its id (the driver collects them in order), its shape and its
+ * buffers (their bytes read through the iovecs), and the ring position and
+ * wrap counter after the run are the driver's.
+ */
+VHD_TEST(burst_packed_across_ring_end)
+{
+    static const uint8_t shapes[][2] = {{1, 1}, {2, 1}, {1, 1}, {0, 1}, {1, 1}};
+    static const uint32_t starts[] = {12, 11, 10, 9, 8};
+    for (unsigned si = 0; si < VHD_ARRAY_SIZE(starts) * 2; si++) {
+        uint32_t start = starts[si % VHD_ARRAY_SIZE(starts)];
+        bool ones = si >= VHD_ARRAY_SIZE(starts); /* nine single-slot chains */
+        struct vqfx f;
+        struct vqfx_opts o = {.size = 13, .packed = true};
+        vqfx_setup(&f, &o);
+        uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+        uint8_t *p;
+        uint64_t data = vqfx_alloc(&f, 64 * 32, (void **)&p);
+        advance(&f, buf, start, 4); /* both sides at slot start, wrap counter 1 */
+
+        uint32_t nchains = ones ? 9 : VHD_ARRAY_SIZE(shapes), slots = 0, j = 0;
+        uint32_t nr[9], nw[9], first[9];
+        for (uint32_t i = 0; i < nchains; i++) {
+            nr[i] = ones ? 0 : shapes[i][0];
+            nw[i] = ones ? 1 : shapes[i][1];
+            first[i] = j;
+            struct vhd_drv_buf b[3];
+            for (uint32_t s = 0; s < nr[i] + nw[i]; s++, j++) {
+                b[s].gpa = data + 64ull * j;
+                b[s].len = 1 + j;
+                p[64 * j] = (uint8_t)(0x40 + j);
+            }
+            VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, nr[i], nw[i], false, (void *)(uintptr_t)(i + 1)),
+                         0);
+            slots += nr[i] + nw[i];
+        }
+        vhd_drv_vq_publish(&f.dq);
+        VHD_CHECK(start + slots > 13); /* the run crosses the end */
+
+        struct iovec iov[16 * 4];
+        struct vhd_vq_chain c[16];
+        uint32_t written[16];
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 16), (int)nchains);
+        VHD_CHECK_EQ(f.vq.error, 0);
+        for (uint32_t k = 0; k < nchains; k++) {
+            VHD_CHECK_EQ(c[k].nr, nr[k]);
+            VHD_CHECK_EQ(c[k].nw, nw[k]);
+            VHD_CHECK_EQ(c[k].ndescs, nr[k] + nw[k]);
+            uint32_t rl = 0, wl = 0;
+            for (uint32_t s = 0; s < nr[k] + nw[k]; s++) {
+                uint32_t jb = first[k] + s;
+                VHD_CHECK_EQ(iov[4 * k + s].iov_len, 1 + jb);
+                VHD_CHECK_EQ(*(const uint8_t *)iov[4 * k + s].iov_base, 0x40 + jb);
+                if (s < nr[k])
+                    rl += 1 + jb;
+                else
+                    wl += 1 + jb;
+            }
+            VHD_CHECK_EQ(c[k].rlen, rl);
+            VHD_CHECK_EQ(c[k].wlen, wl);
+            written[k] = wl;
+        }
+        VHD_CHECK_EQ(f.vq.last_avail_idx, (start + slots) % 13);
+        VHD_CHECK_EQ(f.vq.avail_wrap, false);
+        VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 16), 0);
+        VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, written, nchains), 0);
+        vhd_vq_flush(&f.vq);
+        void *ck;
+        uint32_t len;
+        for (uint32_t k = 0; k < nchains; k++) {
+            VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+            VHD_CHECK_EQ((uintptr_t)ck, k + 1);
+            VHD_CHECK_EQ(len, written[k]);
+        }
+        vqfx_teardown(&f);
+    }
+}
+
+/*
+ * Packed, a bad chain after the ring's end: the run delivers the chains
+ * before it (the one straddling the end among them) with the queue
+ * working; the next pop breaks the queue with the single pop's error.
+ */
+VHD_TEST(burst_packed_bad_chain_after_ring_end)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 13, .packed = true};
+    vqfx_setup(&f, &o);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    advance(&f, buf, 12, 4); /* slot 12, wrap counter 1 */
+    for (uint32_t i = 0; i < 3; i++) {
+        struct vhd_drv_buf b[2] = {{buf + 64 * i, 16}, {buf + 64 * i + 32, 1}};
+        VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b, 1, 1, false, (void *)(uintptr_t)(i + 1)), 0);
+    }
+    vhd_drv_vq_publish(&f.dq);
+    /* chains at 12-0, 1-2, 3-4: the third's head becomes a one-slot chain with a bad id */
+    vqfx_packed_desc(&f, 3, buf, 16, 0x7fff, vqfx_pavail(false));
+    struct iovec iov[8 * 4];
+    struct vhd_vq_chain c[8];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 8), 2);
+    VHD_CHECK_EQ(f.vq.error, 0);
+    VHD_CHECK_EQ(c[0].ndescs, 2);
+    VHD_CHECK_EQ(c[1].ndescs, 2);
+    VHD_CHECK_EQ(f.vq.last_avail_idx, 3);
+    uint32_t written[2] = {1, 1};
+    VHD_CHECK_EQ(vhd_vq_push_burst(&f.vq, c, written, 2), 0);
+    vhd_vq_flush(&f.vq);
+    void *ck;
+    uint32_t len;
+    for (uintptr_t i = 1; i <= 2; i++) {
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+        VHD_CHECK_EQ((uintptr_t)ck, i);
+    }
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 4, c, 8), -VHD_VQ_E_BUFFER_ID);
+    VHD_CHECK_EQ(f.vq.error, VHD_VQ_E_BUFFER_ID);
+    vqfx_teardown(&f);
+}
+
+/*
+ * Packed, the end of the driver's slots after the ring's end: the device
+ * holds two chains (slots 3 and 4, popped, not used), so the driver owns
+ * slots 5..12 and 0..2. A run takes 5-6 and the chain straddling the end
+ * (7..0 with the room ending at 2), then meets a chain whose last slot (2)
+ * says NEXT: it would run into slot 3, the device's. The run ends before
+ * it (even with slot 3 forged to look available); the next pop breaks the
+ * queue with PACKED_CHAIN, as a single pop.
+ */
+VHD_TEST(burst_packed_chain_into_device_slots_after_ring_end)
+{
+    struct vqfx f;
+    struct vqfx_opts o = {.size = 13, .packed = true};
+    vqfx_setup(&f, &o);
+    uint64_t buf = vqfx_alloc(&f, 4096, NULL);
+    advance(&f, buf, 3, 4); /* slot 3, wrap counter 1 */
+    drv_add_k(&f, buf, 2, 1);
+    vhd_drv_vq_publish(&f.dq);
+    struct iovec held_iov[2 * 4];
+    struct vhd_vq_chain held[2];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, held_iov, 4, held, 2), 2);
+
+    struct vhd_drv_buf b2[2] = {{buf, 16}, {buf + 32, 1}};
+    struct vhd_drv_buf b7[7] = {{buf, 8},      {buf + 8, 8},  {buf + 16, 8}, {buf + 24, 8},
+                                {buf + 32, 8}, {buf + 40, 8}, {buf + 48, 1}};
+    VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b2, 1, 1, false, (void *)(uintptr_t)1), 0); /* 5-6 */
+    VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b7, 6, 1, false, (void *)(uintptr_t)2), 0); /* 7..12, 0 */
+    VHD_CHECK_EQ(vhd_drv_vq_add(&f.dq, b2, 1, 1, false, (void *)(uintptr_t)3), 0); /* 1-2 */
+    vhd_drv_vq_publish(&f.dq);
+    /* slot 2, the last the driver owns, now says NEXT (still available, writable) */
+    struct vhd_vring_packed_desc *d2 = &f.dq.ring.packed.desc[2];
+    vqfx_packed_desc(&f, 2, vhd_le64(d2->addr), vhd_le32(d2->len), vhd_le16(d2->id),
+                     (uint16_t)(vhd_le16(d2->flags) | VRING_DESC_F_NEXT));
+    /* and slot 3, the device's, is rewritten to look available in this lap: still not the driver's
+     */
+    vqfx_packed_desc(&f, 3, buf + 64, 1, 0, vqfx_pavail(false) | VRING_DESC_F_WRITE);
+    struct iovec iov[8 * 8];
+    struct vhd_vq_chain c[8];
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 8, c, 8), 2);
+    VHD_CHECK_EQ(f.vq.error, 0);
+    VHD_CHECK_EQ(c[0].ndescs, 2);
+    VHD_CHECK_EQ(c[1].ndescs, 7);
+    VHD_CHECK_EQ(c[1].nr, 6);
+    VHD_CHECK_EQ(c[1].rlen, 48);
+    VHD_CHECK_EQ(f.vq.last_avail_idx, 1);
+    VHD_CHECK_EQ(vhd_vq_pop_burst(&f.vq, iov, 8, c, 8), -VHD_VQ_E_PACKED_CHAIN);
+    VHD_CHECK_EQ(f.vq.error, VHD_VQ_E_PACKED_CHAIN);
+    vqfx_teardown(&f);
+}
+
+/*
  * A bad chain after three good ones: the run returns the three with the
  * queue still working, they are pushed and published normally (with
  * inflight tracking: recorded, then cleared), and the next pop breaks the
