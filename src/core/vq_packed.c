@@ -1109,6 +1109,47 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
  * in locals and stored once. With inflight tracking, push itself per chain.
  */
 /*
+ * One chain of packed_push_run: its checks (BUFFER_ID, then USED_OVERFLOW:
+ * nd is 0 or above the slots outstanding), then the used descriptor at *u
+ * (id, len, and the flags now, or kept back as the batch head's when head),
+ * and the position past its slots. false (and *err) when a check fails.
+ */
+static inline __attribute__((always_inline)) bool
+packed_push_slot(struct vhd_vq *vq, struct vhd_vring_packed_desc *ring, uint32_t size,
+                 const struct vhd_vq_chain *c, uint32_t wr, bool head, uint32_t *u, bool *uw,
+                 uint16_t *base, uint32_t *outstanding, int *err)
+{
+    uint32_t nd = c->ndescs, id = c->id;
+    if (vhd_unlikely(id >= size)) {
+        *err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
+        return false;
+    }
+    if (vhd_unlikely(nd - 1 >= *outstanding)) {
+        *err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
+        return false;
+    }
+    uint16_t flags = (uint16_t)(*base | (wr ? VRING_DESC_F_WRITE : 0));
+    struct vhd_vring_packed_desc *d = &ring[*u];
+    vhd_store_relaxed(&d->id, vhd_le16((uint16_t)id));
+    vhd_store_relaxed(&d->len, vhd_le32(wr));
+    if (head) {
+        vq->batch_head = (uint16_t)*u;
+        vq->batch_head_flags = flags;
+    } else {
+        /* Release: id/len before flags (packed_push_one). */
+        vhd_store_release(&d->flags, vhd_le16(flags));
+    }
+    *outstanding -= nd;
+    *u += nd;
+    if (*u >= size) {
+        *u -= size;
+        *uw = !*uw;
+        *base = *uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+    }
+    return true;
+}
+
+/*
  * The untracked push of a run (vhd_vq__packed_push_burst), with the
  * written test resolved by the caller (hw: written is not NULL). The
  * checks of packed_push_one, in its order, per chain: the buffer id, then
@@ -1130,43 +1171,31 @@ static inline __attribute__((always_inline)) int packed_push_run(struct vhd_vq *
     int err = 0;
     uint32_t m = n <= left ? n : left, k;
 
-    for (k = 0; k < m; k++) {
-        uint32_t nd = c[k].ndescs, id = c[k].id;
-        if (vhd_unlikely(id >= size)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_BUFFER_ID);
-            break;
-        }
-        if (vhd_unlikely(nd - 1 >= outstanding)) {
-            err = vhd_vq__fail(vq, VHD_VQ_E_USED_OVERFLOW);
-            break;
-        }
-        uint32_t wr = hw ? written[k] : 0;
-        uint16_t flags = (uint16_t)(base | (wr ? VRING_DESC_F_WRITE : 0));
-        struct vhd_vring_packed_desc *d = &ring[u];
-        vhd_store_relaxed(&d->id, vhd_le16((uint16_t)id));
-        vhd_store_relaxed(&d->len, vhd_le32(wr));
-        if (npend == 0) {
-            vq->batch_head = (uint16_t)u;
-            vq->batch_head_flags = flags;
-        } else {
-            /* Release: id/len before flags (packed_push_one). */
-            vhd_store_release(&d->flags, vhd_le16(flags));
-        }
-        npend++;
-        outstanding -= nd;
-        u += nd;
-        if (u >= size) {
-            u -= size;
-            uw = !uw;
-            base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
-        }
+    /*
+     * The chain that opens a batch keeps its flags back for flush (the
+     * batch-head rule of packed_push_one); every later one stores its flags
+     * at once. Which chain opens it is known before the loop (the first,
+     * when nothing is pending): it is pushed on its own, so the loop's
+     * body has no test for it.
+     */
+    k = 0;
+    if (npend == 0 && m != 0) {
+        if (!packed_push_slot(vq, ring, size, &c[0], hw ? written[0] : 0, true, &u, &uw, &base,
+                              &outstanding, &err))
+            goto out;
+        k = 1;
     }
+    for (; k < m; k++)
+        if (!packed_push_slot(vq, ring, size, &c[k], hw ? written[k] : 0, false, &u, &uw, &base,
+                              &outstanding, &err))
+            break;
+out:
     if (vhd_unlikely(k == m && m < n)) /* nothing in flight for chain k */
         err = vhd_vq__fail(vq, c[k].id >= size ? VHD_VQ_E_BUFFER_ID : VHD_VQ_E_USED_OVERFLOW);
     vq->used_idx = (uint16_t)u;
     vq->used_wrap = uw;
     vq->inflight = (uint16_t)(left - k);
-    vq->batch_npending = (uint16_t)npend;
+    vq->batch_npending = (uint16_t)(npend + k); /* <= inflight <= 32768 */
     return err;
 }
 
