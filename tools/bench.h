@@ -55,6 +55,7 @@ struct net_opts {
     double runtime;
     bool packed;
     bool mrg;
+    bool no_in_order; /* --in-order=0 */
     unsigned queue_size;
     unsigned burst;
     bool interrupt;

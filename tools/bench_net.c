@@ -132,6 +132,7 @@ int bench_net_main(int argc, char **argv)
         .queue_size = o.queue_size,
         .packed = o.packed,
         .mrg_rxbuf = o.mrg,
+        .no_in_order = o.no_in_order,
         .max_tx_frame = o.size,
         .iommu_page_size = o.iommu_page,
         .iommu_strict = o.iommu_strict,
@@ -164,10 +165,11 @@ int bench_net_main(int argc, char **argv)
     }
     if (!o.json)
         printf("vhostd-bench net: %s mode=%s size=%u pairs=%u ring=%s mrg_rxbuf=%s queue-size=%u "
-               "burst=%u completion=%s event_idx=%s\n",
+               "burst=%u completion=%s event_idx=%s in_order=%s\n",
                o.socket, net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
                in->mrg_rxbuf ? "on" : "off", in->queue_size, o.burst,
-               o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off");
+               o.interrupt ? "interrupt" : "poll", in->event_idx ? "on" : "off",
+               in->in_order ? "on" : "off");
 
     struct bench_reporter r = {
         .prog = "vhostd-bench net",
@@ -194,11 +196,12 @@ int bench_net_main(int argc, char **argv)
     if (o.json) {
         bench_json_open(o.socket);
         printf(", \"mode\": \"%s\", \"size\": %u, \"pairs\": %u, \"ring\": \"%s\", "
-               "\"mrg_rxbuf\": %s, \"event_idx\": %s, \"queue_size\": %u, \"burst\": %u, "
-               "\"completion\": \"%s\",\n \"pairs_detail\": [",
+               "\"mrg_rxbuf\": %s, \"event_idx\": %s, \"in_order\": %s, \"queue_size\": %u, "
+               "\"burst\": %u, \"completion\": \"%s\",\n \"pairs_detail\": [",
                net_mode_names[o.mode], o.size, o.pairs, in->packed ? "packed" : "split",
-               in->mrg_rxbuf ? "true" : "false", in->event_idx ? "true" : "false", in->queue_size,
-               o.burst, o.interrupt ? "interrupt" : "poll");
+               in->mrg_rxbuf ? "true" : "false", in->event_idx ? "true" : "false",
+               in->in_order ? "true" : "false", in->queue_size, o.burst,
+               o.interrupt ? "interrupt" : "poll");
         for (unsigned i = 0; i < started; i++) {
             const struct net_job *j = &jobs[i];
             double s = (double)(j->live.t_end - j->live.t_start) / 1e9;

@@ -280,6 +280,7 @@ static void net_usage(FILE *f)
         "  --runtime=SECONDS      run for this long (default 10)\n"
         "  --ring=split|packed    ring layout (default split)\n"
         "  --mrg=0|1              negotiate VIRTIO_NET_F_MRG_RXBUF (default 0)\n"
+        "  --in-order=0|1         negotiate VIRTIO_F_IN_ORDER when offered (default 1)\n"
         "  --queue-size=N         ring entries (default 256)\n"
         "  --burst=N              frames per tx/rx call (default 32, at most 256)\n"
         "  --completion=poll|interrupt  busy-poll the used rings (default) or sleep on the\n"
@@ -309,6 +310,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         N_RUNTIME,
         N_RING,
         N_MRG,
+        N_IN_ORDER,
         N_QSIZE,
         N_BURST,
         N_COMPL,
@@ -328,6 +330,7 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
         {"runtime", required_argument, 0, N_RUNTIME},
         {"ring", required_argument, 0, N_RING},
         {"mrg", required_argument, 0, N_MRG},
+        {"in-order", required_argument, 0, N_IN_ORDER},
         {"queue-size", required_argument, 0, N_QSIZE},
         {"queue_size", required_argument, 0, N_QSIZE},
         {"burst", required_argument, 0, N_BURST},
@@ -389,6 +392,11 @@ int bench_net_parse_opts(int argc, char **argv, struct net_opts *o)
             if (bench_parse_uint(a, 0, 1, &v))
                 goto bad;
             o->mrg = v;
+            break;
+        case N_IN_ORDER:
+            if (bench_parse_uint(a, 0, 1, &v))
+                goto bad;
+            o->no_in_order = !v;
             break;
         case N_QSIZE:
             if (bench_parse_uint(a, 1, 32768, &v))

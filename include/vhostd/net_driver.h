@@ -122,6 +122,12 @@ struct vhd_netdrv_opts {
      * per frame.
      */
     bool iommu_static;
+    /*
+     * Do not negotiate VIRTIO_F_IN_ORDER. By default the driver negotiates
+     * it when offered (as DPDK's virtio-user does): the device may then use
+     * a batch of transmitted frames with one used entry.
+     */
+    bool no_in_order;
 };
 
 /* What was negotiated and read from the device. */
@@ -142,6 +148,7 @@ struct vhd_netdrv_info {
     bool ctrl_vq;             /* the control queue runs */
     bool config_notify;       /* config change notifications arrive (back-end channel) */
     uint64_t iommu_page_size; /* the driver is the IOMMU with pages of this size (0: off) */
+    bool in_order;            /* VIRTIO_F_IN_ORDER in use */
 };
 
 /* IOTLB traffic of a driver acting as the IOMMU, since connect. */

@@ -543,6 +543,7 @@ static int ring_start(struct vhd_netdrv *d, struct netdrv_ring *r)
     struct vhd_drv_vq_params prm = {.size = in->queue_size,
                                     .packed = in->packed,
                                     .event_idx = in->event_idx,
+                                    .in_order = in->in_order,
                                     .max_indirect = 0,
                                     .area = r->area,
                                     .area_gpa = r->area_gpa,
@@ -602,6 +603,8 @@ static uint64_t wanted_features(const struct vhd_netdrv_opts *o)
         f |= BIT(VIRTIO_NET_F_MRG_RXBUF);
     if (!o->no_event_idx)
         f |= BIT(VIRTIO_F_EVENT_IDX);
+    if (!o->no_in_order)
+        f |= BIT(VIRTIO_F_IN_ORDER);
     if (o->packed)
         f |= BIT(VIRTIO_F_RING_PACKED);
     f |= o->offloads & OFFLOAD_BITS;
@@ -782,6 +785,7 @@ static int session_open(struct vhd_netdrv *d)
     in->max_tx_frame = o->max_tx_frame;
     in->packed = (feat & BIT(VIRTIO_F_RING_PACKED)) != 0;
     in->event_idx = (feat & BIT(VIRTIO_F_EVENT_IDX)) != 0;
+    in->in_order = (feat & BIT(VIRTIO_F_IN_ORDER)) != 0;
     in->mrg_rxbuf = (feat & BIT(VIRTIO_NET_F_MRG_RXBUF)) != 0;
     in->reply_ack = vhd_vuf_has_proto(f, VHOST_USER_PROTOCOL_F_REPLY_ACK);
     in->iommu_page_size = o->iommu_page_size;

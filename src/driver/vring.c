@@ -44,7 +44,15 @@ int vhd_drv_vq_init(struct vhd_drv_vq *dq, const struct vhd_drv_vq_params *p)
     dq->size = (uint16_t)p->size;
     dq->packed = p->packed;
     dq->event_idx = p->event_idx;
+    dq->in_order = p->in_order;
     dq->max_indirect = p->max_indirect;
+    if (p->in_order) {
+        dq->order = calloc(p->size, sizeof(*dq->order));
+        if (!dq->order) {
+            vhd_drv_vq_fini(dq);
+            return -ENOMEM;
+        }
+    }
     int rc = p->packed ? vhd_drv__packed_init(dq, p) : vhd_drv__split_init(dq, p);
     if (rc < 0) {
         vhd_drv_vq_fini(dq);
@@ -57,8 +65,10 @@ void vhd_drv_vq_fini(struct vhd_drv_vq *dq)
 {
     free(dq->slots);
     free(dq->id_next);
+    free(dq->order);
     dq->slots = NULL;
     dq->id_next = NULL;
+    dq->order = NULL;
 }
 
 int vhd_drv_vq_add(struct vhd_drv_vq *dq, const struct vhd_drv_buf *bufs, uint32_t nr, uint32_t nw,

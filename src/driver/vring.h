@@ -31,9 +31,17 @@ struct vhd_drv_buf {
 };
 
 struct vhd_drv_vq_params {
-    uint32_t size;         /* split: power of two 1..32768; packed: 1..32768 */
-    bool packed;           /* packed layout */
-    bool event_idx;        /* VIRTIO_F_EVENT_IDX negotiated */
+    uint32_t size;  /* split: power of two 1..32768; packed: 1..32768 */
+    bool packed;    /* packed layout */
+    bool event_idx; /* VIRTIO_F_EVENT_IDX negotiated */
+    /*
+     * VIRTIO_F_IN_ORDER negotiated: the device uses buffers in the order they
+     * were made available and may use a batch of them with one used entry,
+     * written at the batch's first position and naming its last buffer
+     * (2.7.9, 2.8.8); get_used then returns the batch's earlier buffers
+     * first, as used completely (their writable length).
+     */
+    bool in_order;
     uint32_t max_indirect; /* entries per indirect table; 0: no indirect support */
     void *area;            /* host pointer of the area (16-byte aligned, zeroed by init) */
     uint64_t area_gpa;     /* its guest-physical address (16-byte aligned) */
@@ -46,12 +54,14 @@ struct vhd_drv_vq_slot {
     uint16_t ndescs; /* descriptors the request took in the ring (split: in the table) */
     uint16_t last;   /* split: last descriptor of the chain (to link into free list) */
     bool busy;       /* in flight */
+    uint32_t wlen;   /* bytes of its device-writable buffers ("used completely", in order) */
 };
 
 struct vhd_drv_vq {
     uint16_t size;
     bool packed;
     bool event_idx;
+    bool in_order;
     uint32_t max_indirect;
     uint16_t num_free; /* descriptors (split) / ring slots (packed) free */
 
@@ -95,6 +105,19 @@ struct vhd_drv_vq {
                               chain links); packed: of buffer ids */
 
     struct vhd_drv_vq_slot *slots; /* size entries, by id */
+
+    /*
+     * In order: the ids in the order they were made available (private, never
+     * read from shared memory): split by avail position (the k-th buffer made
+     * available is the k-th used), packed a FIFO from order_head. While a
+     * batch is open (one used entry for several buffers), batch_last names its
+     * last buffer and batch_len the length that entry reported for it.
+     */
+    uint16_t *order;
+    uint16_t order_head, order_tail; /* packed: FIFO positions, < size */
+    bool batch_open;
+    uint16_t batch_last;
+    uint32_t batch_len;
 };
 
 /* Bytes of guest memory the rings and indirect tables need. */

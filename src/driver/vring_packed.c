@@ -206,10 +206,19 @@ int vhd_drv__packed_add(struct vhd_drv_vq *dq, const struct vhd_drv_buf *bufs, u
         }
     }
 
+    uint32_t wlen = 0;
+    for (uint32_t k = nr; k < n; k++)
+        wlen += bufs[k].len;
     dq->num_free = (uint16_t)(dq->num_free - need);
     dq->slots[id].cookie = cookie;
     dq->slots[id].ndescs = (uint16_t)need;
     dq->slots[id].busy = true;
+    dq->slots[id].wlen = wlen;
+    if (dq->in_order) {
+        /* At most size in flight (one id each): the FIFO cannot overrun its head. */
+        dq->order[dq->order_tail] = id;
+        dq->order_tail = (uint16_t)(dq->order_tail + 1 == dq->size ? 0 : dq->order_tail + 1);
+    }
     dq->batch_count++; /* <= size: each request takes a slot */
     return 0;
 }
@@ -298,19 +307,49 @@ bool vhd_drv__packed_kick_needed(struct vhd_drv_vq *dq)
  */
 int vhd_drv__packed_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len)
 {
-    uint16_t flags;
-    if (!used_pending(dq, &flags))
-        return 0;
-
-    const struct vhd_vring_packed_desc *d = &dq->ring.packed.desc[dq->last_used];
-    uint16_t id = vhd_le16(vhd_load_relaxed(&d->id));
-    uint32_t l = vhd_le32(vhd_load_relaxed(&d->len));
-    if (id >= dq->size)
-        return -EIO;
-    id = (uint16_t)vhd_index_nospec(id, dq->size);
+    uint16_t flags = 0, id;
+    uint32_t l;
+    if (dq->in_order && dq->batch_open) {
+        /*
+         * In order (2.8.8), inside a batch: the device wrote one used
+         * descriptor for the batch (read below when it opened) and skipped
+         * the slots of the rest; the next buffer is the next made available,
+         * used completely, the batch's last one with the length it reported.
+         */
+        id = dq->order[dq->order_head];
+        if (id == dq->batch_last) {
+            dq->batch_open = false;
+            l = dq->batch_len;
+        } else {
+            l = dq->slots[id].wlen;
+        }
+    } else {
+        if (!used_pending(dq, &flags))
+            return 0;
+        const struct vhd_vring_packed_desc *d = &dq->ring.packed.desc[dq->last_used];
+        id = vhd_le16(vhd_load_relaxed(&d->id));
+        l = vhd_le32(vhd_load_relaxed(&d->len));
+        if (id >= dq->size)
+            return -EIO;
+        id = (uint16_t)vhd_index_nospec(id, dq->size);
+        if (!dq->slots[id].busy)
+            return -EIO;
+        if (!(flags & VRING_DESC_F_WRITE))
+            l = 0;
+        if (dq->in_order && id != dq->order[dq->order_head]) {
+            /* A batch: it starts with the oldest buffer in flight and ends with id. */
+            dq->batch_open = true;
+            dq->batch_last = id;
+            dq->batch_len = l;
+            id = dq->order[dq->order_head];
+            l = dq->slots[id].wlen;
+        }
+    }
     struct vhd_drv_vq_slot *s = &dq->slots[id];
     if (!s->busy)
         return -EIO;
+    if (dq->in_order)
+        dq->order_head = (uint16_t)(dq->order_head + 1 == dq->size ? 0 : dq->order_head + 1);
 
     uint32_t next = (uint32_t)dq->last_used + s->ndescs;
     if (next >= dq->size) {
@@ -324,7 +363,7 @@ int vhd_drv__packed_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len
     dq->free_id_head = id;
 
     *cookie = s->cookie;
-    *len = (flags & VRING_DESC_F_WRITE) ? l : 0;
+    *len = l;
     return 1;
 }
 

@@ -161,9 +161,15 @@ int vhd_drv__split_add(struct vhd_drv_vq *dq, const struct vhd_drv_buf *bufs, ui
         dq->slots[head].ndescs = (uint16_t)n;
     }
 
+    uint32_t wlen = 0;
+    for (uint32_t k = nr; k < n; k++)
+        wlen += bufs[k].len;
     dq->slots[head].cookie = cookie;
     dq->slots[head].last = last;
     dq->slots[head].busy = true;
+    dq->slots[head].wlen = wlen;
+    if (dq->in_order)
+        dq->order[dq->avail_idx & (dq->size - 1)] = head;
     dq->ring.split.avail->ring[dq->avail_idx & (dq->size - 1)] = vhd_le16(head);
     dq->avail_idx++;
     return 0;
@@ -226,12 +232,45 @@ int vhd_drv__split_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len)
     if ((uint16_t)(used_idx - dq->last_used_idx) > dq->size)
         return -EIO;
 
-    const struct vhd_vring_used_elem *e =
-        &dq->ring.split.used->ring[dq->last_used_idx & (dq->size - 1)];
-    uint32_t id = vhd_le32(vhd_load_relaxed(&e->id));
-    uint32_t l = vhd_le32(vhd_load_relaxed(&e->len));
-    if (id >= dq->size || !dq->slots[id].busy)
-        return -EIO;
+    uint32_t id, l;
+    if (dq->in_order) {
+        /*
+         * In order (2.7.9): the buffer at this used position is the one made
+         * available at the same position. The used element there (if no batch
+         * is open) names the last buffer of a batch starting with it: the
+         * buffers before that one are used completely, no element of theirs
+         * is read. A device naming a buffer not in flight gets -EIO.
+         */
+        id = dq->order[dq->last_used_idx & (dq->size - 1)];
+        if (!dq->batch_open) {
+            const struct vhd_vring_used_elem *e =
+                &dq->ring.split.used->ring[dq->last_used_idx & (dq->size - 1)];
+            uint32_t last = vhd_le32(vhd_load_relaxed(&e->id));
+            l = vhd_le32(vhd_load_relaxed(&e->len));
+            if (last >= dq->size || !dq->slots[last].busy)
+                return -EIO;
+            if (last != id) {
+                dq->batch_open = true;
+                dq->batch_last = (uint16_t)last;
+                dq->batch_len = l;
+                l = dq->slots[id].wlen;
+            }
+        } else if (id == dq->batch_last) {
+            dq->batch_open = false;
+            l = dq->batch_len;
+        } else {
+            l = dq->slots[id].wlen;
+        }
+        if (!dq->slots[id].busy)
+            return -EIO;
+    } else {
+        const struct vhd_vring_used_elem *e =
+            &dq->ring.split.used->ring[dq->last_used_idx & (dq->size - 1)];
+        id = vhd_le32(vhd_load_relaxed(&e->id));
+        l = vhd_le32(vhd_load_relaxed(&e->len));
+        if (id >= dq->size || !dq->slots[id].busy)
+            return -EIO;
+    }
 
     struct vhd_drv_vq_slot *s = &dq->slots[id];
     /* Give the chain back: its private links still run from id to s->last. */

@@ -36,6 +36,7 @@ struct vqfx_opts {
     uint64_t region_size;  /* bytes per region (default VQFX_REGION_SIZE) */
     uint64_t gap;          /* GPA gap between regions */
     bool no_start;         /* leave the device vq initialised but not started */
+    bool in_order;         /* VIRTIO_F_IN_ORDER on both sides */
 };
 
 struct vqfx {
@@ -63,6 +64,7 @@ static inline void vqfx_params(const struct vqfx *f, struct vhd_vq_params *p)
     p->packed = f->o.packed;
     p->event_idx = f->o.event_idx;
     p->indirect = f->o.indirect;
+    p->in_order = f->o.in_order;
     p->addr_is_gpa = !f->o.uva;
     p->desc = vqfx_addr(f, f->dq.desc_gpa);
     p->avail = vqfx_addr(f, f->dq.avail_gpa);
@@ -100,6 +102,7 @@ static inline void vqfx_setup(struct vqfx *f, const struct vqfx_opts *o)
         .size = f->o.size,
         .packed = f->o.packed,
         .event_idx = f->o.event_idx,
+        .in_order = f->o.in_order,
         .max_indirect = f->o.max_indirect,
         .area = f->area,
         .area_gpa = f->area_gpa,

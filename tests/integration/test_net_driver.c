@@ -183,6 +183,7 @@ struct variant {
     bool packed;
     bool mrg;
     unsigned pairs;
+    bool no_in_order; /* the driver does not negotiate IN_ORDER (vhostd offers it) */
 };
 
 static const uint32_t small_lens[] = {60, 64, 128, 1514, 61, 200};
@@ -196,13 +197,17 @@ static void run_variant(const struct variant *v, bool interrupt)
                                 .num_pairs = v->pairs,
                                 .queue_size = 64,
                                 .packed = v->packed,
-                                .mrg_rxbuf = v->mrg};
+                                .mrg_rxbuf = v->mrg,
+                                .no_in_order = v->no_in_order};
     struct vhd_netdrv *d;
     d = netdrv_connect_ok(&o, NULL);
     const struct vhd_netdrv_info *in = vhd_netdrv_get_info(d);
     VHD_CHECK_EQ(in->num_pairs, v->pairs);
     VHD_CHECK_EQ(in->packed, v->packed);
     VHD_CHECK_EQ(in->mrg_rxbuf, v->mrg);
+    /* IN_ORDER by default: transmit runs come back as one used entry each. */
+    VHD_CHECK_EQ(in->in_order, !v->no_in_order);
+    VHD_CHECK_EQ((in->features >> 35) & 1, !v->no_in_order); /* VIRTIO_F_IN_ORDER */
     /* window 1 checks ordering frame by frame; 48 keeps the rings busy. */
     loop_frames(d, small_lens, 6, 200, 1, interrupt);
     loop_frames(d, small_lens, 6, 2000, 48, interrupt);
@@ -219,6 +224,16 @@ VHD_TEST(loop_split_1pair)
 VHD_TEST(loop_packed_1pair)
 {
     run_variant(&(struct variant){.packed = true, .mrg = false, .pairs = 1}, false);
+}
+
+VHD_TEST(loop_split_1pair_no_in_order)
+{
+    run_variant(&(struct variant){.packed = false, .pairs = 1, .no_in_order = true}, false);
+}
+
+VHD_TEST(loop_packed_1pair_no_in_order)
+{
+    run_variant(&(struct variant){.packed = true, .pairs = 1, .no_in_order = true}, false);
 }
 
 VHD_TEST(loop_split_mrg_2pairs)
