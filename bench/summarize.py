@@ -102,6 +102,15 @@ def main():
                 "cores": med(
                     [float(r["cpu_s"]) / float(r["runtime_s"]) for r in rs if float(r["runtime_s"]) > 0]
                 ),
+                # The instrument's own cost (issue 15 §4): vhostd-bench's utime+stime per I/O.
+                "bench_us_per_io": med(
+                    [float(r["bench_cpu_s"]) * 1e6 / float(r["ios"]) for r in rs
+                     if float(r["ios"]) > 0 and r.get("bench_cpu_s", "") not in ("", "nan")]
+                ),
+                "bench_cores": med(
+                    [float(r["bench_cpu_s"]) / float(r["runtime_s"]) for r in rs
+                     if float(r["runtime_s"]) > 0 and r.get("bench_cpu_s", "") not in ("", "nan")]
+                ),
             }
         v = row["vhostd"]
         for o in OTHERS:
@@ -213,6 +222,31 @@ def main():
     for c in CONFIG_ORDER:
         if any(r["config"] == c for r in rows):
             md.append(f"- {CONFIG_DESC[c]}")
+    md.append("")
+    # The instrument: what vhostd-bench itself spends per I/O beside each daemon. A bench that
+    # polls burns its whole CPU (cores ~1.0) whatever it gets; its CPU per I/O next to the
+    # daemon's says which side does more work per I/O, i.e. which one bounds the rate.
+    daemons = ("vhostd",) + tuple(o for o in OTHERS if any(r[o]["runs"] for r in rows))
+    md.append(
+        "The instrument (vhostd-bench's own utime+stime per I/O and cores, next to each "
+        "daemon's CPU per I/O):"
+    )
+    md.append("")
+    md.append(
+        "| config | case | "
+        + " | ".join(f"{d}: bench / daemon CPU us/IO | bench cores" for d in daemons)
+        + " |"
+    )
+    md.append("|---|---|" + "--:|--:|" * len(daemons))
+    for r in rows:
+        cells = []
+        for d in daemons:
+            x = r[d]
+            cells.append(
+                f"{fmt(x['bench_us_per_io'], 2)} / {fmt(x['cpu_us_per_io'], 2)} "
+                f"| {fmt(x['bench_cores'], 2)}"
+            )
+        md.append(f"| {r['config']} | {r['case']} | " + " | ".join(cells) + " |")
     md.append("")
     md.append(f"Target (issue 4): {TARGET_CASE}, vhostd >= {TARGET:.0f}x qsd IOPS and >= "
               f"{TARGET:.0f}x less CPU per I/O:")
