@@ -276,6 +276,60 @@ static int set_file_access(struct vhd_vu_server *srv, mode_t mode, char *err, si
     return 0;
 }
 
+/*
+ * A server of dev for path (copied) with the peers' access rules (NULL:
+ * none), no fd open yet (all -1; sock_ino 0: unlink_own leaves the file
+ * alone). NULL with errno ENOMEM and the reason in err when out of memory.
+ */
+static struct vhd_vu_server *server_alloc(struct vhd_ctl *ctl, struct vhd_dev *dev,
+                                          const char *path, const struct vhd_vu_sock_access *acc,
+                                          char *err, size_t errlen)
+{
+    struct vhd_vu_server *srv = calloc(1, sizeof(*srv));
+    if (!srv || !(srv->path = strdup(path))) {
+        free(srv);
+        vhd_vu_set_err(err, errlen, "out of memory");
+        errno = ENOMEM;
+        return NULL;
+    }
+    srv->ctl = ctl;
+    srv->dev = dev;
+    srv->dir_fd = srv->listen_fd = srv->timer_fd = -1;
+    if (acc)
+        srv->acc = *acc;
+    return srv;
+}
+
+/*
+ * Watch the listening socket and the accept back-off timer on the control
+ * loop (on_accept, on_accept_timer): 0, or -errno with neither watched.
+ */
+static int watch_listener(struct vhd_vu_server *srv)
+{
+    int rc = vhd_ctl_add(srv->ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
+    if (rc == 0) {
+        rc = vhd_ctl_add(srv->ctl, srv->timer_fd, EPOLLIN, on_accept_timer, srv, &srv->timer_src);
+        if (rc < 0)
+            vhd_ctl_del(srv->listen_src);
+    }
+    return rc;
+}
+
+/* A server that failed to start with errno rc: close the fds it has, free it. NULL. */
+static struct vhd_vu_server *server_discard(struct vhd_vu_server *srv, int rc)
+{
+    if (srv->listen_fd >= 0)
+        close(srv->listen_fd);
+    if (srv->timer_fd >= 0)
+        close(srv->timer_fd);
+    if (srv->dir_fd >= 0)
+        close(srv->dir_fd);
+    free(srv->path);
+    free(srv);
+    errno = rc;
+    return NULL;
+}
+
 struct vhd_vu_server *vhd_vu_server_new(struct vhd_ctl *ctl, struct vhd_dev *dev, const char *path,
                                         char *err, size_t errlen)
 {
@@ -334,36 +388,27 @@ struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_d
         return NULL;
     }
 
-    struct vhd_vu_server *srv = calloc(1, sizeof(*srv));
-    if (!srv || !(srv->path = strdup(path))) {
-        free(srv);
-        vhd_vu_set_err(err, errlen, "out of memory");
-        errno = ENOMEM;
+    struct vhd_vu_server *srv = server_alloc(ctl, dev, path, acc, err, errlen);
+    if (!srv)
         return NULL;
-    }
-    srv->ctl = ctl;
-    srv->dev = dev;
-    srv->listen_fd = srv->timer_fd = -1;
-    if (acc)
-        srv->acc = *acc;
     mode_t mode = srv->acc.mode ? srv->acc.mode & 0777 : VHD_VU_SOCK_MODE_DEFAULT;
     rc = -open_dir_of(srv->path, &srv->dir_fd, &srv->base);
     if (rc) {
         vhd_vu_set_err(err, errlen, "%s: cannot open its directory: %s", path, strerror(rc));
-        goto free_srv;
+        goto fail;
     }
     srv->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     srv->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (srv->listen_fd < 0 || srv->timer_fd < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "socket: %s", strerror(rc));
-        goto close_listen;
+        goto fail;
     }
     /* The socket file is created with at most this mode (set_file_access). */
     if (fchmod(srv->listen_fd, mode) < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "%s: fchmod on the socket: %s", path, strerror(rc));
-        goto close_listen;
+        goto fail;
     }
     if (bind(srv->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         rc = errno;
@@ -371,7 +416,7 @@ struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_d
             vhd_vu_set_err(err, errlen, "%s: socket path in use", path);
         else
             vhd_vu_set_err(err, errlen, "%s: bind: %s", path, strerror(rc));
-        goto close_listen;
+        goto fail;
     }
     rc = -set_file_access(srv, mode, err, errlen);
     if (rc)
@@ -381,14 +426,8 @@ struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_d
         vhd_vu_set_err(err, errlen, "%s: listen: %s", path, strerror(rc));
         goto unlink_path;
     }
-    rc = vhd_ctl_add(ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
-    if (rc == 0) {
-        rc = vhd_ctl_add(ctl, srv->timer_fd, EPOLLIN, on_accept_timer, srv, &srv->timer_src);
-        if (rc < 0)
-            vhd_ctl_del(srv->listen_src);
-    }
-    if (rc < 0) {
-        rc = -rc;
+    rc = -watch_listener(srv);
+    if (rc) {
         vhd_vu_set_err(err, errlen, "%s: cannot watch the socket: %s", path, strerror(rc));
         goto unlink_path;
     }
@@ -399,17 +438,8 @@ struct vhd_vu_server *vhd_vu_server_new_access(struct vhd_ctl *ctl, struct vhd_d
 
 unlink_path:
     unlink_own(srv);
-close_listen:
-    if (srv->listen_fd >= 0)
-        close(srv->listen_fd);
-    if (srv->timer_fd >= 0)
-        close(srv->timer_fd);
-    close(srv->dir_fd);
-free_srv:
-    free(srv->path);
-    free(srv);
-    errno = rc;
-    return NULL;
+fail:
+    return server_discard(srv, rc);
 }
 
 struct vhd_vu_server *vhd_vu_server_new_fd(struct vhd_ctl *ctl, struct vhd_dev *dev,
@@ -439,55 +469,30 @@ struct vhd_vu_server *vhd_vu_server_new_fd(struct vhd_ctl *ctl, struct vhd_dev *
         errno = EINVAL;
         return NULL;
     }
-    struct vhd_vu_server *srv = calloc(1, sizeof(*srv));
-    if (!srv || !(srv->path = strdup(path))) {
-        free(srv);
-        vhd_vu_set_err(err, errlen, "out of memory");
-        errno = ENOMEM;
+    struct vhd_vu_server *srv = server_alloc(ctl, dev, path, acc, err, errlen);
+    if (!srv)
         return NULL;
-    }
-    srv->ctl = ctl;
-    srv->dev = dev;
-    srv->dir_fd = -1; /* and sock_ino 0: unlink_own leaves the file alone */
-    if (acc)
-        srv->acc = *acc;
     srv->listen_fd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 3);
     srv->timer_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (srv->listen_fd < 0 || srv->timer_fd < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "fd %d: %s", listen_fd, strerror(rc));
-        goto close_fds;
+        return server_discard(srv, rc);
     }
     int fl = fcntl(srv->listen_fd, F_GETFL);
     if (fl < 0 || fcntl(srv->listen_fd, F_SETFL, fl | O_NONBLOCK) < 0) {
         rc = errno;
         vhd_vu_set_err(err, errlen, "fd %d: O_NONBLOCK: %s", listen_fd, strerror(rc));
-        goto close_fds;
+        return server_discard(srv, rc);
     }
-    rc = vhd_ctl_add(ctl, srv->listen_fd, EPOLLIN, on_accept, srv, &srv->listen_src);
-    if (rc == 0) {
-        rc = vhd_ctl_add(ctl, srv->timer_fd, EPOLLIN, on_accept_timer, srv, &srv->timer_src);
-        if (rc < 0)
-            vhd_ctl_del(srv->listen_src);
-    }
-    if (rc < 0) {
-        rc = -rc;
+    rc = -watch_listener(srv);
+    if (rc) {
         vhd_vu_set_err(err, errlen, "fd %d: cannot watch the socket: %s", listen_fd, strerror(rc));
-        goto close_fds;
+        return server_discard(srv, rc);
     }
     vhd_log(VHD_LOG_INFO, "%s: listening on inherited fd %d (%s)%s", dev->name, listen_fd, path,
             srv->acc.nuids || srv->acc.ngids ? ", peers checked against allow-uid/allow-gid" : "");
     return srv;
-
-close_fds:
-    if (srv->listen_fd >= 0)
-        close(srv->listen_fd);
-    if (srv->timer_fd >= 0)
-        close(srv->timer_fd);
-    free(srv->path);
-    free(srv);
-    errno = rc;
-    return NULL;
 }
 
 void vhd_vu_server_free(struct vhd_vu_server *srv)
