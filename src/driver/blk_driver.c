@@ -946,14 +946,11 @@ static void release_held(struct vhd_blkdrv *d)
 static int iommu_setup(struct vhd_blkdrv *d)
 {
     const struct vhd_blkdrv_opts *o = &d->o;
-    int rc = vhd_drv_iommu_setup(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
-                                 o->iommu_batch, d->err, sizeof(d->err));
+    int rc = vhd_drv_iommu_start(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
+                                 o->iommu_batch, &d->backend_fd, -1, d->err, sizeof(d->err));
     if (rc < 0)
         return rc;
     d->iommu = true;
-    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, -1, d->err, sizeof(d->err));
-    if (rc < 0)
-        return rc;
     for (uint32_t i = 0; i < o->num_queues && rc == 0; i++) {
         struct vhd_blkdrv_queue *q = d->q[i];
         rc = vhd_drv_iommu_map(&d->io, q->area, q->area_len, VHOST_ACCESS_RW, &q->area_gpa);
@@ -966,8 +963,7 @@ static int iommu_setup(struct vhd_blkdrv *d)
         q->data_perm_write = o->iommu_exact_perms ? VHOST_ACCESS_RO : VHOST_ACCESS_RW;
     }
     if (rc < 0)
-        return dfail(d, rc, "IOMMU mapping of the rings: %s",
-                     d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+        return dfail(d, rc, "IOMMU mapping of the rings: %s", vhd_drv_iommu_reason(&d->io, rc));
     return 0;
 }
 
@@ -1064,7 +1060,7 @@ static int session_open(struct vhd_blkdrv *d)
                                      &q->pool_iova);
         if (rc < 0) {
             dfail(d, rc, "IOMMU mapping of queue %u's pool: %s", i,
-                  d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+                  vhd_drv_iommu_reason(&d->io, rc));
             goto fail;
         }
     }

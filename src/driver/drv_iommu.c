@@ -470,6 +470,11 @@ const char *vhd_drv_iommu_strerror(const struct vhd_drv_iommu *io)
     return io->err;
 }
 
+const char *vhd_drv_iommu_reason(const struct vhd_drv_iommu *io, int rc)
+{
+    return io->err[0] ? io->err : strerror(-rc);
+}
+
 /* ---- the miss thread ---- */
 
 /* Handle one back-end request; -errno when the channel must be dropped. */

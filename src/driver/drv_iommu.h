@@ -198,4 +198,7 @@ void vhd_drv_iommu_get_stats(struct vhd_drv_iommu *io, struct vhd_drv_iommu_stat
 /* The last message failure ("" when none). */
 const char *vhd_drv_iommu_strerror(const struct vhd_drv_iommu *io);
 
+/* Why a call on io failed with rc: the last message failure, or strerror(-rc) when none. */
+const char *vhd_drv_iommu_reason(const struct vhd_drv_iommu *io, int rc);
+
 #endif /* VHD_DRV_IOMMU_H */

@@ -115,8 +115,9 @@ static int iotlb_send(void *ctx, const struct vu_iotlb *m)
     return vhd_vuf_iotlb_msg(ctx, m);
 }
 
-int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
-                        uint64_t page_size, bool strict, uint32_t batch, char *err, size_t errlen)
+/* The IOMMU in io, allowed to map every region of gm: 0 or -errno with the reason (io finished). */
+static int iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
+                       uint64_t page_size, bool strict, uint32_t batch, char *err, size_t errlen)
 {
     struct vhd_drv_iommu_params p = {.page_size = page_size,
                                      .strict = strict,
@@ -133,8 +134,9 @@ int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struc
     return rc;
 }
 
-int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd,
-                          int config_efd, char *err, size_t errlen)
+/* The back-end channel (opened when *backend_fd is -1) and the miss thread on it. */
+static int iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd,
+                         int config_efd, char *err, size_t errlen)
 {
     int rc;
     if (*backend_fd < 0) {
@@ -157,6 +159,14 @@ int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *back
     if (rc < 0)
         snprintf(err, errlen, "IOMMU miss thread: %s", strerror(-rc));
     return rc;
+}
+
+int vhd_drv_iommu_start(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
+                        uint64_t page_size, bool strict, uint32_t batch, int *backend_fd,
+                        int config_efd, char *err, size_t errlen)
+{
+    int rc = iommu_setup(io, f, gm, page_size, strict, batch, err, errlen);
+    return rc < 0 ? rc : iommu_channel(io, f, backend_fd, config_efd, err, errlen);
 }
 
 void vhd_drv_drain_eventfd(int fd)

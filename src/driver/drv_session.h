@@ -86,25 +86,21 @@ int vhd_drv_iommu_check_opts(uint64_t page_size, char *err, size_t errlen);
 int vhd_drv_iommu_check_peer(const struct vhd_vuf *f, char *err, size_t errlen);
 
 /*
- * vhd_drv_iommu_setup - after SET_MEM_TABLE: an IOMMU in io whose messages
- * go through f (vhd_vuf_iotlb_msg), allowed to map every region of gm.
- * 0 or -errno with the reason.
+ * vhd_drv_iommu_start - after SET_MEM_TABLE, before any ring is announced
+ * (a back-end may ask for a ring as soon as it has its address): an IOMMU in
+ * io of page_size pages (strict, or lazy with batch: drv_iommu.h) whose
+ * messages go through f (vhd_vuf_iotlb_msg), allowed to map every region of
+ * gm; then the back-end channel, opened when *backend_fd is -1
+ * (SET_BACKEND_REQ_FD; *backend_fd gets our non-blocking end, the caller's
+ * to close after vhd_drv_iommu_fini), and the thread answering misses on it;
+ * config change messages are passed on by a write to config_efd (-1: none).
+ * From then on every exchange on f must hold vhd_drv_iommu_lock. 0 or -errno
+ * with the reason in err; either way the caller finishes io with
+ * vhd_drv_iommu_fini (which may run twice).
  */
-int vhd_drv_iommu_setup(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
-                        uint64_t page_size, bool strict, uint32_t batch, char *err, size_t errlen);
-
-/*
- * vhd_drv_iommu_channel - after vhd_drv_iommu_setup, before any ring is
- * announced (a back-end may ask for a ring as soon as it has its address):
- * open the back-end channel when *backend_fd is -1 (SET_BACKEND_REQ_FD;
- * *backend_fd gets our non-blocking end, the caller's to close after
- * vhd_drv_iommu_fini), and start the thread answering misses on it; config
- * change messages are passed on by a write to config_efd (-1: none). From
- * then on every exchange on f must hold vhd_drv_iommu_lock. 0 or -errno with
- * the reason.
- */
-int vhd_drv_iommu_channel(struct vhd_drv_iommu *io, struct vhd_vuf *f, int *backend_fd,
-                          int config_efd, char *err, size_t errlen);
+int vhd_drv_iommu_start(struct vhd_drv_iommu *io, struct vhd_vuf *f, const struct vhd_guestmem *gm,
+                        uint64_t page_size, bool strict, uint32_t batch, int *backend_fd,
+                        int config_efd, char *err, size_t errlen);
 
 /* Read a non-blocking eventfd until it is empty (a stale call signal goes). */
 void vhd_drv_drain_eventfd(int fd);

@@ -657,25 +657,22 @@ static int backend_channel_open(struct vhd_netdrv *d)
 static int iommu_setup(struct vhd_netdrv *d)
 {
     const struct vhd_netdrv_opts *o = &d->o;
-    int rc = vhd_drv_iommu_setup(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
-                                 o->iommu_batch, d->err, sizeof(d->err));
-    if (rc < 0)
-        return rc;
-    d->iommu = true;
     /*
      * Misses may come as soon as the rings are announced (DPDK translates
      * them at SET_VRING_KICK, and drops updates sent before a ring exists):
-     * the channel and its thread first.
+     * the channel and its thread first. They pass config changes on.
      */
     if (o->ctrl_vq && vhd_vuf_has_proto(&d->vuf, VHOST_USER_PROTOCOL_F_CONFIG)) {
         d->config_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         if (d->config_efd < 0)
             return dfail(d, -errno, "config eventfd: %s", strerror(errno));
     }
-    rc = vhd_drv_iommu_channel(&d->io, &d->vuf, &d->backend_fd, d->config_efd, d->err,
-                               sizeof(d->err));
+    int rc =
+        vhd_drv_iommu_start(&d->io, &d->vuf, &d->gm, o->iommu_page_size, o->iommu_strict,
+                            o->iommu_batch, &d->backend_fd, d->config_efd, d->err, sizeof(d->err));
     if (rc < 0)
         return rc;
+    d->iommu = true;
     for (uint32_t i = 0; i < o->num_pairs; i++) {
         struct vhd_netdrv_pair *p = d->p[i];
         struct netdrv_ring *rings[2] = {&p->rx, &p->tx};
@@ -704,8 +701,7 @@ static int iommu_setup(struct vhd_netdrv *d)
     if (rc == 0 && o->ctrl_vq)
         rc = vhd_drv_iommu_map(&d->io, d->cbuf, CTRL_BUF_BYTES, VHOST_ACCESS_RW, &d->cbuf_gpa);
     if (rc < 0)
-        return dfail(d, rc, "IOMMU mapping of the rings: %s",
-                     d->io.err[0] ? vhd_drv_iommu_strerror(&d->io) : strerror(-rc));
+        return dfail(d, rc, "IOMMU mapping of the rings: %s", vhd_drv_iommu_reason(&d->io, rc));
     return 0;
 }
 
