@@ -671,6 +671,12 @@ static int ring_steps(struct vhd_chaos_sess *s, uint32_t q, size_t off, enum vhd
     return rc;
 }
 
+int vhd_chaos__ring_steps(struct vhd_chaos_sess *s, uint32_t q, size_t off,
+                          enum vhd_chaos_step from, enum vhd_chaos_step to)
+{
+    return ring_steps(s, q, off, from, to, 0);
+}
+
 int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off)
 {
     return ring_steps(s, q, off, VHD_STEP_LAYOUT, VHD_STEP_KICK, 0);

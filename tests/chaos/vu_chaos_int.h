@@ -238,6 +238,10 @@ int vhd_chaos__steps(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, struct
  */
 int vhd_chaos__kick_observe(struct vhd_chaos_sess *s, const char *what);
 
+/* The ring steps [from, to) (LAYOUT .. ENABLE) of ring q at window offset off. */
+int vhd_chaos__ring_steps(struct vhd_chaos_sess *s, uint32_t q, size_t off,
+                          enum vhd_chaos_step from, enum vhd_chaos_step to);
+
 /* Everything up to (not including) SET_VRING_KICK for ring q at window offset off. */
 int vhd_chaos__ring_prepare(struct vhd_chaos_sess *s, uint32_t q, size_t off);
 

@@ -15,7 +15,6 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +26,7 @@
 /* Window-0 offset off is at IOVA IOVA_BASE + off (far from every GPA and UVA). */
 #define IOVA_BASE  0x40000000000ull
 #define RING_BYTES 0x3000u /* descriptors, avail and used of ring 0 at OFF_R0 */
+#define BUF_BYTES  (0x10000 - OFF_HDR + 0x10000) /* headers, status bytes, data */
 
 static uint64_t iova(size_t off)
 {
@@ -60,36 +60,48 @@ static int map(struct vhd_chaos_sess *s, size_t off, size_t len, uint8_t perm)
     return iotlb_msg(s, VHOST_IOTLB_UPDATE, iova(off), len, vhd_chaos__uva(s, off), perm);
 }
 
-/*
- * A blk session with ACCESS_PLATFORM, ring 0 at the IOVAs of OFF_R0 (mapped
- * first when map_ring) and started.
- */
-static int iotlb_blk(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool map_ring)
+/* Ring q laid out at window offset off: SET_VRING_ADDR with its IOVAs, then call, kick, enable. */
+static int start_at_iova(struct vhd_chaos_sess *s, uint32_t q, size_t off)
 {
-    int rc = vhd_chaos__steps(ctx, s, UPTO(ADDR, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM)));
+    int rc = vhd_chaos__must(
+        s, vhd_chaos__set_addr(s, q, iova(off), iova(off + RING_AVAIL), iova(off + RING_USED)),
+        "SET_VRING_ADDR (IOVAs)");
+    return rc ? rc : vhd_chaos__ring_steps(s, q, off, VHD_STEP_CALL, VHD_STEP_END);
+}
+
+/* UPDATE of the headers, status bytes and data of window 0, read-write (what: the step). */
+static int map_bufs(struct vhd_chaos_sess *s, const char *what)
+{
+    return vhd_chaos__must(s, map(s, OFF_HDR, BUF_BYTES, VHOST_ACCESS_RW), what);
+}
+
+/*
+ * A blk session with ACCESS_PLATFORM and the virtio features in extra, ring
+ * 0 at the IOVAs of OFF_R0 and started; before its SET_VRING_ADDR, the ring
+ * is mapped when map_ring and the buffers when bufs.
+ */
+static int blk_at_iova(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, uint64_t extra,
+                       bool map_ring, bool bufs)
+{
+    int rc = vhd_chaos__steps(ctx, s, UPTO(ADDR, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM) | extra));
     if (!rc && map_ring)
         rc = vhd_chaos__must(s, map(s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "IOTLB ring UPDATE");
-    if (!rc)
-        rc = vhd_chaos__must(s,
-                             vhd_chaos__set_addr(s, 0, iova(OFF_R0), iova(OFF_R0 + RING_AVAIL),
-                                                 iova(OFF_R0 + RING_USED)),
-                             "SET_VRING_ADDR (IOVAs)");
-    if (rc)
-        return rc;
-    s->call[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    s->kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->call[0] < 0 || s->kick[0] < 0)
-        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
-    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, 0, s->call[0]),
-                         "SET_VRING_CALL");
-    if (!rc)
-        rc =
-            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]),
-                            "SET_VRING_KICK");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
-                             "SET_VRING_ENABLE");
-    return rc;
+    if (!rc && bufs)
+        rc = map_bufs(s, "IOTLB buffer UPDATE");
+    return rc ? rc : start_at_iova(s, 0, OFF_R0);
+}
+
+/* A split blk session at IOVAs (ring 0 mapped first when map_ring). */
+static int iotlb_blk(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool map_ring)
+{
+    return blk_at_iova(ctx, s, 0, map_ring, false);
+}
+
+/* The same with the ring mapped, then the buffers (what: that UPDATE's step). */
+static int iotlb_blk_mapped(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, const char *what)
+{
+    int rc = iotlb_blk(ctx, s, true);
+    return rc ? rc : map_bufs(s, what);
 }
 
 /*
@@ -156,18 +168,30 @@ static int await_miss(struct vhd_chaos_sess *s, uint64_t *iv, uint8_t *perm, int
     return -ENOTCONN;
 }
 
+/* Post request k and kick: served (its fate classified, as go). */
+static int serve_in(struct vhd_chaos_sess *s, unsigned k)
+{
+    post_in(s, k);
+    return go(s, k, s->tmo);
+}
+
+/* Post request k and kick: 0 and the MISS it causes in *iv, *perm, or -EIO ("no <what>"). */
+static int in_misses(struct vhd_chaos_sess *s, unsigned k, uint64_t *iv, uint8_t *perm,
+                     const char *what)
+{
+    post_in(s, k);
+    vhd_chaos__kick(s, 0);
+    int rc = await_miss(s, iv, perm, s->tmo);
+    return rc ? vhd_chaos__note(s, -EIO, "no %s (%s)", what, strerror(-rc)) : 0;
+}
+
 /* Everything mapped read-write: the request is served (the control case). */
 static int c_iotlb_control(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = iotlb_blk(ctx, &s, true);
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB buffer UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB buffer UPDATE");
-    if (!rc) {
-        post_in(&s, 0);
-        rc = go(&s, 0, s.tmo);
-    }
+        rc = serve_in(&s, 0);
     vhd_chaos__close(&s);
     return rc;
 }
@@ -183,21 +207,15 @@ static int c_iotlb_miss_answered(struct vhd_chaos_ctx *ctx)
     uint64_t iv = 0;
     uint8_t perm = 0;
     int rc = iotlb_blk(ctx, &s, true);
-    if (!rc) {
-        post_in(&s, 0);
-        vhd_chaos__kick(&s, 0);
-        rc = await_miss(&s, &iv, &perm, s.tmo);
-        if (rc)
-            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss for the buffers (%s)", strerror(-rc));
-    }
+    if (!rc)
+        rc = in_misses(&s, 0, &iv, &perm, "IOTLB miss for the buffers");
     if (!rc && (iv != (iova(OFF_HDR) & ~0xfffull) || perm != VHOST_ACCESS_RO))
         rc = vhd_chaos__note(&s, -EIO, "miss for 0x%llx perm %u, not the header page",
                              (unsigned long long)iv, perm);
     if (!rc && *vhd_chaos__hva(&s, OFF_R0 + RING_USED + 2) != 0)
         rc = vhd_chaos__note(&s, -EIO, "request completed before its translation");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE answering the miss");
+        rc = map_bufs(&s, "IOTLB UPDATE answering the miss");
     if (!rc)
         rc = go(&s, 0, s.tmo);
     vhd_chaos__close(&s);
@@ -319,10 +337,7 @@ static int c_iotlb_ring_miss(struct vhd_chaos_ctx *ctx)
 static int c_iotlb_ro_write(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = iotlb_blk(ctx, &s, true);
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     /* an overlapping UPDATE: the data page read-only */
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_DATA, 4096, VHOST_ACCESS_RO), "IOTLB RO UPDATE");
@@ -389,8 +404,7 @@ static int c_iotlb_overlap_dup(struct vhd_chaos_ctx *ctx)
     struct vhd_chaos_sess s;
     int rc = iotlb_blk(ctx, &s, true);
     for (int i = 0; !rc && i < 2; i++)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "duplicate UPDATE");
+        rc = map_bufs(&s, "duplicate UPDATE");
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_DATA + 2048, 4096, VHOST_ACCESS_RW),
                              "overlapping UPDATE");
@@ -400,10 +414,8 @@ static int c_iotlb_overlap_dup(struct vhd_chaos_ctx *ctx)
         rc = vhd_chaos__must(
             &s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, 0x7000000000ull, 1ull << 30, 0, 0),
             "INVALIDATE of what was never mapped");
-    if (!rc) {
-        post_in(&s, 0);
-        rc = go(&s, 0, s.tmo);
-    }
+    if (!rc)
+        rc = serve_in(&s, 0);
     vhd_chaos__close(&s);
     return rc;
 }
@@ -417,25 +429,15 @@ static int c_iotlb_invalidate(struct vhd_chaos_ctx *ctx)
     struct vhd_chaos_sess s;
     uint64_t iv = 0;
     uint8_t perm = 0;
-    int rc = iotlb_blk(ctx, &s, true);
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
-    if (!rc) {
-        post_in(&s, 0);
-        rc = go(&s, 0, s.tmo);
-    }
+        rc = serve_in(&s, 0);
     if (!rc)
         rc = vhd_chaos__must(
             &s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, iova(OFF_DATA + 4096), 4096, 0, 0),
             "INVALIDATE");
-    if (!rc) {
-        post_in(&s, 1);
-        vhd_chaos__kick(&s, 0);
-        rc = await_miss(&s, &iv, &perm, s.tmo);
-        if (rc)
-            rc = vhd_chaos__note(&s, -EIO, "no miss after the invalidation (%s)", strerror(-rc));
-    }
+    if (!rc)
+        rc = in_misses(&s, 1, &iv, &perm, "miss after the invalidation");
     if (!rc && (iv != iova(OFF_DATA + 4096) || perm != VHOST_ACCESS_WO))
         rc = vhd_chaos__note(&s, -EIO, "miss for 0x%llx perm %u, not the invalidated page",
                              (unsigned long long)iv, perm);
@@ -459,32 +461,21 @@ static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
     struct vhd_chaos_sess s;
     uint64_t iv = 0;
     uint8_t perm;
-    int rc = iotlb_blk(ctx, &s, true);
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
-    if (!rc) {
-        post_in(&s, 0);
-        rc = go(&s, 0, s.tmo);
-    }
+        rc = serve_in(&s, 0);
     if (!rc)
         rc = vhd_chaos__must(&s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, 0, 0, 0, 0),
                              "INVALIDATE of size 0");
-    if (!rc) {
-        post_in(&s, 1);
-        vhd_chaos__kick(&s, 0);
-        rc = await_miss(&s, &iv, &perm, s.tmo);
-        if (rc)
-            rc = vhd_chaos__note(&s, -EIO, "no miss after a full invalidation (%s)", strerror(-rc));
-    }
+    if (!rc)
+        rc = in_misses(&s, 1, &iv, &perm, "miss after a full invalidation");
     if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
         rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
                              (unsigned long long)iv);
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "buffer UPDATE");
+        rc = map_bufs(&s, "buffer UPDATE");
     if (!rc)
         rc = go(&s, 1, s.tmo);
     vhd_chaos__close(&s);
@@ -499,10 +490,7 @@ static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
 static int c_iotlb_invalidate_inflight(struct vhd_chaos_ctx *ctx)
 {
     struct vhd_chaos_sess s;
-    int rc = iotlb_blk(ctx, &s, true);
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     if (!rc) {
         for (unsigned k = 0; k < 2; k++)
             post_in(&s, k);
@@ -538,13 +526,8 @@ static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
     uint64_t iv;
     uint8_t perm;
     int rc = iotlb_blk(ctx, &s, true);
-    if (!rc) {
-        post_in(&s, 0);
-        vhd_chaos__kick(&s, 0);
-        rc = await_miss(&s, &iv, &perm, s.tmo);
-        if (rc)
-            rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss (%s)", strerror(-rc));
-    }
+    if (!rc)
+        rc = in_misses(&s, 0, &iv, &perm, "IOTLB miss");
     if (!rc) {
         uint64_t t0 = ms_now();
         rc = go(&s, 0, 8000); /* VHD_VU_IOTLB_MISS_TIMEOUT_MS is 5 s */
@@ -565,32 +548,20 @@ static int c_iotlb_mem_table_flush(struct vhd_chaos_ctx *ctx)
     struct vhd_chaos_sess s;
     uint64_t iv = 0;
     uint8_t perm;
-    int rc = iotlb_blk(ctx, &s, true);
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
-    if (!rc) {
-        post_in(&s, 0);
-        rc = go(&s, 0, s.tmo);
-    }
+        rc = serve_in(&s, 0);
     if (!rc)
         rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE again");
-    if (!rc) {
-        post_in(&s, 1);
-        vhd_chaos__kick(&s, 0);
-        rc = await_miss(&s, &iv, &perm, s.tmo);
-        if (rc)
-            rc =
-                vhd_chaos__note(&s, -EIO, "no miss after the new memory table (%s)", strerror(-rc));
-    }
+    if (!rc)
+        rc = in_misses(&s, 1, &iv, &perm, "miss after the new memory table");
     if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
         rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
                              (unsigned long long)iv);
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "buffer UPDATE");
+        rc = map_bufs(&s, "buffer UPDATE");
     if (!rc)
         rc = go(&s, 1, s.tmo);
     vhd_chaos__close(&s);
@@ -599,37 +570,10 @@ static int c_iotlb_mem_table_flush(struct vhd_chaos_ctx *ctx)
 
 /* ---- packed rings ---- */
 
-/* A packed blk session at IOVAs, rings and buffers mapped (buffers: unless !map_bufs). */
-static int iotlb_blk_packed(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool map_bufs)
+/* A packed blk session at IOVAs, rings and buffers mapped (buffers: only when bufs). */
+static int iotlb_blk_packed(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool bufs)
 {
-    int rc = vhd_chaos__steps(
-        ctx, s, UPTO(ADDR, .virtio = BIT(VIRTIO_F_ACCESS_PLATFORM) | BIT(VIRTIO_F_RING_PACKED)));
-    if (!rc)
-        rc = vhd_chaos__must(s, map(s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "IOTLB ring UPDATE");
-    if (!rc && map_bufs)
-        rc = vhd_chaos__must(s, map(s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB buffer UPDATE");
-    if (!rc)
-        rc = vhd_chaos__must(s,
-                             vhd_chaos__set_addr(s, 0, iova(OFF_R0), iova(OFF_R0 + RING_AVAIL),
-                                                 iova(OFF_R0 + RING_USED)),
-                             "SET_VRING_ADDR (IOVAs)");
-    if (rc)
-        return rc;
-    s->call[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    s->kick[0] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->call[0] < 0 || s->kick[0] < 0)
-        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
-    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, 0, s->call[0]),
-                         "SET_VRING_CALL");
-    if (!rc)
-        rc =
-            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, 0, s->kick[0]),
-                            "SET_VRING_KICK");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, 0, 1),
-                             "SET_VRING_ENABLE");
-    return rc;
+    return blk_at_iova(ctx, s, BIT(VIRTIO_F_RING_PACKED), true, bufs);
 }
 
 static void packed_in(struct vhd_chaos_sess *s)
@@ -673,8 +617,7 @@ static int c_iotlb_packed_miss(struct vhd_chaos_ctx *ctx)
             rc = vhd_chaos__note(&s, -EIO, "no IOTLB miss (%s)", strerror(-rc));
     }
     if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "UPDATE answering the miss");
+        rc = map_bufs(&s, "UPDATE answering the miss");
     if (!rc)
         rc = go(&s, 0, s.tmo);
     vhd_chaos__close(&s);
@@ -686,34 +629,11 @@ static int c_iotlb_packed_miss(struct vhd_chaos_ctx *ctx)
 #define OFF_TXBUF OFF_DATA
 #define OFF_RXBUF (OFF_DATA + 0x1000u)
 
+/* Ring q at window offset off, started at its IOVAs. */
 static int ring_at_iova(struct vhd_chaos_sess *s, uint32_t q, size_t off)
 {
-    vhd_chaos__ring_layout(s, off);
-    int rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_NUM, q, QSZ),
-                             "SET_VRING_NUM");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_BASE, q, 0),
-                             "SET_VRING_BASE");
-    if (!rc)
-        rc = vhd_chaos__must(
-            s, vhd_chaos__set_addr(s, q, iova(off), iova(off + RING_AVAIL), iova(off + RING_USED)),
-            "SET_VRING_ADDR (IOVAs)");
-    if (rc)
-        return rc;
-    s->call[q] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    s->kick[q] = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (s->call[q] < 0 || s->kick[q] < 0)
-        return vhd_chaos__note(s, -EMFILE, "eventfd: %s", strerror(errno));
-    rc = vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_CALL, q, s->call[q]),
-                         "SET_VRING_CALL");
-    if (!rc)
-        rc =
-            vhd_chaos__must(s, vhd_chaos__set_vring_fd(s, VHOST_USER_SET_VRING_KICK, q, s->kick[q]),
-                            "SET_VRING_KICK");
-    if (!rc)
-        rc = vhd_chaos__must(s, vhd_chaos__set_state(s, VHOST_USER_SET_VRING_ENABLE, q, 1),
-                             "SET_VRING_ENABLE");
-    return rc;
+    int rc = vhd_chaos__ring_steps(s, q, off, VHD_STEP_LAYOUT, VHD_STEP_ADDR);
+    return rc ? rc : start_at_iova(s, q, off);
 }
 
 /*
@@ -850,10 +770,7 @@ static void post_in_at(struct vhd_chaos_sess *s, unsigned k, uint16_t idx)
 int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t *ns)
 {
     struct vhd_chaos_sess s;
-    int rc = iotlb_blk(ctx, &s, true);
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, 0x10000 - OFF_HDR + 0x10000, VHOST_ACCESS_RW),
-                             "IOTLB UPDATE");
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
     vhd_chaos__allow(&s, OFF_STAT, 64 + 1);
     vhd_chaos__allow(&s, OFF_DATA, 2 * 4096);
     for (unsigned r = 0; !rc && r < rounds; r++) {
@@ -884,12 +801,9 @@ int vhd_chaos_iotlb_latency(struct vhd_chaos_ctx *ctx, unsigned rounds, uint64_t
 int vhd_chaos_iotlb_resend(struct vhd_chaos_ctx *ctx, unsigned n, bool *reduced_failed)
 {
     struct vhd_chaos_sess s;
-    const size_t len = 0x10000 - OFF_HDR + 0x10000;
-    int rc = iotlb_blk(ctx, &s, true);
+    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
 
     *reduced_failed = false;
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, len, VHOST_ACCESS_RW), "IOTLB UPDATE");
     vhd_chaos__allow(&s, OFF_STAT, 64 + 1);
     vhd_chaos__allow(&s, OFF_DATA, 2 * 4096);
     for (unsigned r = 0; !rc && r < n; r++) {
@@ -898,7 +812,7 @@ int vhd_chaos_iotlb_resend(struct vhd_chaos_ctx *ctx, unsigned n, bool *reduced_
         post_in_at(&s, 1, (uint16_t)(2 * r + 2));
         vhd_chaos__kick(&s, 0);
         /* the same translation again, and again for the ring: QEMU re-sends */
-        rc = vhd_chaos__must(&s, map(&s, OFF_HDR, len, VHOST_ACCESS_RW), "identical UPDATE");
+        rc = map_bufs(&s, "identical UPDATE");
         if (!rc)
             rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
         if (!rc)
