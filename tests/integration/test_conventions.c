@@ -34,6 +34,7 @@
 
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
+#include "blkdrv_fixture.h"
 
 #define WAIT_MS 10000
 
@@ -143,18 +144,6 @@ VHD_TEST(print_capabilities)
     test_done();
 }
 
-static struct vhd_blkdrv *drv_connect(const char *sock)
-{
-    struct vhd_blkdrv_opts o = {.socket_path = sock, .timeout_ms = WAIT_MS};
-    struct vhd_blkdrv *d = NULL;
-    char err[256] = "";
-    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  blkdrv connect %s: %s\n", sock, err);
-    VHD_CHECK(rc == 0);
-    return d;
-}
-
 /* Write (unless read_only) then read one block at off; the result must be pattern. */
 static int drv_rw(struct vhd_blkdrv *d, uint64_t off, uint8_t pattern, bool write)
 {
@@ -193,7 +182,7 @@ VHD_TEST(socket_path)
                     "1",
                     NULL};
     daemon_spawn(&dm, argv);
-    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dm.sock, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->capacity, 64ull << 20);
     VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->device_queues, 2u);
     drv_rw(d, 0, 0, false); /* null: reads zeroes */
@@ -221,7 +210,7 @@ VHD_TEST(blk_file_read_only)
     char *argv[] = {(char *)bin(), "--socket-path", dm.sock, "--blk-file",
                     dm.img,        "--read-only",   NULL};
     daemon_spawn(&dm, argv);
-    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dm.sock, WAIT_MS);
     VHD_CHECK(vhd_blkdrv_get_info(d)->read_only);
     VHD_CHECK(drv_rw(d, 8192, 0x5a, true) != 0); /* the write refused, the data unchanged */
     vhd_blkdrv_disconnect(d);
@@ -264,7 +253,7 @@ VHD_TEST(paths_and_flags)
     char *argv[] = {(char *)bin(),     "--socket-path", dm.sock, "--blk-file", dm.img,
                     "--read-only=off", "--workers",     "1",     NULL};
     daemon_spawn(&dm, argv);
-    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dm.sock, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->capacity, 2ull << 20);
     VHD_CHECK(!vhd_blkdrv_get_info(d)->read_only);
     drv_rw(d, 8192, 0x5a, false);              /* the image, not a null disk */
@@ -317,7 +306,7 @@ VHD_TEST(inherited_fd)
     daemon_spawn(&dm, argv);
     close(7); /* the daemon has its own copy */
     for (int i = 0; i < 2; i++) {
-        struct vhd_blkdrv *d = drv_connect(dm.sock);
+        struct vhd_blkdrv *d = blkdrv_connect_at(dm.sock, WAIT_MS);
         VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->capacity, 16ull << 20);
         drv_rw(d, 4096, 0, false);
         vhd_blkdrv_disconnect(d);
@@ -471,6 +460,19 @@ static void write_file(const char *path, const char *text)
 }
 
 /*
+ * dm's directory (its socket: rpc.sock, for --rpc), tracked; conf (256
+ * bytes) gets the path of vhostd.conf in it, text a configuration of one
+ * device, a.sock (null, 1M). Nothing is written.
+ */
+static void conf_prepare(struct daemon *dm, char conf[256], char *text, size_t textlen)
+{
+    daemon_prepare_dir(dm, "vhd-test-conv-XXXXXX", "rpc.sock");
+    track(dm);
+    snprintf(conf, 256, "%s/vhostd.conf", dm->dir);
+    snprintf(text, textlen, "blk socket=%s/a.sock,backend=null,size=1M\n", dm->dir);
+}
+
+/*
  * SIGHUP: the config file read again. Gone and unconnected (a): removed;
  * gone but connected (b): kept, still serving, logged; changed (c): left
  * as it runs, logged; new (d, blk; e, net): added and served; the reload
@@ -479,10 +481,8 @@ static void write_file(const char *path, const char *text)
 VHD_TEST(reload)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
-    track(&dm);
     char conf[256], text[2048];
-    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
+    conf_prepare(&dm, conf, text, sizeof(text));
     snprintf(text, sizeof(text),
              "# before\n"
              "blk socket=%s/a.sock,backend=null,size=1M\n"
@@ -498,7 +498,7 @@ VHD_TEST(reload)
     char bsock[256], dsock[256];
     snprintf(bsock, sizeof(bsock), "%s/b.sock", dm.dir);
     snprintf(dsock, sizeof(dsock), "%s/d.sock", dm.dir);
-    struct vhd_blkdrv *b = drv_connect(bsock);
+    struct vhd_blkdrv *b = blkdrv_connect_at(bsock, WAIT_MS);
     uint64_t t0 = ms_now();
     for (;;) { /* b's session shows in the table */
         devs = list(dm.sock);
@@ -524,16 +524,8 @@ VHD_TEST(reload)
              dm.dir, dm.dir, dm.dir);
     write_file(conf, text);
     VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
-    t0 = ms_now();
-    while (!daemon_log_has(&dm, "reload: ")) { /* the summary line is the last */
-        VHD_CHECK(ms_now() - t0 < WAIT_MS);
-        sleep_ms(10);
-    }
-    t0 = ms_now();
-    while (!daemon_log_has(&dm, "1 gone but connected (kept), 0 failed")) {
-        VHD_CHECK(ms_now() - t0 < WAIT_MS);
-        sleep_ms(10);
-    }
+    wait_log_count(&dm, "reload: ", 1); /* the summary line is the last */
+    wait_log_count(&dm, "1 gone but connected (kept), 0 failed", 1);
     VHD_CHECK(daemon_log_has(&dm, "reload: 2 added, 1 removed, 0 unchanged, 1 changed"));
     VHD_CHECK(daemon_log_has(&dm, "0 failed, 1 added through the API (kept)"));
     VHD_CHECK(daemon_log_has(&dm, "reload: device b.sock is gone from the configuration but a "
@@ -553,7 +545,7 @@ VHD_TEST(reload)
     snprintf(asock, sizeof(asock), "%s/a.sock", dm.dir);
     VHD_CHECK(stat(asock, &st) < 0); /* a's socket went with it */
     drv_rw(b, 0, 0, false);          /* b kept serving */
-    struct vhd_blkdrv *d = drv_connect(dsock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dsock, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_get_info(d)->capacity, 4ull << 20);
     drv_rw(d, 0, 0, false);
     vhd_blkdrv_disconnect(d);
@@ -561,11 +553,7 @@ VHD_TEST(reload)
     /* A file that does not parse: logged, nothing changed. */
     write_file(conf, "blk socket=/nowhere,no-such-key=1\n");
     VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
-    t0 = ms_now();
-    while (!daemon_log_has(&dm, "nothing changed")) {
-        VHD_CHECK(ms_now() - t0 < WAIT_MS);
-        sleep_ms(10);
-    }
+    wait_log_count(&dm, "nothing changed", 1);
     devs = list(dm.sock);
     VHD_CHECK_EQ(json_object_array_length(devs), 5u);
     json_object_put(devs);
@@ -584,11 +572,8 @@ VHD_TEST(reload)
 VHD_TEST(reload_fd)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
-    track(&dm);
     char conf[256], text[512], fdsock[256];
-    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
-    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
+    conf_prepare(&dm, conf, text, sizeof(text));
     write_file(conf, text);
     snprintf(fdsock, sizeof(fdsock), "%s/fd.sock", dm.dir);
     listen_as_fd(fdsock, 7);
@@ -639,7 +624,7 @@ VHD_TEST(sighup_without_rpc)
     VHD_CHECK_EQ(kill(dm.pid, SIGHUP), 0);
     wait_log_count(&dm, "SIGHUP: reloading the configuration needs --rpc", 1);
     VHD_CHECK_EQ(waitpid(dm.pid, NULL, WNOHANG), 0); /* still running */
-    struct vhd_blkdrv *d = drv_connect(dm.sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dm.sock, WAIT_MS);
     drv_rw(d, 0, 0, false);
     vhd_blkdrv_disconnect(d);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
@@ -690,11 +675,8 @@ static void *write_fifo(void *arg)
 VHD_TEST(sighup_during_startup)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
-    track(&dm);
     char fifo[256], text[512];
-    snprintf(fifo, sizeof(fifo), "%s/vhostd.conf", dm.dir);
-    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
+    conf_prepare(&dm, fifo, text, sizeof(text));
     VHD_CHECK_EQ(mkfifo(fifo, 0600), 0);
     struct fifo_writer w = {.path = fifo, .text = text, .dm = &dm};
     pthread_t t;
@@ -742,7 +724,7 @@ VHD_TEST(notify_ready)
     msg[len] = '\0';
     VHD_CHECK(strstr(msg, "READY=1") != NULL);
     close(rpc_connect(rpc)); /* already listening */
-    struct vhd_blkdrv *d = drv_connect(dsock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(dsock, WAIT_MS);
     vhd_blkdrv_disconnect(d);
     close(n);
     VHD_CHECK_EQ(daemon_stop(&dm), 0);
@@ -757,17 +739,14 @@ VHD_TEST(notify_ready)
 VHD_TEST(vhostctl_reload)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "rpc.sock");
-    track(&dm);
     char ctl[4096], conf[256], text[512], out[1024], errlog[256];
+    conf_prepare(&dm, conf, text, sizeof(text));
     VHD_CHECK(realpath(bin(), ctl) != NULL);
     snprintf(strrchr(ctl, '/') + 1, sizeof(ctl) - (size_t)(strrchr(ctl, '/') + 1 - ctl),
              "vhostctl");
     if (access(ctl, X_OK) != 0)
         vhd_test_skip("vhostctl not built next to vhostd");
-    snprintf(conf, sizeof(conf), "%s/vhostd.conf", dm.dir);
     snprintf(errlog, sizeof(errlog), "%s/vhostctl.err", dm.dir);
-    snprintf(text, sizeof(text), "blk socket=%s/a.sock,backend=null,size=1M\n", dm.dir);
     write_file(conf, text);
     char *argv[] = {(char *)bin(), "--rpc", dm.sock, "--config", conf, "--workers", "1", NULL};
     daemon_spawn(&dm, argv);

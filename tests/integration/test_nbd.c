@@ -7,6 +7,7 @@
  */
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
+#include "blkdrv_fixture.h"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -193,19 +194,22 @@ static void vhostd_start(struct daemon *dm, const struct server *s, const char *
     daemon_spawn(dm, argv);
 }
 
+/* dm's directory, an nbdkit memory export of 64 MiB (s) and vhostd serving it with keys. */
+static void memory_export_start(struct daemon *dm, struct server *s, const char *keys)
+{
+    dir_prepare(dm);
+    server_init(s, dm, (const char *const[]){"memory", "size=64M", NULL});
+    server_start(s);
+    vhostd_start(dm, s, keys);
+}
+
 /* ======================= driver helpers ======================= */
 
 static struct vhd_blkdrv *drv_connect(const char *sock, uint32_t nq)
 {
     struct vhd_blkdrv_opts o = {
         .socket_path = sock, .num_queues = nq, .pool_size = 8u << 20, .timeout_ms = WAIT_MS};
-    struct vhd_blkdrv *d = NULL;
-    char err[256];
-    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect %s: %s\n", sock, err);
-    VHD_CHECK_EQ(rc, 0);
-    return d;
+    return blkdrv_connect_opts(&o);
 }
 
 static struct vhd_blkdrv_completion wait_one(struct vhd_blkdrv_queue *q)
@@ -303,10 +307,7 @@ VHD_TEST(nbd_memory_rw)
 {
     struct daemon dm;
     struct server s;
-    dir_prepare(&dm);
-    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
-    server_start(&s);
-    vhostd_start(&dm, &s, "queues=2");
+    memory_export_start(&dm, &s, "queues=2");
 
     struct vhd_blkdrv *d = drv_connect(dm.sock, 2);
     const struct vhd_blkdrv_info *in = vhd_blkdrv_get_info(d);
@@ -349,10 +350,7 @@ VHD_TEST(nbd_zeroes_discard)
 {
     struct daemon dm;
     struct server s;
-    dir_prepare(&dm);
-    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
-    server_start(&s);
-    vhostd_start(&dm, &s, "");
+    memory_export_start(&dm, &s, "");
 
     struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
     struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
@@ -995,10 +993,7 @@ VHD_TEST(nbd_flush_after_lost_writes)
 {
     struct daemon dm;
     struct server s;
-    dir_prepare(&dm);
-    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
-    server_start(&s);
-    vhostd_start(&dm, &s, "lost-writes=report");
+    memory_export_start(&dm, &s, "lost-writes=report");
 
     struct vhd_blkdrv *d = drv_connect(dm.sock, 1);
     VHD_CHECK(vhd_blkdrv_get_info(d)->flush);
@@ -1078,17 +1073,12 @@ VHD_TEST(nbd_ring_stop_during_outage)
 {
     struct daemon dm;
     struct server s;
-    dir_prepare(&dm);
-    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
-    server_start(&s);
-    vhostd_start(&dm, &s, "");
+    memory_export_start(&dm, &s, "");
 
     /* A short bound: the driver's own drain before GET_VRING_BASE waits this long. */
     struct vhd_blkdrv_opts o = {
         .socket_path = dm.sock, .num_queues = 1, .pool_size = 8u << 20, .timeout_ms = 1500};
-    struct vhd_blkdrv *d = NULL;
-    char err[256];
-    VHD_CHECK_EQ(vhd_blkdrv_connect(&o, &d, err, sizeof(err)), 0);
+    struct vhd_blkdrv *d = blkdrv_connect_opts(&o);
     struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
     enum { N = 4 };
     uint8_t *b = vhd_blkdrv_buf_alloc(q, N * 4096);
@@ -1145,10 +1135,7 @@ VHD_TEST(nbd_multi_conn_lost_writes)
 {
     struct daemon dm;
     struct server s;
-    dir_prepare(&dm);
-    server_init(&s, &dm, (const char *const[]){"memory", "size=64M", NULL});
-    server_start(&s);
-    vhostd_start(&dm, &s, "queues=2,lost-writes=report");
+    memory_export_start(&dm, &s, "queues=2,lost-writes=report");
 
     struct vhd_blkdrv *d = drv_connect(dm.sock, 2);
     struct vhd_blkdrv_queue *q0 = vhd_blkdrv_get_queue(d, 0), *q1 = vhd_blkdrv_get_queue(d, 1);

@@ -32,6 +32,7 @@
 
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
+#include "blkdrv_fixture.h"
 
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define POOL         "rbd"
@@ -226,13 +227,7 @@ static struct vhd_blkdrv *connect_drv(struct daemon *dm, unsigned queues)
         .pool_size = 8u << 20,
         .timeout_ms = 20000,
     };
-    struct vhd_blkdrv *d = NULL;
-    char err[256] = "";
-    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  connect: %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
-    return d;
+    return blkdrv_connect_opts(&o);
 }
 
 /* Wait for the one request in flight on q; its ret. */

@@ -30,6 +30,7 @@
 
 #define MAX_DAEMONS 1
 #include "daemon_fixture.h"
+#include "blkdrv_fixture.h"
 
 #define WAIT_MS 10000
 #define MB      (1024 * 1024)
@@ -158,18 +159,6 @@ static int maps_count(pid_t pid, const char *needle)
     return n;
 }
 
-static struct vhd_blkdrv *drv_connect(const char *sock)
-{
-    struct vhd_blkdrv_opts o = {.socket_path = sock, .timeout_ms = WAIT_MS};
-    struct vhd_blkdrv *d = NULL;
-    char err[256] = "";
-    int rc = vhd_blkdrv_connect(&o, &d, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  blkdrv connect %s: %s\n", sock, err);
-    VHD_CHECK(rc == 0);
-    return d;
-}
-
 /* Write then read back one block at off; the data must match. */
 static void drv_rw(struct vhd_blkdrv *d, uint64_t off, uint8_t pattern)
 {
@@ -238,7 +227,7 @@ VHD_TEST(rpc_add_serve_remove)
              "{\"kind\":\"net\",\"keys\":{\"socket\":\"%s\",\"queues\":2,\"rings\":\"split\"}}",
              sock_net);
     CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"net.sock\"}");
-    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    struct vhd_blkdrv *nul = blkdrv_connect_at(sock_null, WAIT_MS);
     drv_rw(nul, 0, 0); /* null reads zeroes */
     int fds_before = fd_count(dm.pid);
     snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=16M\"}",
@@ -260,7 +249,7 @@ VHD_TEST(rpc_add_serve_remove)
 
     /* The guest memory the daemon maps for its sessions (our driver's memfd). */
     int guest_maps = maps_count(dm.pid, "vhostd-guest");
-    struct vhd_blkdrv *d = drv_connect(sock_file);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock_file, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
     drv_rw(d, 4096, 0x5a);
     wait_connected(fd, "file.sock", true);
@@ -351,7 +340,7 @@ VHD_TEST(rpc_add_serve_remove)
     snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s\"}",
              sock_file, dm.img);
     CHECK_HAS(call(fd, "device.add", params), "\"result\":{\"name\":\"file.sock\"}");
-    d = drv_connect(sock_file);
+    d = blkdrv_connect_at(sock_file, WAIT_MS);
     drv_rw(d, 0, 0x77);
     vhd_blkdrv_disconnect(d);
     vhd_blkdrv_disconnect(nul);
@@ -381,7 +370,7 @@ VHD_TEST(rpc_bad_requests)
     snprintf(params, sizeof(params),
              "{\"kind\":\"blk\",\"spec\":\"socket=%s,backend=null,size=1M\"}", sock_null);
     CHECK_HAS(call(fd, "device.add", params), "\"result\"");
-    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    struct vhd_blkdrv *nul = blkdrv_connect_at(sock_null, WAIT_MS);
 
     CHECK_HAS(call_raw(fd, "{\"jsonrpc\":\"2.0\",\"id\":1,"), "\"code\":-32700");
     CHECK_HAS(call_raw(fd, "nonsense"), "\"code\":-32700");
@@ -548,7 +537,7 @@ VHD_TEST(rpc_many_devices)
     CHECK_HAS(call(fd, "device.add", params), "too many devices (at most 1024)");
     /* One of them serves I/O among all the others. */
     snprintf(sock, sizeof(sock), "%s/d200.sock", dm.dir);
-    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock, WAIT_MS);
     drv_rw(d, 0, 0);
     for (int i = 0; i < N; i++) {
         if (i == 200)
@@ -638,7 +627,7 @@ VHD_TEST(vhostctl_commands)
     CHECK_HAS(out, "\"connected\": false");
     CHECK_HAS(out, "\"workers\": [");
 
-    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock, WAIT_MS);
     drv_rw(d, 0, 0);
     VHD_CHECK_EQ(ctl(dm.sock, out, sizeof(out), "remove", "v.sock", NULL, NULL), 1);
     CHECK_HAS(out, "has a front-end connected");
@@ -724,7 +713,7 @@ VHD_TEST(rpc_resume)
     VHD_CHECK(img >= 0);
     memset(want, 0x3c, sizeof(want));
     VHD_CHECK_EQ(pwrite(img, want, sizeof(want), 8192), (ssize_t)sizeof(want));
-    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock, WAIT_MS);
     struct vhd_blkdrv_queue *q = vhd_blkdrv_get_queue(d, 0);
     uint8_t *buf = vhd_blkdrv_buf_alloc(q, 4096);
     VHD_CHECK(buf != NULL);
@@ -770,7 +759,7 @@ VHD_TEST(rpc_resize)
     CHECK_HAS(call(fd, "device.add", params), "\"result\"");
     snprintf(params, sizeof(params), "{\"kind\":\"net\",\"spec\":\"socket=%s/zn.sock\"}", dm.dir);
     CHECK_HAS(call(fd, "device.add", params), "\"result\"");
-    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 8 * MB);
     drv_rw(d, 6 * MB, 0x42);
 
@@ -781,7 +770,7 @@ VHD_TEST(rpc_resize)
     CHECK_HAS(call(fd, "device.list", NULL), "\"size\":16777216");
     drv_rw(d, 0, 0x43); /* the running session is not disturbed */
     vhd_blkdrv_disconnect(d);
-    d = drv_connect(sock);
+    d = blkdrv_connect_at(sock, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
     drv_rw(d, 12 * MB, 0x44);
 
@@ -1080,7 +1069,7 @@ static void stats_run(const char *poll, bool event)
     snprintf(params, sizeof(params),
              "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=4M,queues=1\"}", sock, img);
     CHECK_HAS(call(fd, "device.add", params), "\"result\"");
-    struct vhd_blkdrv *d = drv_connect(sock);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock, WAIT_MS);
     const int n = 8;
     for (int i = 0; i < n; i++) {
         drv_rw(d, (uint64_t)i * 8192, (uint8_t)(i + 1));
@@ -1250,7 +1239,7 @@ VHD_TEST(rpc_shrink_under_writes)
     snprintf(params, sizeof(params),
              "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s,size=16M,queues=1\"}", sock, dm.img);
     CHECK_HAS(call(fd, "device.add", params), "\"result\"");
-    struct shrink_writer w = {.d = drv_connect(sock), .lo = 15 * MB, .hi = 16 * MB};
+    struct shrink_writer w = {.d = blkdrv_connect_at(sock, WAIT_MS), .lo = 15 * MB, .hi = 16 * MB};
     pthread_t th;
     VHD_CHECK_EQ(pthread_create(&th, NULL, shrink_writer_main, &w), 0);
     int grown_back = 0;
@@ -1365,7 +1354,7 @@ VHD_TEST(rpc_slow_add_blocks_nothing)
     CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nul\"");
     uint64_t list_ms = ms_now() - t;
     t = ms_now();
-    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    struct vhd_blkdrv *nul = blkdrv_connect_at(sock_null, WAIT_MS);
     drv_rw(nul, 0, 0);
     uint64_t io_ms = ms_now() - t;
     fprintf(stderr, "  list %llu ms, connect + I/O %llu ms during the add\n",
@@ -1388,7 +1377,7 @@ VHD_TEST(rpc_slow_add_blocks_nothing)
     snprintf(params, sizeof(params), "{\"kind\":\"blk\",\"spec\":\"socket=%s,image=%s\"}",
              sock_file, dm.img);
     CHECK_HAS(call(slow, "device.add", params), "\"result\":{\"name\":\"file.sock\"}");
-    struct vhd_blkdrv *d = drv_connect(sock_file);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock_file, WAIT_MS);
     drv_rw(d, 4096, 0x3c);
     vhd_blkdrv_disconnect(d);
     vhd_blkdrv_disconnect(nul);
@@ -1504,7 +1493,7 @@ VHD_TEST(rpc_slow_nbd_add_under_sandbox)
     CHECK_HAS(call(fd, "device.list", NULL), "\"name\":\"nul\"");
     uint64_t list_ms = ms_now() - t;
     t = ms_now();
-    struct vhd_blkdrv *nul = drv_connect(sock_null);
+    struct vhd_blkdrv *nul = blkdrv_connect_at(sock_null, WAIT_MS);
     drv_rw(nul, 0, 0);
     uint64_t io_ms = ms_now() - t;
     fprintf(stderr, "  list %llu ms, connect + I/O %llu ms during the NBD add\n",
@@ -1515,7 +1504,7 @@ VHD_TEST(rpc_slow_nbd_add_under_sandbox)
     uint64_t add_ms = ms_now() - t0;
     CHECK_HAS(line, "\"result\":{\"name\":\"nbd.sock\"}");
     VHD_CHECK(add_ms >= 1900);
-    struct vhd_blkdrv *d = drv_connect(sock_nbd);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock_nbd, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
     drv_rw(d, 8192, 0x6b); /* workers connect to the server under the filter */
     vhd_blkdrv_disconnect(d);
@@ -1597,7 +1586,7 @@ VHD_TEST(rpc_reload_nbd_add_does_not_block)
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
         sleep_ms(50);
     }
-    struct vhd_blkdrv *d = drv_connect(sock_nbd);
+    struct vhd_blkdrv *d = blkdrv_connect_at(sock_nbd, WAIT_MS);
     VHD_CHECK_EQ(vhd_blkdrv_capacity(d), 16 * MB);
     drv_rw(d, 4096, 0x5c);
     vhd_blkdrv_disconnect(d);
