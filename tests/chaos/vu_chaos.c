@@ -728,6 +728,39 @@ int vhd_chaos__net(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s)
     return rc ? rc : vhd_chaos__ring_start(s, 1, OFF_R1);
 }
 
+void vhd_chaos__net_frame(struct vhd_chaos_sess *s)
+{
+    uint8_t f[NET_HDR + PKT_LEN];
+    memset(f, 0, sizeof(f));
+    memset(f + NET_HDR, 0xff, 6);
+    for (unsigned i = 6; i < PKT_LEN; i++)
+        f[NET_HDR + i] = (uint8_t)(i * 13);
+    vhd_chaos__put(s, OFF_TXBUF, f, sizeof(f));
+}
+
+int vhd_chaos__net_go(struct vhd_chaos_sess *s, bool publish, int rx_ms)
+{
+    struct vhd_chaos_used tx, rx;
+    if (publish)
+        vhd_chaos__split_publish(s, OFF_R1, 0, 1);
+    vhd_chaos__kick(s, 1);
+    int rc = vhd_chaos__await_used(s, OFF_R1, 0, &tx, s->tmo);
+    if (rc || !tx.got)
+        return rc;
+    rc = vhd_chaos__await_used(s, OFF_R0, 0, &rx, rx_ms);
+    if (rc)
+        return rc;
+    if (rx.got && rx.len == NET_HDR + PKT_LEN &&
+        memcmp(vhd_chaos__hva(s, OFF_RXBUF) + NET_HDR, vhd_chaos__hva(s, OFF_TXBUF) + NET_HDR,
+               PKT_LEN) == 0)
+        s->ctx->observed |= VHD_CHAOS_SERVED;
+    else if (!rx.got && !(s->ctx->observed & VHD_CHAOS_BROKEN))
+        s->ctx->observed |= VHD_CHAOS_REQ_ERROR; /* transmitted, frame dropped */
+    else if (rx.got)
+        vhd_chaos__note(s, 0, "received %u bytes", rx.len);
+    return 0;
+}
+
 /* ---- outcome detection ---- */
 
 /* Count CONFIG_CHANGE messages waiting on the back-end channel (never blocks). */

@@ -1283,18 +1283,10 @@ VHD_CHAOS_VARIANT(c_p_status_readonly, chain_case, true, false, p_status_readonl
 
 /* ======================= cases: descriptor chains (net) ======================= */
 
-#define OFF_TXBUF OFF_DATA
-#define OFF_RXBUF (OFF_DATA + 0x1000u)
-
 /* A frame (header + 60 bytes, broadcast) at OFF_TXBUF; an rx buffer of 2 KiB posted. */
 static void net_frame(struct vhd_chaos_sess *s, bool post_rx)
 {
-    uint8_t f[NET_HDR + PKT_LEN];
-    memset(f, 0, sizeof(f));
-    memset(f + NET_HDR, 0xff, 6);
-    for (unsigned i = 6; i < PKT_LEN; i++)
-        f[NET_HDR + i] = (uint8_t)(i * 13);
-    vhd_chaos__put(s, OFF_TXBUF, f, sizeof(f));
+    vhd_chaos__net_frame(s);
     if (post_rx) {
         vhd_chaos__allow(s, OFF_RXBUF, 2048);
         vhd_chaos__sdesc(s, OFF_R0, 0, vhd_chaos__gpa(s, OFF_RXBUF), 2048, VRING_DESC_F_WRITE, 0);
@@ -1303,28 +1295,14 @@ static void net_frame(struct vhd_chaos_sess *s, bool post_rx)
     }
 }
 
-/* Transmit head 0 of ring 1, then see what came back on both rings. */
+/*
+ * Transmit head 0 of ring 1, then see what came back on both rings. A
+ * loopback answers within the same burst; a frame that should come is given
+ * time anyway.
+ */
 static int net_go(struct vhd_chaos_sess *s, bool expect_frame_dropped)
 {
-    struct vhd_chaos_used tx, rx;
-    vhd_chaos__split_publish(s, OFF_R1, 0, 1);
-    vhd_chaos__kick(s, 1);
-    int rc = vhd_chaos__await_used(s, OFF_R1, 0, &tx, s->tmo);
-    if (rc || !tx.got)
-        return rc;
-    /* Delivered, or not: a loopback answers within the same burst; give it time anyway. */
-    rc = vhd_chaos__await_used(s, OFF_R0, 0, &rx, expect_frame_dropped ? 150 : s->tmo);
-    if (rc)
-        return rc;
-    if (rx.got && rx.len == NET_HDR + PKT_LEN &&
-        memcmp(vhd_chaos__hva(s, OFF_RXBUF) + NET_HDR, vhd_chaos__hva(s, OFF_TXBUF) + NET_HDR,
-               PKT_LEN) == 0)
-        s->ctx->observed |= VHD_CHAOS_SERVED;
-    else if (!rx.got && !(s->ctx->observed & VHD_CHAOS_BROKEN))
-        s->ctx->observed |= VHD_CHAOS_REQ_ERROR; /* transmit completed, frame dropped */
-    else if (rx.got)
-        vhd_chaos__note(s, 0, "received %u bytes", rx.len);
-    return 0;
+    return vhd_chaos__net_go(s, true, expect_frame_dropped ? 150 : s->tmo);
 }
 
 static int c_net_control(struct vhd_chaos_ctx *ctx)

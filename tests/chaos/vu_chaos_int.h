@@ -257,6 +257,21 @@ int vhd_chaos__blk(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, bool pac
 /* A net session: receive ring 0 at OFF_R0, transmit ring 1 at OFF_R1. */
 int vhd_chaos__net(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s);
 
+/* The net cases' transmit and receive buffers (window 0). */
+#define OFF_TXBUF OFF_DATA
+#define OFF_RXBUF (OFF_DATA + 0x1000u)
+
+/* The net cases' frame at OFF_TXBUF: a virtio-net header, then 60 bytes to broadcast. */
+void vhd_chaos__net_frame(struct vhd_chaos_sess *s);
+
+/*
+ * Transmit head 0 of ring 1 (made available first when publish), then see
+ * what came back on ring 0 within rx_ms: SERVED when the frame arrived whole
+ * at OFF_RXBUF, REQ_ERROR when it was transmitted and dropped (the device not
+ * broken). 0, or the wait's error.
+ */
+int vhd_chaos__net_go(struct vhd_chaos_sess *s, bool publish, int rx_ms);
+
 /* GET_STATUS: 1 (NEEDS_RESET), 0 (not), VHD_CHAOS_CLOSED... as an outcome-ish code. */
 int vhd_chaos__needs_reset(struct vhd_chaos_sess *s);
 

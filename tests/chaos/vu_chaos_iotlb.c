@@ -452,11 +452,12 @@ static int c_iotlb_invalidate(struct vhd_chaos_ctx *ctx)
 }
 
 /*
- * INVALIDATE of size 0 (how QEMU's full device-IOTLB flush arrives: its
- * 2^64-byte range wraps) drops everything: the next request misses on the
- * rings first.
+ * Request 0 served, then flush drops every translation: request 1 misses on
+ * the rings first (noted "no <after>" when nothing misses); rings and
+ * buffers mapped again, it is served.
  */
-static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
+static int rings_miss_after(struct vhd_chaos_ctx *ctx, int (*flush)(struct vhd_chaos_sess *),
+                            const char *after)
 {
     struct vhd_chaos_sess s;
     uint64_t iv = 0;
@@ -465,10 +466,9 @@ static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
     if (!rc)
         rc = serve_in(&s, 0);
     if (!rc)
-        rc = vhd_chaos__must(&s, iotlb_msg(&s, VHOST_IOTLB_INVALIDATE, 0, 0, 0, 0),
-                             "INVALIDATE of size 0");
+        rc = flush(&s);
     if (!rc)
-        rc = in_misses(&s, 1, &iv, &perm, "miss after a full invalidation");
+        rc = in_misses(&s, 1, &iv, &perm, after);
     if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
         rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
                              (unsigned long long)iv);
@@ -481,6 +481,20 @@ static int c_iotlb_invalidate_all(struct vhd_chaos_ctx *ctx)
     vhd_chaos__close(&s);
     return rc;
 }
+
+static int invalidate_all(struct vhd_chaos_sess *s)
+{
+    return vhd_chaos__must(s, iotlb_msg(s, VHOST_IOTLB_INVALIDATE, 0, 0, 0, 0),
+                           "INVALIDATE of size 0");
+}
+
+/*
+ * INVALIDATE of size 0 (how QEMU's full device-IOTLB flush arrives: its
+ * 2^64-byte range wraps) drops everything: the next request misses on the
+ * rings first.
+ */
+VHD_CHAOS_VARIANT(c_iotlb_invalidate_all, rings_miss_after, invalidate_all,
+                  "miss after a full invalidation")
 
 /*
  * Invalidations while requests are in flight: once INVALIDATE is acked,
@@ -539,34 +553,17 @@ static int c_iotlb_miss_unanswered(struct vhd_chaos_ctx *ctx)
     return rc;
 }
 
+static int mem_table_again(struct vhd_chaos_sess *s)
+{
+    return vhd_chaos__must(s, vhd_chaos__mem_default(s), "SET_MEM_TABLE again");
+}
+
 /*
  * A new memory table (the same regions sent again) flushes the IOTLB: the
  * next request misses on the rings, then on its buffers; answered, served.
  */
-static int c_iotlb_mem_table_flush(struct vhd_chaos_ctx *ctx)
-{
-    struct vhd_chaos_sess s;
-    uint64_t iv = 0;
-    uint8_t perm;
-    int rc = iotlb_blk_mapped(ctx, &s, "IOTLB UPDATE");
-    if (!rc)
-        rc = serve_in(&s, 0);
-    if (!rc)
-        rc = vhd_chaos__must(&s, vhd_chaos__mem_default(&s), "SET_MEM_TABLE again");
-    if (!rc)
-        rc = in_misses(&s, 1, &iv, &perm, "miss after the new memory table");
-    if (!rc && (iv < iova(OFF_R0) || iv >= iova(OFF_R0 + RING_BYTES)))
-        rc = vhd_chaos__note(&s, -EIO, "first miss at 0x%llx, not on the rings",
-                             (unsigned long long)iv);
-    if (!rc)
-        rc = vhd_chaos__must(&s, map(&s, OFF_R0, RING_BYTES, VHOST_ACCESS_RW), "ring UPDATE");
-    if (!rc)
-        rc = map_bufs(&s, "buffer UPDATE");
-    if (!rc)
-        rc = go(&s, 1, s.tmo);
-    vhd_chaos__close(&s);
-    return rc;
-}
+VHD_CHAOS_VARIANT(c_iotlb_mem_table_flush, rings_miss_after, mem_table_again,
+                  "miss after the new memory table")
 
 /* ---- packed rings ---- */
 
@@ -626,9 +623,6 @@ static int c_iotlb_packed_miss(struct vhd_chaos_ctx *ctx)
 
 /* ---- net (loopback): receive ring 0 at OFF_R0, transmit ring 1 at OFF_R1 ---- */
 
-#define OFF_TXBUF OFF_DATA
-#define OFF_RXBUF (OFF_DATA + 0x1000u)
-
 /* Ring q at window offset off, started at its IOVAs. */
 static int ring_at_iova(struct vhd_chaos_sess *s, uint32_t q, size_t off)
 {
@@ -657,40 +651,11 @@ static int iotlb_net(struct vhd_chaos_ctx *ctx, struct vhd_chaos_sess *s, uint8_
         rc = ring_at_iova(s, 1, OFF_R1);
     if (rc)
         return rc;
-    uint8_t f[NET_HDR + PKT_LEN];
-    memset(f, 0, sizeof(f));
-    memset(f + NET_HDR, 0xff, 6);
-    for (unsigned i = 6; i < PKT_LEN; i++)
-        f[NET_HDR + i] = (uint8_t)(i * 13);
-    vhd_chaos__put(s, OFF_TXBUF, f, sizeof(f));
+    vhd_chaos__net_frame(s);
     vhd_chaos__sdesc(s, OFF_R0, 0, iova(OFF_RXBUF), 2048, VRING_DESC_F_WRITE, 0);
     vhd_chaos__split_publish(s, OFF_R0, 0, 1);
     vhd_chaos__kick(s, 0);
     vhd_chaos__sdesc(s, OFF_R1, 0, iova(OFF_TXBUF), NET_HDR + PKT_LEN, 0, 0);
-    return 0;
-}
-
-/* Transmit, then see what came back on both rings (as the chain cases do). */
-static int net_go(struct vhd_chaos_sess *s, bool publish, int rx_ms)
-{
-    struct vhd_chaos_used tx, rx;
-    if (publish)
-        vhd_chaos__split_publish(s, OFF_R1, 0, 1);
-    vhd_chaos__kick(s, 1);
-    int rc = vhd_chaos__await_used(s, OFF_R1, 0, &tx, s->tmo);
-    if (rc || !tx.got)
-        return rc;
-    rc = vhd_chaos__await_used(s, OFF_R0, 0, &rx, rx_ms);
-    if (rc)
-        return rc;
-    if (rx.got && rx.len == NET_HDR + PKT_LEN &&
-        memcmp(vhd_chaos__hva(s, OFF_RXBUF) + NET_HDR, vhd_chaos__hva(s, OFF_TXBUF) + NET_HDR,
-               PKT_LEN) == 0)
-        s->ctx->observed |= VHD_CHAOS_SERVED;
-    else if (!rx.got && !(s->ctx->observed & VHD_CHAOS_BROKEN))
-        s->ctx->observed |= VHD_CHAOS_REQ_ERROR; /* transmitted, frame dropped */
-    else if (rx.got)
-        vhd_chaos__note(s, 0, "received %u bytes", rx.len);
     return 0;
 }
 
@@ -701,7 +666,7 @@ static int c_iotlb_net_control(struct vhd_chaos_ctx *ctx)
     int rc = iotlb_net(ctx, &s, VHOST_ACCESS_WO);
     vhd_chaos__allow(&s, OFF_RXBUF, 2048);
     if (!rc)
-        rc = net_go(&s, true, s.tmo);
+        rc = vhd_chaos__net_go(&s, true, s.tmo);
     vhd_chaos__close(&s);
     return rc;
 }
@@ -712,7 +677,7 @@ static int c_iotlb_net_rx_ro(struct vhd_chaos_ctx *ctx)
     struct vhd_chaos_sess s;
     int rc = iotlb_net(ctx, &s, VHOST_ACCESS_RO);
     if (!rc)
-        rc = net_go(&s, true, 300);
+        rc = vhd_chaos__net_go(&s, true, 300);
     vhd_chaos__close(&s);
     return rc;
 }
@@ -748,7 +713,7 @@ static int c_iotlb_net_tx_miss(struct vhd_chaos_ctx *ctx)
     if (!rc)
         rc = vhd_chaos__must(&s, map(&s, OFF_TXBUF, 0x1000, VHOST_ACCESS_RO), "tx UPDATE");
     if (!rc)
-        rc = net_go(&s, false, s.tmo);
+        rc = vhd_chaos__net_go(&s, false, s.tmo);
     vhd_chaos__close(&s);
     return rc;
 }
