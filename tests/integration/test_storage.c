@@ -114,6 +114,14 @@ static void make_image(struct daemon *dm, uint64_t size)
     close(fd);
 }
 
+/* dm's directory with its socket sock_name and an image of size bytes; tracked. */
+static void image_prepare(struct daemon *dm, const char *sock_name, uint64_t size)
+{
+    daemon_prepare_dir(dm, "vhd-stor-XXXXXX", sock_name);
+    make_image(dm, size);
+    track(dm);
+}
+
 /* Start vhostd on dm->sock serving img with extra keys (",k=v..." or ""). */
 static void vhostd_start(struct daemon *dm, const char *img, const char *extra)
 {
@@ -183,9 +191,7 @@ VHD_TEST(lock_second_vhostd)
 {
     struct daemon a;
     need_tools(false);
-    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
-    make_image(&a, 64u << 20);
-    track(&a);
+    image_prepare(&a, "a.sock", 64u << 20);
     vhostd_start(&a, a.img, "");
 
     const char *out = vhostd_refused(a.dir, a.img, "");
@@ -205,9 +211,7 @@ VHD_TEST(lock_qemu_refused)
     struct daemon a, q;
     char out[4096];
     need_tools(true);
-    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
-    make_image(&a, 64u << 20);
-    track(&a);
+    image_prepare(&a, "a.sock", 64u << 20);
     vhostd_start(&a, a.img, "");
 
     int rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
@@ -276,9 +280,7 @@ VHD_TEST(lock_qemu_guest_holds_first)
     const char *qemu = which("qemu-system-x86_64");
     if (!qemu)
         vhd_test_skip("qemu-system-x86_64 not installed");
-    daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
-    make_image(&q, 64u << 20);
-    track(&q);
+    image_prepare(&q, "q.sock", 64u << 20);
     char drive[PATH_MAX];
     snprintf(drive, sizeof(drive), "file=%s,format=raw,if=none,id=d0", q.img);
     char *argv[] = {(char *)qemu,
@@ -329,9 +331,7 @@ VHD_TEST(lock_readers_coexist)
     struct daemon a, b;
     char out[4096];
     need_tools(true);
-    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
-    make_image(&a, 64u << 20);
-    track(&a);
+    image_prepare(&a, "a.sock", 64u << 20);
     vhostd_start(&a, a.img, ",ro=on");
     daemon_prepare_dir(&b, "vhd-stor-XXXXXX", "b.sock");
     track(&b);
@@ -357,9 +357,7 @@ VHD_TEST(lock_off)
     struct daemon a, b;
     char out[4096];
     need_tools(true);
-    daemon_prepare_dir(&a, "vhd-stor-XXXXXX", "a.sock");
-    make_image(&a, 64u << 20);
-    track(&a);
+    image_prepare(&a, "a.sock", 64u << 20);
     vhostd_start(&a, a.img, ",locking=off");
     int rc = qemu_io(a.img, false, "write 0 4k", out, sizeof(out));
     if (rc != 0)
@@ -768,9 +766,7 @@ VHD_TEST(rerror_stop_short_read)
     static uint8_t want[BS];
     const uint32_t b = 7;
     need_tools(false);
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     int fd = open(dm.img, O_RDWR | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     fill(want, b, 1);
@@ -902,6 +898,32 @@ static void *api_reader_main(void *arg)
 }
 
 /*
+ * A context (*ctx, the caller's to destroy) serving a blk device named name
+ * on dm's image at dm's socket, with rerror "stop", started; the test fails
+ * with the library's reason when it cannot.
+ */
+static struct vhd_device *api_stop_device(const struct daemon *dm, const char *name,
+                                          struct vhd_ctx **ctx)
+{
+    struct vhd_ctx_config cc;
+    vhd_ctx_config_init(&cc);
+    VHD_CHECK_EQ(vhd_ctx_new(&cc, ctx), 0);
+    struct vhd_blk_config c = {
+        .dev = {.name = name, .endpoint = {.path = dm->sock}},
+        .image = dm->img,
+        .rerror = "stop",
+    };
+    struct vhd_device *dev;
+    char err[256];
+    int rc = vhd_blk_device_new(*ctx, &c, &dev, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "  %s\n", err);
+    VHD_CHECK_EQ(rc, 0);
+    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    return dev;
+}
+
+/*
  * The library's calls, without the daemon: a blk device made with rerror
  * "stop" through include/vhostd/blk.h shows its paused queue through
  * vhd_blk_device_paused_queues, and vhd_blk_device_resume retries the read.
@@ -911,30 +933,14 @@ VHD_TEST(api_paused_and_resume)
     struct daemon dm; /* only its dir, image and socket path: no daemon runs */
     static uint8_t want[BS];
     const uint32_t b = 3;
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     int fd = open(dm.img, O_RDWR | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     fill(want, b, 1);
     VHD_CHECK_EQ(pwrite(fd, want, BS, (off_t)b * BS), (ssize_t)BS);
 
-    struct vhd_ctx_config cc;
-    vhd_ctx_config_init(&cc);
     struct vhd_ctx *ctx;
-    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), 0);
-    struct vhd_blk_config c = {
-        .dev = {.name = "api0", .endpoint = {.path = dm.sock}},
-        .image = dm.img,
-        .rerror = "stop",
-    };
-    struct vhd_device *dev;
-    char err[256];
-    int rc = vhd_blk_device_new(ctx, &c, &dev, err, sizeof(err));
-    if (rc < 0)
-        fprintf(stderr, "  %s\n", err);
-    VHD_CHECK_EQ(rc, 0);
-    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    struct vhd_device *dev = api_stop_device(&dm, "api0", &ctx);
     VHD_CHECK_EQ(vhd_blk_device_paused_queues(dev), 0);
     VHD_CHECK_EQ(vhd_blk_device_resume(dev), 0); /* nothing paused: a no-op */
 
@@ -976,26 +982,13 @@ VHD_TEST(api_shrink_while_held)
     struct daemon dm; /* only its dir, image and socket path: no daemon runs */
     static uint8_t want[BS];
     const uint32_t b = NBLK - 2; /* past the new end (half the image) */
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     int fd = open(dm.img, O_RDWR | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     fill(want, b, 1);
 
-    struct vhd_ctx_config cc;
-    vhd_ctx_config_init(&cc);
     struct vhd_ctx *ctx;
-    VHD_CHECK_EQ(vhd_ctx_new(&cc, &ctx), 0);
-    struct vhd_blk_config c = {
-        .dev = {.name = "api1", .endpoint = {.path = dm.sock}},
-        .image = dm.img,
-        .rerror = "stop",
-    };
-    struct vhd_device *dev;
-    char err[256];
-    VHD_CHECK_EQ(vhd_blk_device_new(ctx, &c, &dev, err, sizeof(err)), 0);
-    VHD_CHECK_EQ(vhd_device_start(dev, err, sizeof(err)), 0);
+    struct vhd_device *dev = api_stop_device(&dm, "api1", &ctx);
 
     VHD_CHECK_EQ(ftruncate(fd, (off_t)b * BS + BS / 2), 0); /* the read will meet EOF */
     struct api_reader a = {.sock = dm.sock, .blk = b, .want = want};
@@ -1006,6 +999,7 @@ VHD_TEST(api_shrink_while_held)
         VHD_CHECK(ms_now() - t0 < WAIT_MS);
         VHD_CHECK(vhd_ctx_dispatch(ctx, 10) >= 0);
     }
+    char err[256];
     t0 = ms_now();
     int rc = vhd_blk_device_resize(dev, IMG_SIZE / 2, true, err, sizeof(err));
     if (rc < 0)
@@ -1132,9 +1126,7 @@ static off_t file_size(const char *path)
 VHD_TEST(api_shrink_after_timed_out_shrink)
 {
     struct daemon dm; /* only its dir, image and socket path: no daemon runs */
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     struct vhd_ctx *ctx;
     struct api_writer a;
     pthread_t th;
@@ -1166,9 +1158,7 @@ VHD_TEST(api_shrink_after_timed_out_shrink)
 VHD_TEST(api_refused_shrink_does_not_wait)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     int fd = open(dm.img, O_WRONLY | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     VHD_CHECK_EQ(pwrite(fd, "x", 1, IMG_SIZE - BS), 1); /* data past the new end */
@@ -1217,9 +1207,7 @@ static void resize_cb(void *opaque, int rc, const char *err)
 VHD_TEST(api_async_shrink_does_not_block)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     struct vhd_ctx *ctx;
     struct api_writer a;
     pthread_t th;
@@ -1285,9 +1273,7 @@ static void *release_later(void *arg)
 VHD_TEST(api_async_shrink_cancelled_by_destroy)
 {
     struct daemon dm;
-    daemon_prepare_dir(&dm, "vhd-stor-XXXXXX", "blk.sock");
-    make_image(&dm, IMG_SIZE);
-    track(&dm);
+    image_prepare(&dm, "blk.sock", IMG_SIZE);
     struct vhd_ctx *ctx;
     struct api_writer a;
     pthread_t th, rel;
