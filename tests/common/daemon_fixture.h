@@ -218,6 +218,16 @@ static inline void daemon_prepare_dir(struct daemon *dm, const char *tmpl, const
     snprintf(dm->log, sizeof(dm->log), "%s/daemon.log", dm->dir);
 }
 
+/* A sparse image of size bytes at dm->img, <dir>/disk.img (removed with dm's files). */
+static inline void daemon_make_image(struct daemon *dm, uint64_t size)
+{
+    snprintf(dm->img, sizeof(dm->img), "%s/disk.img", dm->dir);
+    int fd = open(dm->img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
+    VHD_CHECK(fd >= 0);
+    VHD_CHECK_EQ(ftruncate(fd, (off_t)size), 0);
+    close(fd);
+}
+
 /* Fork and exec argv with its output in dm->log; it dies with us (PDEATHSIG). */
 static inline void daemon_spawn(struct daemon *dm, char *const argv[])
 {

@@ -77,13 +77,8 @@
 static void prepare(struct daemon *dm, bool img)
 {
     daemon_prepare_dir(dm, "vhd-test-cl-XXXXXX", "fe.sock");
-    if (img) {
-        snprintf(dm->img, sizeof(dm->img), "%s/disk.img", dm->dir);
-        int fd = open(dm->img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-        VHD_CHECK(fd >= 0);
-        VHD_CHECK_EQ(ftruncate(fd, (off_t)IMG_SIZE), 0);
-        close(fd);
-    }
+    if (img)
+        daemon_make_image(dm, IMG_SIZE);
     track(dm);
 }
 

@@ -348,11 +348,7 @@ static void crash_workload(bool packed)
     alarm(RUN_MS / 1000 + 60); /* this test's own bound, above the harness's default */
 
     daemon_prepare_dir(&dm, "vhd-crash-XXXXXX", "blk.sock");
-    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
-    int fd = open(dm.img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    VHD_CHECK_EQ(ftruncate(fd, (off_t)IMG_SIZE), 0);
-    close(fd);
+    daemon_make_image(&dm, IMG_SIZE);
     track(&dm);
     backend_start(&dm);
 
@@ -464,7 +460,7 @@ static void crash_workload(bool packed)
     stop_killer();
 
     /* ... and in the image file. */
-    fd = open(dm.img, O_RDONLY | O_CLOEXEC);
+    int fd = open(dm.img, O_RDONLY | O_CLOEXEC);
     VHD_CHECK(fd >= 0);
     static uint8_t ibuf[BS];
     for (uint32_t blk = 0; blk < NBLOCKS; blk++) {

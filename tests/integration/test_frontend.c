@@ -65,11 +65,7 @@ static const char *find_in_path(const char *name, char *buf, size_t len)
 static void daemon_prepare(struct daemon *dm, uint64_t img_size)
 {
     daemon_prepare_dir(dm, "vhd-test-fe-XXXXXX", "blk.sock");
-    snprintf(dm->img, sizeof(dm->img), "%s/disk.img", dm->dir);
-    int fd = open(dm->img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    VHD_CHECK_EQ(ftruncate(fd, (off_t)img_size), 0);
-    close(fd);
+    daemon_make_image(dm, img_size);
     track(dm);
 }
 

@@ -104,21 +104,11 @@ static const char *which(const char *prog)
     return o;
 }
 
-/* A sparse image of size bytes at dm->img (in dm's dir). */
-static void make_image(struct daemon *dm, uint64_t size)
-{
-    snprintf(dm->img, sizeof(dm->img), "%s/disk.img", dm->dir);
-    int fd = open(dm->img, O_CREAT | O_RDWR | O_TRUNC | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    VHD_CHECK_EQ(ftruncate(fd, (off_t)size), 0);
-    close(fd);
-}
-
 /* dm's directory with its socket sock_name and an image of size bytes; tracked. */
 static void image_prepare(struct daemon *dm, const char *sock_name, uint64_t size)
 {
     daemon_prepare_dir(dm, "vhd-stor-XXXXXX", sock_name);
-    make_image(dm, size);
+    daemon_make_image(dm, size);
     track(dm);
 }
 
@@ -243,7 +233,7 @@ VHD_TEST(lock_qsd_holds_first)
     struct daemon q;
     need_tools(true);
     daemon_prepare_dir(&q, "vhd-stor-XXXXXX", "q.sock");
-    make_image(&q, 64u << 20); /* removed with q's files on every exit path */
+    daemon_make_image(&q, 64u << 20); /* removed with q's files on every exit path */
     const char *img = q.img;
     track(&q);
     daemon_spawn(&q, qsd_argv(img, q.sock)); /* returns once its export socket exists */
