@@ -193,20 +193,25 @@ VHD_TEST(socket_path)
     test_done();
 }
 
+/* dm's image (<dir>/disk.img) of size bytes: zeroes but for 4 KiB of 0x5a at offset 8192. */
+static void image_5a_at_8k(struct daemon *dm, uint64_t size)
+{
+    static uint8_t blk[4096];
+    daemon_make_image(dm, size);
+    int fd = open(dm->img, O_WRONLY | O_CLOEXEC);
+    VHD_CHECK(fd >= 0);
+    memset(blk, 0x5a, sizeof(blk));
+    VHD_CHECK_EQ(pwrite(fd, blk, sizeof(blk), 8192), (ssize_t)sizeof(blk));
+    close(fd);
+}
+
 /* --blk-file and --read-only (the spec's vhost-user-blk options): the image served read-only. */
 VHD_TEST(blk_file_read_only)
 {
     struct daemon dm;
     daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "disk.sock");
     track(&dm);
-    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
-    int fd = open(dm.img, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    static uint8_t blk[4096];
-    memset(blk, 0x5a, sizeof(blk));
-    VHD_CHECK_EQ(pwrite(fd, blk, sizeof(blk), 8192), (ssize_t)sizeof(blk));
-    VHD_CHECK_EQ(ftruncate(fd, 1 << 20), 0);
-    close(fd);
+    image_5a_at_8k(&dm, 1u << 20);
     char *argv[] = {(char *)bin(), "--socket-path", dm.sock, "--blk-file",
                     dm.img,        "--read-only",   NULL};
     daemon_spawn(&dm, argv);
@@ -242,14 +247,7 @@ VHD_TEST(paths_and_flags)
     struct daemon dm;
     daemon_prepare_dir(&dm, "vhd-test-conv-XXXXXX", "a,backend=null,size=1M");
     track(&dm);
-    snprintf(dm.img, sizeof(dm.img), "%s/disk.img", dm.dir);
-    int fd = open(dm.img, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    VHD_CHECK(fd >= 0);
-    static uint8_t blk[4096];
-    memset(blk, 0x5a, sizeof(blk));
-    VHD_CHECK_EQ(pwrite(fd, blk, sizeof(blk), 8192), (ssize_t)sizeof(blk));
-    VHD_CHECK_EQ(ftruncate(fd, 2 << 20), 0);
-    close(fd);
+    image_5a_at_8k(&dm, 2u << 20);
     char *argv[] = {(char *)bin(),     "--socket-path", dm.sock, "--blk-file", dm.img,
                     "--read-only=off", "--workers",     "1",     NULL};
     daemon_spawn(&dm, argv);
