@@ -43,6 +43,8 @@ static void need_root(void)
 
 /* ---- a daemon: a null disk on dm->sock, with extra --blk keys ---- */
 
+static void wait_log(const struct daemon *dm, const char *needle);
+
 static void start(struct daemon *dm, const char *keys, bool poke_bind)
 {
     const char *bin = vhostd_path();
@@ -74,6 +76,12 @@ static void start(struct daemon *dm, const char *keys, bool poke_bind)
     daemon_spawn(dm, argv);
     unsetenv("LD_PRELOAD");
     unsetenv("VHD_SANDBOX_POKE");
+    /*
+     * The socket file exists from bind() on, its group and mode are set
+     * after it: what the tests look at is there once the daemon says it
+     * listens (a check at the file's appearance saw gid 0 under load).
+     */
+    wait_log(dm, "listening on ");
 }
 
 /* Occurrences of needle in the daemon's log. */
