@@ -1685,3 +1685,116 @@ VHD_TEST(new_errors)
     VHD_CHECK(vhd_net_backend_find("tap") == &vhd_net_backend_tap);
     VHD_CHECK(vhd_net_backend_find("pcap") == NULL);
 }
+
+/* ======================= plain frames and the general path in one run ======================= */
+
+/*
+ * Delivery takes plain frames (no GSO, no partial checksum, within the MTU,
+ * into a writable-only buffer whose first segment takes header and frame)
+ * a stretch at a time and every other frame by the general path
+ * (vhd_net_deliver_burst): frames of both kinds mixed in one burst are
+ * delivered as each would be alone. Of 32 frames, all with the sender's
+ * hdr_len, gso_size and csum fields set (passed on as they are): frame 9
+ * has a partial checksum (carried through: GUEST_CSUM), frame 13 finds a
+ * buffer of two descriptors (header, then frame), frame 17 was sent in two
+ * descriptors (header, then frame: the copy's general walk), frame 25 finds
+ * a buffer of exactly header plus frame, and frame 26 one a byte short
+ * (MRG_RXBUF: it takes the next buffer too, a run of its own).
+ */
+static void plain_and_general(bool packed)
+{
+    struct tb t;
+    struct tb_opts o = {.packed = packed};
+    static struct rxbuf rb[33];
+    struct tq *tq = &t.tq[1];
+    uint32_t lens[32];
+    uint8_t want[128], got[2048];
+
+    tb_init(&t, &o);
+    VHD_CHECK(t.features & BIT(VIRTIO_NET_F_MRG_RXBUF));
+    VHD_CHECK(t.features & BIT(VIRTIO_NET_F_GUEST_CSUM));
+    for (unsigned k = 0; k < 32; k++)
+        lens[k] = 60 + k;
+    /* Receive buffers: rb[b] takes frame b (b <= 26), rb[27] the rest of frame 26, rb[b] frame b
+     * - 1. */
+    for (unsigned b = 0; b < 33; b++) {
+        uint32_t len = b == 25 ? HDR + lens[25] : b == 26 ? HDR + lens[26] - 1 : 1024;
+        struct vhd_drv_buf d[2] = {{galloc(&t, len, 0xee, &rb[b].p), len}};
+        rb[b].len = len;
+        if (b == 13) {
+            d[1].gpa = d[0].gpa + HDR;
+            d[1].len = len - HDR;
+            d[0].len = HDR;
+        }
+        VHD_CHECK_EQ(vhd_drv_vq_add(&t.tq[0].dq, d, 0, b == 13 ? 2 : 1, false, &rb[b]), 0);
+    }
+    vhd_drv_vq_publish(&t.tq[0].dq);
+    /* The burst: one store, one kick. */
+    for (unsigned k = 0; k < 32; k++) {
+        uint8_t *p;
+        struct virtio_net_hdr_v1 h = {.hdr_len = vhd_le16(20 + k),
+                                      .gso_size = vhd_le16(1400 + k),
+                                      .csum_start = vhd_le16(14 + k),
+                                      .csum_offset = vhd_le16(k)};
+        if (k == 9) {
+            h.flags = VIRTIO_NET_HDR_F_NEEDS_CSUM;
+            h.csum_start = vhd_le16(34);
+            h.csum_offset = vhd_le16(6);
+        }
+        struct vhd_drv_buf b[2] = {{galloc(&t, HDR + lens[k], 0, &p), HDR + lens[k]}};
+        memcpy(p, &h, HDR);
+        make_frame(p + HDR, lens[k], 500 + k);
+        if (k == 17) {
+            b[1].gpa = b[0].gpa + HDR;
+            b[1].len = lens[k];
+            b[0].len = HDR;
+        }
+        VHD_CHECK_EQ(
+            vhd_drv_vq_add(&tq->dq, b, k == 17 ? 2 : 1, 0, false, (void *)(uintptr_t)(k + 1)), 0);
+    }
+    vhd_drv_vq_publish(&tq->dq);
+    VHD_CHECK_EQ(eventfd_write(tq->kick_fd, 1), 0);
+    tx_burst_reap(&t, 0, 32);
+
+    unsigned next = 0;
+    uint64_t bytes = 0;
+    for (unsigned k = 0; k < 32; k++) {
+        unsigned first = next;
+        VHD_CHECK_EQ(rx_take(&t, 0, rb, &next, got, sizeof(got)), lens[k]);
+        VHD_CHECK_EQ(next - first, k == 26 ? 2u : 1u);
+        make_frame(want, lens[k], 500 + k);
+        VHD_CHECK(memcmp(got + HDR, want, lens[k]) == 0);
+        struct virtio_net_hdr_v1 h;
+        memcpy(&h, got, HDR);
+        VHD_CHECK_EQ(h.flags, k == 9 ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0);
+        VHD_CHECK_EQ(h.gso_type, VIRTIO_NET_HDR_GSO_NONE);
+        VHD_CHECK_EQ(vhd_le16(h.hdr_len), 20 + k);
+        VHD_CHECK_EQ(vhd_le16(h.gso_size), 1400 + k);
+        VHD_CHECK_EQ(vhd_le16(h.csum_start), k == 9 ? 34 : 14 + k);
+        VHD_CHECK_EQ(vhd_le16(h.csum_offset), k == 9 ? 6 : k);
+        VHD_CHECK_EQ(vhd_le16(h.num_buffers), k == 26 ? 2 : 1);
+        /* Past the frame the buffer is as posted. */
+        struct rxbuf *last = &rb[next - 1];
+        if (k != 26 && k != 25)
+            VHD_CHECK(last->p[HDR + lens[k]] == 0xee);
+        bytes += lens[k];
+    }
+    VHD_CHECK(tq_quiet(&t, 0, 50));
+    struct vhd_net_queue_stats rx = qstats_wait(&t, 0, 32);
+    VHD_CHECK_EQ(rx.packets, 32);
+    VHD_CHECK_EQ(rx.buffers, 33);
+    VHD_CHECK_EQ(rx.drops, 0);
+    VHD_CHECK_EQ(rx.bytes, bytes);
+    VHD_CHECK_EQ(rx.largest, lens[31]);
+    tb_fini(&t);
+}
+
+VHD_TEST(burst_plain_and_general_frames_split)
+{
+    plain_and_general(false);
+}
+
+VHD_TEST(burst_plain_and_general_frames_packed)
+{
+    plain_and_general(true);
+}
