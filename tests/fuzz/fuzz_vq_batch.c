@@ -11,6 +11,9 @@
  * identical. With VIRTIO_F_IN_ORDER (an input bit), the single play turns
  * what vhd_vq_push wrote for a run into the one used entry the batch push
  * writes for a transmit run (model_in_order), so that path is compared too.
+ * With tracking, a crash and restart on the same area (an input bit) makes
+ * the plays pop the chains it lists again, then new ones with the list
+ * present.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -315,6 +318,25 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
             break;
         }
         case 6:
+            if (tracked && (o & 0x80)) {
+                /*
+                 * The back-end crashes and a new one starts on the same
+                 * rings and area, with the base a front-end gives then
+                 * (split: used->idx; packed: the one of the first start):
+                 * what it held is forgotten, the chains the area lists are
+                 * popped again first (one by one in both plays), then new
+                 * ones, the batch play's as tracked runs.
+                 */
+                vhd_vq_fini(vq);
+                h.n = 0;
+                FUZZ_CHECK(vhd_vq_init(vq, &vp, mem) == 0);
+                (void)vhd_vq_set_base(vq, packed ? 1u << 15 | 1u << 31
+                                                 : vhd_le16(dq.ring.split.used->idx));
+                FUZZ_CHECK(vhd_vq_set_inflight(vq, inf, qsize) == 0);
+                th(t, (uint64_t)vhd_vq_start(vq));
+                th(t, vhd_vq_resubmit_pending(vq));
+                break;
+            }
             vhd_vq_flush(vq);
             th(t, vhd_vq_need_notify(vq));
             break;
@@ -358,6 +380,8 @@ static void play(struct in in, bool batch, struct trace *t, struct vhd_vq *vq, u
               (uint64_t)vq->inflight << 48);
     th(t, (uint64_t)vq->avail_shadow | (uint64_t)vq->published_used << 16 |
               (uint64_t)vq->batch_npending << 32 | (uint64_t)vq->inf_counter << 48);
+    th(t, (uint64_t)vq->inf_new | (uint64_t)vq->inf_resubmit_pos << 16 |
+              (uint64_t)vq->inf_resubmit_n << 32);
     vhd_vq_fini(vq);
     vhd_drv_vq_fini(&dq);
 }

@@ -1939,3 +1939,216 @@ VHD_TEST(resubmit_num_rewritten_packed)
     VHD_CHECK_EQ(t.f.vq.error, VHD_VQ_E_INFLIGHT);
     ifx_teardown(&t);
 }
+
+/* =====================================================================
+ * Tracked packed runs against the per-chain verbs
+ * ===================================================================== */
+
+/*
+ * Two plays of one random script in lock step on two fixtures laid out
+ * alike, packed and tracked: one pops and pushes with vhd_vq_pop /
+ * vhd_vq_push, the other with vhd_vq_pop_burst / vhd_vq_push_burst (the
+ * run walk records each chain it takes; the push of a run gives records
+ * back in one pass). Chains of 1..4 descriptors (some indirect) in a small
+ * ring, so runs cross the ring's end and chains straddle it; now and then a
+ * descriptor's id or flags go wrong (a bad chain mid-run), the queue breaks,
+ * and the back-end crashes and restarts on the same area, so runs are also
+ * taken with chains to pop again listed. After every step: the same chains
+ * (ids, shapes, segments), the same errors, and byte for byte the same ring
+ * area and inflight area, and the same queue state.
+ */
+#define RD_BUF 4096u
+
+struct rd_play {
+    struct vqfx f;
+    void *region;
+    size_t region_len;
+    uint64_t buf;                     /* RD_BUF bytes of buffers */
+    struct vhd_vq_chain held[MAXREQ]; /* popped, not pushed */
+    uint32_t n;
+};
+
+static void rd_setup(struct rd_play *p, uint32_t size)
+{
+    struct vqfx_opts o = {
+        .size = size, .packed = true, .indirect = true, .max_indirect = 4, .no_start = true};
+    memset(p, 0, sizeof(*p));
+    vqfx_setup(&p->f, &o);
+    p->region_len = vhd_inflight_queue_size(true, size);
+    p->region = aligned_alloc(64, (p->region_len + 63) & ~(size_t)63);
+    VHD_CHECK(p->region != NULL);
+    memset(p->region, 0, p->region_len);
+    p->buf = vqfx_alloc(&p->f, RD_BUF, NULL);
+    VHD_CHECK_EQ(vhd_vq_set_base(&p->f.vq, 1u << 15 | 1u << 31), 0);
+    VHD_CHECK_EQ(vhd_vq_set_inflight(&p->f.vq, p->region, size), 0);
+    VHD_CHECK_EQ(vhd_vq_start(&p->f.vq), 0);
+}
+
+/* Crash and restart with the base of the first start (what QEMU sends): 0 or -err. */
+static int rd_restart(struct rd_play *p)
+{
+    vhd_vq_fini(&p->f.vq);
+    p->n = 0;
+    VHD_CHECK_EQ(vhd_vq_init(&p->f.vq, &p->f.params, p->f.mem), 0);
+    VHD_CHECK_EQ(vhd_vq_set_base(&p->f.vq, 1u << 15 | 1u << 31), 0);
+    VHD_CHECK_EQ(vhd_vq_set_inflight(&p->f.vq, p->region, p->f.o.size), 0);
+    return vhd_vq_start(&p->f.vq);
+}
+
+/* Pop up to m chains (one run after another for the batch play): got, and rc of the last call. */
+static uint32_t rd_pop(struct rd_play *p, bool batch, uint32_t m, struct iovec *iov, int *rc)
+{
+    uint32_t got = 0;
+    *rc = 0;
+    while (got < m && p->n < MAXREQ) {
+        uint32_t want = m - got < MAXREQ - p->n ? m - got : MAXREQ - p->n;
+        *rc = batch ? vhd_vq_pop_burst(&p->f.vq, iov + (size_t)got * 4, 4, &p->held[p->n], want)
+                    : vhd_vq_pop(&p->f.vq, iov + (size_t)got * 4, 4, &p->held[p->n]);
+        if (*rc <= 0)
+            break;
+        p->n += (uint32_t)*rc;
+        got += (uint32_t)*rc;
+    }
+    return got;
+}
+
+static void rd_same(struct rd_play *a, struct rd_play *b)
+{
+    VHD_CHECK(memcmp(a->region, b->region, a->region_len) == 0);
+    VHD_CHECK(memcmp(a->f.area, b->f.area, a->f.area_len) == 0);
+    const struct vhd_vq *x = &a->f.vq, *y = &b->f.vq;
+    VHD_CHECK_EQ(x->error, y->error);
+    VHD_CHECK_EQ(x->last_avail_idx, y->last_avail_idx);
+    VHD_CHECK_EQ(x->avail_wrap, y->avail_wrap);
+    VHD_CHECK_EQ(x->used_idx, y->used_idx);
+    VHD_CHECK_EQ(x->used_wrap, y->used_wrap);
+    VHD_CHECK_EQ(x->inflight, y->inflight);
+    VHD_CHECK_EQ(x->batch_npending, y->batch_npending);
+    VHD_CHECK_EQ(x->inf_counter, y->inf_counter);
+    VHD_CHECK_EQ(x->inf_new, y->inf_new);
+    VHD_CHECK_EQ(x->inf_resubmit_pos, y->inf_resubmit_pos);
+    VHD_CHECK_EQ(a->n, b->n);
+}
+
+static void run_vs_single(uint32_t size, uint64_t seed, uint32_t *nruns, uint32_t *nresub)
+{
+    static struct rd_play a, b;
+    static struct iovec iova[MAXREQ * 4], iovb[MAXREQ * 4];
+    rd_setup(&a, size);
+    rd_setup(&b, size);
+    rs = seed;
+
+    for (int step = 0; step < 3000; step++) {
+        uint32_t op = rnd32() % 100;
+        if (op < 30) {
+            /* The driver adds chains (the same on both), then publishes. */
+            for (uint32_t k = 1 + rnd32() % 4; k > 0; k--) {
+                uint32_t nr = rnd32() % 3, nw = rnd32() % 3, ind = rnd32() % 4 == 0;
+                if (nr + nw == 0)
+                    nr = 1;
+                struct vhd_drv_buf bufs[4];
+                for (uint32_t i = 0; i < nr + nw; i++) {
+                    bufs[i].len = 1 + rnd32() % 64;
+                    bufs[i].gpa = a.buf + rnd32() % (RD_BUF - 64);
+                }
+                int ra = vhd_drv_vq_add(&a.f.dq, bufs, nr, nw, ind, (void *)1);
+                int rb = vhd_drv_vq_add(&b.f.dq, bufs, nr, nw, ind, (void *)1);
+                VHD_CHECK_EQ(ra, rb);
+            }
+            vhd_drv_vq_publish(&a.f.dq);
+            vhd_drv_vq_publish(&b.f.dq);
+        } else if (op < 31) {
+            /* A descriptor's id or flags goes wrong (a bad chain, maybe mid-run). */
+            uint32_t slot = rnd32() % size, v = rnd32();
+            struct vhd_vring_packed_desc *da = &a.f.dq.ring.packed.desc[slot];
+            struct vhd_vring_packed_desc *db = &b.f.dq.ring.packed.desc[slot];
+            if (v & 1) {
+                da->id = db->id = vhd_le16((uint16_t)(size + (v >> 8) % 4));
+            } else {
+                uint16_t fl = (uint16_t)((vhd_le16(da->flags) & ~7u) | ((v >> 8) & 7));
+                da->flags = db->flags = vhd_le16(fl);
+            }
+        } else if (op < 58) {
+            uint32_t m = 1 + rnd32() % 24;
+            bool listed = b.f.vq.inf_resubmit_n != 0;
+            int rca, rcb;
+            uint32_t ga = rd_pop(&a, false, m, iova, &rca);
+            uint32_t gb = rd_pop(&b, true, m, iovb, &rcb);
+            VHD_CHECK_EQ(ga, gb);
+            VHD_CHECK_EQ(rca > 0 ? 1 : rca, rcb > 0 ? 1 : rcb); /* the error, or none */
+            *nruns += gb > 1;
+            const uint8_t *ha = a.f.mem->regions[0].hva, *hb = b.f.mem->regions[0].hva;
+            for (uint32_t i = 0; i < ga; i++) {
+                const struct vhd_vq_chain *ca = &a.held[a.n - ga + i], *cb = &b.held[b.n - gb + i];
+                VHD_CHECK(memcmp(ca, cb, sizeof(*ca)) == 0);
+                for (uint32_t s = 0; s < (uint32_t)ca->nr + ca->nw; s++) {
+                    VHD_CHECK_EQ((const uint8_t *)iova[4 * i + s].iov_base - ha,
+                                 (const uint8_t *)iovb[4 * i + s].iov_base - hb);
+                    VHD_CHECK_EQ(iova[4 * i + s].iov_len, iovb[4 * i + s].iov_len);
+                }
+            }
+            *nresub += listed && gb > 1;
+        } else if (op < 80) {
+            /* Push p held chains from a random one on (wrapping), as one run or one by one. */
+            uint32_t p = a.n ? 1 + rnd32() % a.n : 0, from = a.n ? rnd32() % a.n : 0;
+            struct vhd_vq_chain sel[MAXREQ];
+            uint32_t written[MAXREQ];
+            for (uint32_t i = 0; i < p; i++) {
+                sel[i] = a.held[(from + i) % a.n];
+                written[i] = rnd32() % 3;
+            }
+            int ra = 0, rb = p ? vhd_vq_push_burst(&b.f.vq, sel, written, p) : 0;
+            for (uint32_t i = 0; i < p && ra == 0; i++)
+                ra = vhd_vq_push(&a.f.vq, &sel[i], written[i]);
+            VHD_CHECK_EQ(ra, rb);
+            /* Both forget the chains pushed (from `from` on, wrapping). */
+            struct rd_play *pl[2] = {&a, &b};
+            for (int w = 0; w < 2; w++) {
+                struct vhd_vq_chain keep[MAXREQ];
+                uint32_t nk = 0;
+                for (uint32_t i = 0; i < pl[w]->n; i++)
+                    if ((i + pl[w]->n - from) % pl[w]->n >= p)
+                        keep[nk++] = pl[w]->held[i];
+                memcpy(pl[w]->held, keep, nk * sizeof(keep[0]));
+                pl[w]->n = nk;
+            }
+        } else if (op < 90) {
+            vhd_vq_flush(&a.f.vq);
+            vhd_vq_flush(&b.f.vq);
+            VHD_CHECK_EQ(vhd_vq_need_notify(&a.f.vq), vhd_vq_need_notify(&b.f.vq));
+        } else if (op < 97) {
+            void *ck;
+            uint32_t la, lb;
+            int ra, rb;
+            do {
+                ra = vhd_drv_vq_get_used(&a.f.dq, &ck, &la);
+                rb = vhd_drv_vq_get_used(&b.f.dq, &ck, &lb);
+                VHD_CHECK_EQ(ra, rb);
+                if (ra == 1)
+                    VHD_CHECK_EQ(la, lb);
+            } while (ra == 1);
+        } else {
+            VHD_CHECK_EQ(rd_restart(&a), rd_restart(&b));
+            VHD_CHECK_EQ(vhd_vq_resubmit_pending(&a.f.vq), vhd_vq_resubmit_pending(&b.f.vq));
+        }
+        rd_same(&a, &b);
+    }
+    struct rd_play *pl[2] = {&a, &b};
+    for (int w = 0; w < 2; w++) {
+        vhd_vq_fini(&pl[w]->f.vq);
+        free(pl[w]->region);
+        vqfx_teardown(&pl[w]->f);
+    }
+}
+
+VHD_TEST(run_vs_single_tracked_packed)
+{
+    uint32_t nruns = 0, nresub = 0;
+    static const uint32_t sizes[] = {5, 8, 13, 32};
+    for (uint64_t seed = 1; seed <= 8; seed++)
+        run_vs_single(sizes[seed % 4], seed * 0x9E3779B97F4A7C15ull, &nruns, &nresub);
+
+    /* The script must have exercised what it is about. */
+    VHD_CHECK(nruns > 100);
+    VHD_CHECK(nresub > 10);
+}
