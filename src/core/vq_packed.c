@@ -577,172 +577,102 @@ packed_chain_end(const struct vhd_vring_packed_desc *d, uint64_t hi, uint32_t si
 }
 
 /*
- * The common chain of a run, attempted first, wholly inside the stretch
- * [d, dend) of the ring: dend is at most the ring's end and within the
- * slots the driver owns, so no slot of the walk wraps and every one carries
- * want (the AVAIL/USED bits of an available slot in this lap) when
- * available. From d (flags: the head's, already read with acquire and found
- * available): descriptors without INDIRECT (or one alone naming a table in
- * the cached region, walked by packed_table_fast), each buffer non-empty,
- * in the cached region, in order, with room in iov and within the length
- * limit, every slot of the chain available, the buffer id below size.
- * Returns the slot after the chain with iov and *c filled, or NULL at the
- * first thing it does not take (a chain running past dend included;
- * nothing else changed: iov and *c are scratch until the chain is popped),
- * and the run then walks the chain with every check (packed_chain_full).
- * Each field is read once per walk and only the walk that is kept is used.
+ * Inflight records of a tracked run (packed_pop_run with tracked): the
+ * area's records and where the run is on their free list. The fast walks
+ * write a chain's records as packed_pop does, from the same reads of the
+ * descriptors, and only what packed_pop would write for that chain too:
+ * a record for each descriptor they take, once its checks passed (the
+ * checks packed_pop makes before it writes the copy: the buffer mapped,
+ * the chain's bytes within 32 bits, a record left on the free list). A
+ * chain they do not take is then popped by packed_pop itself, which writes
+ * those records again, with the same values, and more; so the area ends
+ * as the per-chain pops leave it. The head record's counter, mark, last
+ * and num, and free_head, are written when the chain is taken
+ * (packed_rec_commit). rec and last are read from the area once each and
+ * checked (rec < dn) before any use, and clamped when they index it.
  */
-static inline __attribute__((always_inline)) const struct vhd_vring_packed_desc *
-packed_chain_fast(const struct vhd_vring_packed_desc *d, const struct vhd_vring_packed_desc *dend,
-                  uint32_t size, uint16_t want, uint16_t flags, bool indirect_ok, struct iovec *iov,
-                  uint32_t max_iov, struct vhd_vq_chain *c, const struct vhd_vq__rcache *rc)
+struct packed_trk {
+    struct vhd_inflight_packed_desc *desc; /* the area's records (inf->desc) */
+    uint32_t dn;                           /* how many (the queue's inf_desc_num) */
+    uint32_t rec;                          /* the next record of the free list (unchecked) */
+    uint32_t last;                         /* the chain's last record so far */
+    uint16_t *head_of_id;                  /* vq->inf_head_of_id */
+    uint64_t counter; /* vq->inf_counter; in packed_stretch, that of the run's chain 0 */
+};
+
+/* The area's header, from its records (one register fewer in the walks). */
+static inline struct vhd_inflight_packed *packed_trk_inf(const struct packed_trk *t)
 {
-    const uint64_t gpa = rc->gpa, rsize = rc->size;
-    uint8_t *const hva = rc->hva;
-    struct iovec *v = iov, *vr;
-    uint64_t total = 0, rlen, addr, hi, off;
-    uint32_t len;
+    return (struct vhd_inflight_packed *)((uint8_t *)t->desc -
+                                          offsetof(struct vhd_inflight_packed, desc));
+}
 
-    /* d < dend: the run's own position, never the guest's. */
-#define PACKED_FAST_READ()                                                                    \
-    do {                                                                                      \
-        memcpy(&addr, (const uint8_t *)d, sizeof(addr));                                      \
-        memcpy(&hi, (const uint8_t *)d + 8, sizeof(hi)); /* flags: those read with acquire */ \
-        __asm__ volatile("" : "+r"(addr), "+r"(hi));     /* read once, after the acquire */   \
-        d++;                                                                                  \
-        addr = vhd_le64(addr);                                                                \
-        hi = vhd_le64(hi);                                                                    \
-        len = (uint32_t)hi;                                                                   \
-        off = addr - gpa;                                                                     \
-    } while (0)
+/* The record layout the copy below stores in two words (host byte order). */
+_Static_assert(offsetof(struct vhd_inflight_packed_desc, id) == 16 &&
+                   offsetof(struct vhd_inflight_packed_desc, flags) == 18 &&
+                   offsetof(struct vhd_inflight_packed_desc, len) == 20 &&
+                   offsetof(struct vhd_inflight_packed_desc, addr) == 24,
+               "DescStatePacked layout");
 
-    if (vhd_unlikely(flags & VRING_DESC_F_INDIRECT)) {
-        /* A chain of its own naming a table, as packed_map_one and pop_indirect take it. */
-        PACKED_FAST_READ();
-        if (!indirect_ok || (flags & VRING_DESC_F_NEXT) || len == 0 || (len % 16) ||
-            len / 16 > VHD_VQ_MAX_INDIRECT || !vhd_vq__in_region(off, len, rsize) ||
-            !packed_table_fast(hva + vhd_vq__clamp(off, rsize), len / 16, iov, max_iov, &vr, &v,
-                               &total, &rlen, rc))
-            return NULL;
-        return packed_chain_end(d, hi, size, 1u << 16, iov, vr, v, rlen, total, c);
-    }
+/*
+ * Take the next record of the free list for a descriptor a fast walk has
+ * taken (addr; hi: len | id << 32 from its second word; flags: those it
+ * checked): false when the list has run out (packed_pop fails there), else
+ * the copy written as packed_pop writes it and the list followed.
+ */
+static inline __attribute__((always_inline)) bool
+packed_rec_put(struct packed_trk *t, uint64_t addr, uint64_t hi, uint16_t flags)
+{
+    if (vhd_unlikely(t->rec >= t->dn))
+        return false;
+    struct vhd_inflight_packed_desc *r = &t->desc[vhd_vq__clamp(t->rec, t->dn)];
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     /*
-     * The chain's slots end by lim: at dend and after at most max_iov
-     * slots (a direct chain stores one buffer per slot, so that is also the
-     * room in iov); bytes summed in 64 bits and checked once at the end.
-     * Readable buffers come first: the first loop takes them, the second
-     * the writable ones, so the order needs no test of its own. A later
-     * slot's availability, INDIRECT (and WRITE in the second loop) are
-     * tested by one mask compare.
+     * id | flags << 16 | len << 32 in one store: hi rotated by 32 bits
+     * (with the flags as this read saw them), then the flags checked
+     * stored over those.
      */
-    uintptr_t lim = (uintptr_t)d + (uintptr_t)max_iov * sizeof(*d);
-    if (lim > (uintptr_t)dend)
-        lim = (uintptr_t)dend;
-    if (vhd_unlikely((uintptr_t)d == lim))
-        return NULL;
-    for (;;) {
-        PACKED_FAST_READ();
-        if (vhd_unlikely(flags & VRING_DESC_F_WRITE))
-            break;
-        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
-            return NULL;
-        v->iov_base = hva + vhd_vq__clamp(off, rsize);
-        v->iov_len = len;
-        v++;
-        total += len;
-        if (!(flags & VRING_DESC_F_NEXT)) /* readable buffers only */
-            return packed_chain_end(d, hi, size, ((uintptr_t)v - (uintptr_t)iov) << 12, iov, v, v,
-                                    total, total, c);
-        if (vhd_unlikely((uintptr_t)d == lim))
-            return NULL;
-        flags = slot_flags(d);
-        if (vhd_unlikely((flags & (PACKED_AM | VRING_DESC_F_INDIRECT)) != want))
-            return NULL;
-    }
-    vr = v;
-    rlen = total;
-    for (;;) {
-        /* flags has WRITE and not INDIRECT here, the slot was read */
-        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize)))
-            return NULL;
-        v->iov_base = hva + vhd_vq__clamp(off, rsize);
-        v->iov_len = len;
-        v++;
-        total += len;
-        if (!(flags & VRING_DESC_F_NEXT))
-            break;
-        if (vhd_unlikely((uintptr_t)d == lim))
-            return NULL;
-        flags = slot_flags(d);
-        if (vhd_unlikely((flags & (PACKED_AM | VRING_DESC_F_INDIRECT | VRING_DESC_F_WRITE)) !=
-                         (want | VRING_DESC_F_WRITE)))
-            return NULL;
-        PACKED_FAST_READ();
-    }
-#undef PACKED_FAST_READ
-    return packed_chain_end(d, hi, size, ((uintptr_t)v - (uintptr_t)iov) << 12, iov, vr, v, rlen,
-                            total, c);
+    uint64_t w = hi >> 32 | hi << 32;
+    memcpy((uint8_t *)r + offsetof(struct vhd_inflight_packed_desc, id), &w, sizeof(w));
+    r->flags = flags;
+#else
+    r->id = (uint16_t)(hi >> 32);
+    r->flags = flags;
+    r->len = (uint32_t)hi;
+#endif
+    r->addr = addr;
+    t->last = t->rec;
+    t->rec = vhd_load_relaxed(&r->next); /* read once: checked at its use, as above */
+    return true;
 }
 
 /*
- * Four single-slot chains at once (the DPDK way): at a line of four slots
- * inside the stretch of the run (no wrap, within the room), f0 the first
- * one's flags (read with acquire: available, neither NEXT nor INDIRECT),
- * the other three's flags are read (acquire each) and tested together: all
- * available for want (the AVAIL/USED bits available descriptors carry in
- * this lap), none with NEXT or INDIRECT. Then each buffer is taken as
- * packed_chain_fast takes a one-slot chain (max_iov >= 1: the caller's
- * test). Returns the chains popped (0..4): it stops at the first it does
- * not take, which the run then pops alone with every check.
+ * The end of chain k of the run, which a fast walk took, recorded from
+ * record head (its first, checked by packed_rec_put) to t->last, nd slots,
+ * buffer id id (clamped): false when the id is in flight already (packed_pop's
+ * ID_IN_FLIGHT: the chain is then not taken). Otherwise as packed_pop ends
+ * a tracked chain: the head record's counter, then its mark, its last
+ * record and length, then free_head and old_free_head past the chain (a
+ * crash before them leaves the head record on the free list: start clears
+ * it), and the id's head record.
  */
-static inline __attribute__((always_inline)) uint32_t
-packed_group_fast(const struct vhd_vring_packed_desc *d, uint32_t size, uint16_t want, uint16_t f0,
-                  const struct vhd_vq__out *o, uint32_t k0, const struct vhd_vq__rcache *rc)
+static inline __attribute__((always_inline)) bool
+packed_rec_commit(struct packed_trk *t, uint32_t k, uint32_t head, uint32_t id, uint32_t nd)
 {
-    const uint16_t one = VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT;
-    uint16_t f[4];
-
-    f[0] = f0;
-    f[1] = slot_flags(&d[1]);
-    f[2] = slot_flags(&d[2]);
-    f[3] = slot_flags(&d[3]);
-    uint16_t all = f[1] & f[2] & f[3], any = f[1] | f[2] | f[3];
-    if ((any & one) || ((all ^ any) & PACKED_AM) || (all & PACKED_AM) != want)
-        return 0;
-
-    const uint64_t gpa = rc->gpa, rsize = rc->size;
-    uint32_t i;
-    for (i = 0; i < 4; i++) {
-        const uint8_t *src = (const uint8_t *)&d[i];
-        uint64_t addr, hi;
-        memcpy(&addr, src, sizeof(addr));
-        memcpy(&hi, src + 8, sizeof(hi));
-        __asm__ volatile("" : "+r"(addr), "+r"(hi)); /* read once, after the acquire */
-        addr = vhd_le64(addr);
-        hi = vhd_le64(hi);
-        uint32_t len = (uint32_t)hi, id = (uint32_t)(hi >> 32) & 0xffff;
-        uint64_t off = addr - gpa;
-        if (vhd_unlikely(!vhd_vq__in_region(off, len, rsize) || id >= size))
-            break;
-        struct iovec *iov = vhd_vq__out_iov(o, k0 + i);
-        iov->iov_base = rc->hva + vhd_vq__clamp(off, rsize);
-        iov->iov_len = len;
-        struct vhd_vq_chain *ck = vhd_vq__out_chain(o, k0 + i);
-        ck->id = (uint16_t)vhd_vq__clamp(id, size);
-        ck->ndescs = 1;
-        if (f[i] & VRING_DESC_F_WRITE) {
-            ck->nr = 0;
-            ck->nw = 1;
-            ck->rlen = 0;
-            ck->wlen = len;
-        } else {
-            ck->nr = 1;
-            ck->nw = 0;
-            ck->rlen = len;
-            ck->wlen = 0;
-        }
-    }
-    return i;
+    if (vhd_unlikely(t->head_of_id[id] != UINT16_MAX))
+        return false;
+    struct vhd_inflight_packed_desc *h = &t->desc[vhd_vq__clamp(head, t->dn)];
+    h->counter = t->counter + k;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    h->inflight = 1;
+    h->last = (uint16_t)t->last;
+    h->num = (uint16_t)nd;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
+    struct vhd_inflight_packed *inf = packed_trk_inf(t);
+    inf->free_head = (uint16_t)t->rec;
+    inf->old_free_head = (uint16_t)t->rec;
+    t->head_of_id[id] = (uint16_t)head;
+    return true;
 }
 
 /*
@@ -801,65 +731,22 @@ static __attribute__((noinline)) int packed_chain_full(struct vhd_vq *vq, uint32
 }
 
 /*
- * The fast part of a run in one stretch [*dp, dend) of the ring (no wrap,
- * within the slots the driver owns; want: the AVAIL/USED bits of an
- * available slot in this lap): chains k.. of the caller's output o, up to
- * max, each taken by packed_group_fast (four one-slot chains at a line of
- * four slots) or packed_chain_fast. Stops at dend, at max, at a slot not
- * available or at a chain the fast walks do not take. Returns the chains
- * taken so far (k and the new ones), with *dp after them. Instantiated out
- * of line per output kind (packed_stretch_burst/_burstv) so that the loop
- * has the registers to itself.
+ * The fast walks of a run (packed_chain_fast, packed_group_fast,
+ * packed_stretch) are compiled twice from vq_packed_walk.h: without
+ * inflight tracking, and with it (PACKED_WALK_TRACKED 1: names with _tr,
+ * a struct packed_trk *tr more, the records written). The tracked lines
+ * are #if blocks, so the untracked walk is compiled from exactly the code
+ * it had before tracked runs took it: gcc allocates a walk's registers
+ * from its whole body, dead branches included, and a shared body with a
+ * tracking pointer cost the untracked run 2 to 3 instructions per request
+ * (vq-bench packed 146 -> 148, --indirect 178 -> 181).
  */
-static inline __attribute__((always_inline)) uint32_t
-packed_stretch(const struct vhd_vring_packed_desc **dp, const struct vhd_vring_packed_desc *dend,
-               uint32_t size, uint16_t want, bool ind_ok, const struct vhd_vq__out oo, uint32_t k,
-               uint32_t max, const struct vhd_vq__rcache *rcp, bool *gap)
-{
-    const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
-    const uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
-    const struct vhd_vq__rcache rc = *rcp;
-    const struct vhd_vring_packed_desc *d = *dp;
-    /* vhd_vq_pop_burst: chain k's iovecs and chain, moved along with k (no multiply per chain). */
-    struct iovec *ivk = o->iovs ? NULL : o->iov + (size_t)k * o->stride;
-    struct vhd_vq_chain *ckk = o->cs ? NULL : o->c + k;
-
-    while (d < dend && k < max) {
-        uint16_t flags = slot_flags(d);
-        if ((flags & PACKED_AM) != want) {
-            *gap = true; /* nothing more available */
-            break;
-        }
-        __builtin_prefetch(d + PACKED_PREFETCH_AHEAD);
-        /* At a line of four slots (at 64-byte alignment of the ring, as a host maps it). */
-        if (!(flags & (VRING_DESC_F_NEXT | VRING_DESC_F_INDIRECT)) && ((uintptr_t)d & 63) == 0 &&
-            max_iov != 0 && dend - d >= 4 && max - k >= 4) {
-            uint32_t g = packed_group_fast(d, size, want, flags, o, k, &rc);
-            if (g != 0) {
-                k += g;
-                d += g;
-                if (!o->iovs) {
-                    ivk += (size_t)g * o->stride;
-                    ckk += g;
-                }
-                continue;
-            }
-        }
-        const struct vhd_vring_packed_desc *nd =
-            packed_chain_fast(d, dend, size, want, flags, ind_ok, o->iovs ? o->iovs[k] : ivk,
-                              max_iov, o->cs ? o->cs[k] : ckk, &rc);
-        if (vhd_unlikely(nd == NULL))
-            break;
-        k++;
-        d = nd;
-        if (!o->iovs) {
-            ivk += o->stride;
-            ckk++;
-        }
-    }
-    *dp = d;
-    return k;
-}
+#define PACKED_WALK_TRACKED 0
+#include "vq_packed_walk.h"
+#undef PACKED_WALK_TRACKED
+#define PACKED_WALK_TRACKED 1
+#include "vq_packed_walk.h"
+#undef PACKED_WALK_TRACKED
 
 static __attribute__((noinline)) uint32_t
 packed_stretch_burst(const struct vhd_vring_packed_desc **dp,
@@ -882,9 +769,41 @@ packed_stretch_burstv(const struct vhd_vring_packed_desc **dp,
     return packed_stretch(dp, dend, size, want, ind_ok, ov, k, max, rc, gap);
 }
 
+/* The same with inflight tracking (packed_pop_run with tracked). */
+static __attribute__((noinline)) uint32_t
+packed_stretch_burst_tr(const struct vhd_vring_packed_desc **dp,
+                        const struct vhd_vring_packed_desc *dend, uint32_t size, uint16_t want,
+                        bool ind_ok, const struct vhd_vq__out *o, uint32_t k, uint32_t max,
+                        const struct vhd_vq__rcache *rc, bool *gap, struct packed_trk *tp)
+{
+    const struct vhd_vq__out ob = {
+        .iov = o->iov, .c = o->c, .stride = o->stride, .max_iov = o->max_iov};
+    struct packed_trk t = *tp; /* a local copy: kept in registers */
+    t.counter -= k;            /* chain k's counter is t.counter + k */
+    k = packed_stretch_tr(dp, dend, size, want, ind_ok, ob, k, max, rc, gap, &t);
+    t.counter += k;
+    *tp = t;
+    return k;
+}
+
+static __attribute__((noinline)) uint32_t
+packed_stretch_burstv_tr(const struct vhd_vring_packed_desc **dp,
+                         const struct vhd_vring_packed_desc *dend, uint32_t size, uint16_t want,
+                         bool ind_ok, const struct vhd_vq__out *o, uint32_t k, uint32_t max,
+                         const struct vhd_vq__rcache *rc, bool *gap, struct packed_trk *tp)
+{
+    const struct vhd_vq__out ov = {.iovs = o->iovs, .cs = o->cs, .max_iov = o->max_iov};
+    struct packed_trk t = *tp; /* a local copy: kept in registers */
+    t.counter -= k;            /* chain k's counter is t.counter + k */
+    k = packed_stretch_tr(dp, dend, size, want, ind_ok, ov, k, max, rc, gap, &t);
+    t.counter += k;
+    *tp = t;
+    return k;
+}
+
 /*
- * A run of up to max new chains (vhd_vq_pop_burst in vq.h), untracked: the
- * ring's state (owned slots, position, region) is loaded once and kept in
+ * A run of up to max new chains (vhd_vq_pop_burst in vq.h): the ring's
+ * state (owned slots, position, region) is loaded once and kept in
  * locals. The slots the driver owns are taken in stretches that do not
  * cross the ring's end (at most two per run, plus one after each chain the
  * full walk takes): inside one the wrap counter, and so the AVAIL/USED bits
@@ -895,15 +814,35 @@ packed_stretch_burstv(const struct vhd_vring_packed_desc **dp,
  * packed_chain_full. A chain that fails after the first ends the run
  * before it with the queue not broken (the failing walk changed only
  * vq->error and its own iov/c); the next pop walks it again.
+ *
+ * Tracked (inflight, no chain left to pop again: packed_pop_run_any): a
+ * batch pending is published first, as packed_pop_tracked does; the
+ * stretches record each chain they take as packed_pop does (packed_trk),
+ * and a chain they do not take is popped by packed_pop_tracked itself
+ * (the run's state stored before, loaded again after), so every record,
+ * error and position is the per-chain pops'. That pop failing after the
+ * first chain: the head record it marked is unmarked and its counter taken
+ * back (packed_pop_run_tracked), the queue not broken.
  */
 static inline __attribute__((always_inline)) int
-packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
+packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max, bool tracked)
 {
     const struct vhd_vq__out *o = &oo; /* by value: its fields are constants of each caller */
     const struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
     const uint32_t size = vq->size;
     const uint32_t max_iov = o->max_iov > PACKED_MAX_IOV ? PACKED_MAX_IOV : o->max_iov;
+    struct packed_trk trk = {0};
+    uint32_t nrec = 0; /* chains the stretches recorded */
 
+    if (tracked) {
+        if (vq->batch_npending)
+            vhd_vq__packed_flush(vq);
+        trk.desc = vq->inf.packed->desc;
+        trk.dn = vq->inf_desc_num;
+        trk.rec = vhd_load_relaxed(&vq->inf.packed->free_head); /* read once: checked at its use */
+        trk.counter = vq->inf_counter;
+        trk.head_of_id = vq->inf_head_of_id;
+    }
     uint32_t owned = device_owned(vq);
     if (vhd_unlikely(owned > size))
         return vhd_vq__fail(vq, VHD_VQ_E_AVAIL_IDX); /* inconsistent SET_VRING_BASE */
@@ -915,15 +854,23 @@ packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
     struct vhd_vq__rcache rc;
     vhd_vq__rcache_load(vq, &rc);
     int err = 0;
-    uint32_t k = 0;
+    uint32_t k = 0, kin = 0; /* kin: chains already counted in vq->inflight (tracked) */
 
     while (k < max && slot < lim) {
         /* A stretch: up to the ring's end or the end of the driver's slots. */
         const uint32_t end = lim < size ? lim : size;
         const struct vhd_vring_packed_desc *d = ring + slot, *const dend = ring + end;
         bool gap = false;
-        k = o->iovs ? packed_stretch_burstv(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap)
-                    : packed_stretch_burst(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap);
+        uint32_t k0 = k;
+        if (tracked)
+            k = o->iovs ? packed_stretch_burstv_tr(&d, dend, size, want, ind_ok, o, k, max, &rc,
+                                                   &gap, &trk)
+                        : packed_stretch_burst_tr(&d, dend, size, want, ind_ok, o, k, max, &rc,
+                                                  &gap, &trk);
+        else
+            k = o->iovs ? packed_stretch_burstv(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap)
+                        : packed_stretch_burst(&d, dend, size, want, ind_ok, o, k, max, &rc, &gap);
+        nrec += k - k0;
         slot = (uint32_t)(d - ring);
         if (d == dend) {
             if (slot == size) {
@@ -935,6 +882,36 @@ packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
         }
         if (k == max || gap)
             break;
+        if (tracked) {
+            /* A chain the fast walks do not take: the tracked pop, from the run's state. */
+            vq->last_avail_idx = (uint16_t)slot;
+            vq->avail_wrap = want == VRING_PACKED_DESC_F_AVAIL;
+            vq->inflight = (uint16_t)(vq->inflight + (k - kin));
+            vq->inf_counter = trk.counter;
+            uint64_t counter = trk.counter;
+            int n =
+                packed_pop_tracked(vq, vhd_vq__out_iov(o, k), o->max_iov, vhd_vq__out_chain(o, k));
+            kin = k;
+            if (vhd_unlikely(n <= 0)) {
+                if (n < 0 && k != 0 && vq->inf_counter != counter) {
+                    struct vhd_inflight_packed_desc *h =
+                        &trk.desc[vhd_index_nospec(vq->inf_pop_rec, trk.dn)];
+                    h->inflight = 0;
+                    vq->inf_counter = counter;
+                }
+                trk.counter = vq->inf_counter;
+                err = n;
+                break;
+            }
+            kin = ++k;
+            slot = vq->last_avail_idx;
+            want = vq->avail_wrap ? VRING_PACKED_DESC_F_AVAIL : VRING_PACKED_DESC_F_USED;
+            lim = slot + (size - device_owned(vq)); /* owned <= size: the pop kept it so */
+            trk.rec = vhd_load_relaxed(&vq->inf.packed->free_head);
+            trk.counter = vq->inf_counter;
+            vhd_vq__rcache_load(vq, &rc); /* the pop may have moved the hint */
+            continue;
+        }
         /* A chain the fast walks do not take: walked with every check. */
         int n = packed_chain_full(vq, slot, want == VRING_PACKED_DESC_F_AVAIL, lim - slot,
                                   vhd_vq__out_iov(o, k), max_iov, vhd_vq__out_chain(o, k), &rc);
@@ -952,7 +929,21 @@ packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
     }
     vq->last_avail_idx = (uint16_t)slot;
     vq->avail_wrap = want == VRING_PACKED_DESC_F_AVAIL;
-    vq->inflight = (uint16_t)(vq->inflight + k);
+    vq->inflight = (uint16_t)(vq->inflight + (k - kin));
+    if (tracked) {
+        vq->inf_counter = trk.counter;
+        /* New chains after the list (packed_pop_tracked counts its own). */
+        if (vq->inf_resubmit_n != 0 && nrec != 0) {
+            uint32_t nn = vq->inf_new + nrec;
+            vq->inf_new = (uint16_t)(nn < UINT16_MAX ? nn : UINT16_MAX);
+        }
+        if (vhd_unlikely(err < 0)) {
+            if (k == 0)
+                return err;        /* packed_pop_tracked's */
+            vq->error = VHD_VQ_OK; /* broken by the next pop, after this run is completed */
+        }
+        return (int)k;
+    }
     if (vhd_unlikely(err < 0)) {
         if (k == 0)
             return vhd_vq__pop_rc(err);
@@ -962,11 +953,12 @@ packed_pop_run(struct vhd_vq *vq, const struct vhd_vq__out oo, uint32_t max)
 }
 
 /*
- * A run with inflight tracking: one tracked pop per chain (records as
- * vhd_vq_pop writes them). A chain failing after the first ends the run
- * with the queue not broken; the head record its pop had marked in flight
- * (still on the free list: free_head did not move) is unmarked and its
- * counter taken back, as unpop does, so the area says what it said before.
+ * A run with inflight tracking while chains are left to pop again (or only
+ * those may be popped): one tracked pop per chain (records as vhd_vq_pop
+ * writes them). A chain failing after the first ends the run with the
+ * queue not broken; the head record its pop had marked in flight (still on
+ * the free list: free_head did not move) is unmarked and its counter taken
+ * back, as unpop does, so the area says what it said before.
  */
 static __attribute__((noinline)) int
 packed_pop_run_tracked(struct vhd_vq *vq, const struct vhd_vq__out *o, uint32_t max)
@@ -992,13 +984,34 @@ packed_pop_run_tracked(struct vhd_vq *vq, const struct vhd_vq__out *o, uint32_t 
     return (int)k;
 }
 
+/*
+ * With inflight tracking: chains to pop again go one by one (their own
+ * path); new ones as a tracked run. Out of line, once per output kind: the
+ * untracked run pays one pointer test.
+ */
+static __attribute__((noinline)) int packed_pop_run_inf(struct vhd_vq *vq,
+                                                        const struct vhd_vq__out *o, uint32_t max)
+{
+    if (vq->inf_resubmit_pos < vq->inf_resubmit_n || vq->inf_resubmit_only)
+        return packed_pop_run_tracked(vq, o, max);
+    return o->iovs ? packed_pop_run(vq,
+                                    (const struct vhd_vq__out){
+                                        .iovs = o->iovs, .cs = o->cs, .max_iov = o->max_iov},
+                                    max, true)
+                   : packed_pop_run(
+                         vq,
+                         (const struct vhd_vq__out){
+                             .iov = o->iov, .c = o->c, .stride = o->stride, .max_iov = o->max_iov},
+                         max, true);
+}
+
 int vhd_vq__packed_pop_burst(struct vhd_vq *vq, struct iovec *iov, uint32_t stride,
                              struct vhd_vq_chain *c, uint32_t max)
 {
     const struct vhd_vq__out o = {.iov = iov, .c = c, .stride = stride, .max_iov = stride};
     if (vhd_unlikely(vq->inf.any != NULL))
-        return packed_pop_run_tracked(vq, &o, max);
-    return packed_pop_run(vq, o, max);
+        return packed_pop_run_inf(vq, &o, max);
+    return packed_pop_run(vq, o, max, false);
 }
 
 int vhd_vq__packed_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint32_t max_iov,
@@ -1006,8 +1019,8 @@ int vhd_vq__packed_pop_burstv(struct vhd_vq *vq, struct iovec *const *iovs, uint
 {
     const struct vhd_vq__out o = {.iovs = iovs, .cs = cs, .max_iov = max_iov};
     if (vhd_unlikely(vq->inf.any != NULL))
-        return packed_pop_run_tracked(vq, &o, max);
-    return packed_pop_run(vq, o, max);
+        return packed_pop_run_inf(vq, &o, max);
+    return packed_pop_run(vq, o, max, false);
 }
 
 /*
@@ -1106,7 +1119,7 @@ int vhd_vq__packed_push(struct vhd_vq *vq, const struct vhd_vq_chain *c, uint32_
  * (BUFFER_ID, then USED_OVERFLOW), with the position, wrap counter, the
  * slots outstanding (used position up to the avail position: push's
  * bound, less each chain's slots as it is used) and the batch state kept
- * in locals and stored once. With inflight tracking, push itself per chain.
+ * in locals and stored once. With inflight tracking, packed_push_run_tr.
  */
 /*
  * One chain of packed_push_run: its checks (BUFFER_ID, then USED_OVERFLOW:
@@ -1197,6 +1210,69 @@ out:
     vq->inflight = (uint16_t)(left - k);
     vq->batch_npending = (uint16_t)(npend + k); /* <= inflight <= 32768 */
     return err;
+}
+
+/*
+ * The push of a run with inflight tracking: packed_push_run's checks and
+ * stores per chain (packed_push_slot, the batch head's flags kept back as
+ * there), each chain's records then given back to the free list as
+ * packed_push_one gives them (its last record's next -> the free head, the
+ * free head -> its head record), with the free head kept in a local and
+ * stored once: the same records, in the same order, and the same free_head
+ * at the end. Nothing here is seen by a restart before flush publishes the
+ * batch (start rolls back to old_free_head until then), so storing
+ * free_head once changes no recovery. The head record of each id comes from
+ * our own table (UINT16_MAX for an id never popped: clamped, never
+ * trusted); indices read from the area are clamped.
+ */
+static inline __attribute__((always_inline)) int packed_push_run_tr(struct vhd_vq *vq,
+                                                                    const struct vhd_vq_chain *c,
+                                                                    const uint32_t *written,
+                                                                    uint32_t n, bool hw)
+{
+    struct vhd_vring_packed_desc *ring = vq->ring.packed.desc;
+    uint32_t size = vq->size;
+    uint32_t u = vq->used_idx, left = vq->inflight, npend = vq->batch_npending;
+    bool uw = vq->used_wrap;
+    uint32_t outstanding = pos_dist(size, vq->used_idx, uw, vq->last_avail_idx, vq->avail_wrap);
+    uint16_t base = uw ? (VRING_PACKED_DESC_F_AVAIL | VRING_PACKED_DESC_F_USED) : 0;
+    struct vhd_inflight_packed *inf = vq->inf.packed;
+    struct vhd_inflight_packed_desc *rec = inf->desc;
+    uint16_t *head_of_id = vq->inf_head_of_id;
+    const uint32_t dn = vq->inf_desc_num;
+    uint16_t free_head = vhd_load_relaxed(&inf->free_head);
+    int err = 0;
+    uint32_t m = n <= left ? n : left, k;
+
+    /* The chain that opens a batch first, as in packed_push_run; k == 0 only there. */
+    for (k = 0; k < m; k++) {
+        if (!packed_push_slot(vq, ring, size, &c[k], hw ? written[k] : 0, k == 0 && npend == 0, &u,
+                              &uw, &base, &outstanding, &err))
+            break;
+        uint32_t id = (uint32_t)vhd_vq__clamp(c[k].id, size); /* < size: packed_push_slot */
+        uint16_t head = head_of_id[id];
+        head_of_id[id] = UINT16_MAX;
+        uint16_t last = vhd_load_relaxed(&rec[vhd_vq__clamp(head, dn)].last);
+        rec[vhd_vq__clamp(last, dn)].next = free_head;
+        free_head = head;
+    }
+    if (k != 0)
+        inf->free_head = free_head;
+    if (vhd_unlikely(k == m && m < n)) /* nothing in flight for chain k */
+        err = vhd_vq__fail(vq, c[k].id >= size ? VHD_VQ_E_BUFFER_ID : VHD_VQ_E_USED_OVERFLOW);
+    vq->used_idx = (uint16_t)u;
+    vq->used_wrap = uw;
+    vq->inflight = (uint16_t)(left - k);
+    vq->batch_npending = (uint16_t)(npend + k); /* <= inflight <= 32768 */
+    return err;
+}
+
+static __attribute__((noinline)) int packed_push_burst_tr(struct vhd_vq *vq,
+                                                          const struct vhd_vq_chain *c,
+                                                          const uint32_t *written, uint32_t n)
+{
+    return written != NULL ? packed_push_run_tr(vq, c, written, n, true)
+                           : packed_push_run_tr(vq, c, NULL, n, false);
 }
 
 /*
@@ -1291,14 +1367,8 @@ int vhd_vq__packed_push_burst(struct vhd_vq *vq, const struct vhd_vq_chain *c,
         if (rc <= 0)
             return rc;
     }
-    if (vhd_unlikely(vq->inf.any != NULL)) {
-        for (uint32_t k = 0; k < n; k++) {
-            int rc = packed_push_one(vq, &c[k], written ? written[k] : 0);
-            if (vhd_unlikely(rc < 0))
-                return rc;
-        }
-        return 0;
-    }
+    if (vhd_unlikely(vq->inf.any != NULL))
+        return packed_push_burst_tr(vq, c, written, n);
     return written != NULL ? packed_push_run(vq, c, written, n, true)
                            : packed_push_run(vq, c, NULL, n, false);
 }
