@@ -377,6 +377,14 @@ bool vhd_drv__packed_enable_cb(struct vhd_drv_vq *dq)
 {
     struct vhd_vring_packed_event *drv = dq->ring.packed.driver;
 
+    /*
+     * In order, inside a batch: its buffers are used already and their
+     * slots were skipped (they still hold our own flags, which read as not
+     * used; an event position there is one the device has passed): poll on.
+     */
+    if (dq->in_order && dq->batch_open)
+        return true;
+
     if (dq->event_idx) {
         vhd_store_relaxed(&drv->off_wrap, vhd_le16(pos_encode(dq->last_used, dq->used_wrap)));
         vhd_store_release(&drv->flags, vhd_le16(VRING_PACKED_EVENT_FLAG_DESC));

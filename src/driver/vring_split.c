@@ -239,15 +239,21 @@ int vhd_drv__split_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len)
          * available at the same position. The used element there (if no batch
          * is open) names the last buffer of a batch starting with it: the
          * buffers before that one are used completely, no element of theirs
-         * is read. A device naming a buffer not in flight gets -EIO.
+         * is read. A device naming a buffer not in flight, or using more than
+         * was published, gets -EIO (nothing consumed, nothing changed).
          */
+        if ((uint16_t)(used_idx - dq->last_used_idx) >
+            (uint16_t)(dq->published_avail - dq->last_used_idx))
+            return -EIO;
         id = dq->order[dq->last_used_idx & (dq->size - 1)];
+        if (!dq->slots[id].busy)
+            return -EIO;
         if (!dq->batch_open) {
             const struct vhd_vring_used_elem *e =
                 &dq->ring.split.used->ring[dq->last_used_idx & (dq->size - 1)];
             uint32_t last = vhd_le32(vhd_load_relaxed(&e->id));
             l = vhd_le32(vhd_load_relaxed(&e->len));
-            if (last >= dq->size || !dq->slots[last].busy)
+            if (last >= dq->size || !dq->slots[vhd_index_nospec(last, dq->size)].busy)
                 return -EIO;
             if (last != id) {
                 dq->batch_open = true;
@@ -261,8 +267,6 @@ int vhd_drv__split_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len)
         } else {
             l = dq->slots[id].wlen;
         }
-        if (!dq->slots[id].busy)
-            return -EIO;
     } else {
         const struct vhd_vring_used_elem *e =
             &dq->ring.split.used->ring[dq->last_used_idx & (dq->size - 1)];
@@ -273,9 +277,17 @@ int vhd_drv__split_get_used(struct vhd_drv_vq *dq, void **cookie, uint32_t *len)
     }
 
     struct vhd_drv_vq_slot *s = &dq->slots[id];
-    /* Give the chain back: its private links still run from id to s->last. */
-    dq->id_next[s->last] = dq->free_head;
-    dq->free_head = (uint16_t)id;
+    /*
+     * Give the chain back: its private links still run from id to s->last.
+     * In order, the links are never changed (each is the next descriptor of
+     * the table, 0 after the last: 2.7.5.2), chains are freed in the order
+     * they were taken, and so the free descriptors are always the ones from
+     * free_head on in table order: what add takes next (2.7.5.1).
+     */
+    if (!dq->in_order) {
+        dq->id_next[s->last] = dq->free_head;
+        dq->free_head = (uint16_t)id;
+    }
     dq->num_free = (uint16_t)(dq->num_free + s->ndescs);
     s->busy = false;
     *cookie = s->cookie;

@@ -4272,7 +4272,7 @@ BOTH(driver_in_order_collects_batches)
         uint64_t buf = vqfx_alloc(&f, 4096, NULL);
         rng_seed(991 + size + packed);
         uintptr_t next_cookie = 1, want_cookie = 1;
-        uint32_t total = 0;
+        uint32_t total = 0, cursor = 0, batches_seen = 0;
         for (int round = 0; round < 300; round++) {
             bool mixed = (rnd() & 3) == 0;
             uint32_t n = 1 + rnd_below(size < 6 ? size : 6), added = 0;
@@ -4280,12 +4280,21 @@ BOTH(driver_in_order_collects_batches)
             for (; added < n; added++) {
                 struct vhd_drv_buf b[2] = {{buf + 128 * added, 16}, {buf + 128 * added + 64, 8}};
                 bool rx = mixed && (rnd() & 1);
-                int rc =
-                    rx ? vhd_drv_vq_add(&f.dq, &b[1], 0, 1, false, (void *)next_cookie)
-                       : vhd_drv_vq_add(&f.dq, b, 1 + rnd_below(2), 0, false, (void *)next_cookie);
+                uint32_t nd = rx ? 1 : 1 + rnd_below(2);
+                uint16_t head = f.dq.free_head;
+                int rc = rx ? vhd_drv_vq_add(&f.dq, &b[1], 0, 1, false, (void *)next_cookie)
+                            : vhd_drv_vq_add(&f.dq, b, nd, 0, false, (void *)next_cookie);
                 if (rc == -ENOSPC)
                     break;
                 VHD_CHECK_EQ(rc, 0);
+                if (!packed) {
+                    /* 2.7.5.1/2.7.5.2: descriptors in table order, next = x + 1 (0 at the end). */
+                    VHD_CHECK_EQ(head, cursor);
+                    for (uint32_t d = 0; d + 1 < nd; d++)
+                        VHD_CHECK_EQ(vhd_le16(f.dq.ring.split.desc[(cursor + d) % size].next),
+                                     (cursor + d + 1) % size);
+                    cursor = (cursor + nd) % size;
+                }
                 wlen[added] = rx ? 1 + rnd_below(8) : 0;
                 next_cookie++;
             }
@@ -4313,6 +4322,12 @@ BOTH(driver_in_order_collects_batches)
                 VHD_CHECK_EQ((uintptr_t)ck, want_cookie);
                 VHD_CHECK_EQ(len, wlen[k]);
                 want_cookie++;
+                if (f.dq.batch_open) {
+                    /* Inside a batch the rest is used already: asking for a call says poll on. */
+                    VHD_CHECK(vhd_drv_vq_enable_cb(&f.dq));
+                    vhd_drv_vq_disable_cb(&f.dq);
+                    batches_seen++;
+                }
             }
             void *ck;
             uint32_t len;
@@ -4322,6 +4337,7 @@ BOTH(driver_in_order_collects_batches)
             total += added;
         }
         VHD_CHECK(total > 20 * size);
+        VHD_CHECK(batches_seen > 20);
         VHD_CHECK_EQ(f.vq.error, 0);
         vqfx_teardown(&f);
     }
@@ -4357,5 +4373,18 @@ BOTH(driver_in_order_refuses_unknown_id)
     VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), -EIO);
     VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), -EIO);
     VHD_CHECK_EQ(vhd_drv_vq_inflight(&f.dq), 3);
+    VHD_CHECK(!f.dq.batch_open);
+    if (!packed) {
+        /* A used index past what was published: -EIO, nothing taken. */
+        f.dq.ring.split.used->ring[0].id = vhd_le32(2);
+        f.dq.ring.split.used->idx = vhd_le16(4);
+        VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), -EIO);
+        VHD_CHECK_EQ(vhd_drv_vq_inflight(&f.dq), 3);
+        f.dq.ring.split.used->idx = vhd_le16(3);
+        for (uintptr_t k = 1; k <= 3; k++) {
+            VHD_CHECK_EQ(vhd_drv_vq_get_used(&f.dq, &ck, &len), 1);
+            VHD_CHECK_EQ((uintptr_t)ck, k);
+        }
+    }
     vqfx_teardown(&f);
 }
