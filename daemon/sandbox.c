@@ -260,8 +260,8 @@ static const struct vhd_sandbox_rule sandbox_rules[] = {
     ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAKE, "mailbox mutex/condvar wake-ups"),
     ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAIT_BITSET, "condvar waits with a deadline"),
     ARG_MASKED(futex, 1, FUTEX_OP_BITS, FUTEX_WAKE_BITSET, "wake-ups of bitset waiters"),
-    ANY(clock_gettime, "timestamps: polling windows, bounded waits, log lines (vDSO fallback); a "
-                       "worker's thread CPU clock around its sleeps (the measured wake-up cost)"),
+    ANY(clock_gettime,
+        "timestamps, bounded waits, log lines (vDSO fallback); a worker's CPU clock"),
     ANY(clock_nanosleep, "a worker backs off after an epoll error (usleep)"),
     ANY(nanosleep, "the same, on older libcs"),
     ANY(sched_yield, "sanitizer runtimes' internal spin locks yield (TSan builds in the tests)"),
