@@ -269,44 +269,39 @@ static inline void hdr_read(const struct iovec *iov, uint32_t cnt, struct virtio
  * buffer, so it waits until every older store reaches the cache, including
  * the stores into the driver's buffers and rings, each a cache line owned by
  * the driver's CPU. perf put 80% of delivery's samples on that one load.
- * hdr_store writes it at p (HDR_LEN bytes), hdr_write into the first
- * segment that takes it whole, or across segments.
  */
-static inline void hdr_store(uint8_t *p, const struct virtio_net_hdr_v1 *src, uint8_t flags,
-                             uint8_t gso_type, uint16_t num_buffers)
+static inline void hdr_write(const struct iovec *iov, uint32_t cnt,
+                             const struct virtio_net_hdr_v1 *src, uint8_t flags,
+                             uint16_t num_buffers)
 {
+    uint8_t gso_type = src->gso_type;
     uint16_t hdr_len = src->hdr_len, gso_size = src->gso_size;
     uint16_t csum_start = src->csum_start, csum_offset = src->csum_offset;
     /*
      * Keep the compiler from merging these loads into one that crosses
      * byte 8 (a 12-byte copy stores bytes 0-7 and 8-11 separately): the
-     * empty asm hides where csum_offset came from. The empty asms between
-     * the stores keep it from merging them into one 8-byte store built
-     * with shifts (more instructions than the stores they replace).
+     * empty asm hides where csum_offset came from.
      */
     __asm__("" : "+r"(csum_offset));
-    p[0] = flags;
-    p[1] = gso_type;
-    memcpy(p + 2, &hdr_len, 2);
-    __asm__("" : "+m"(*(uint8_t(*)[HDR_LEN])p));
-    memcpy(p + 4, &gso_size, 2);
-    __asm__("" : "+m"(*(uint8_t(*)[HDR_LEN])p));
-    memcpy(p + 6, &csum_start, 2);
-    __asm__("" : "+m"(*(uint8_t(*)[HDR_LEN])p));
-    memcpy(p + 8, &csum_offset, 2);
-    memcpy(p + 10, &num_buffers, 2);
-}
 
-static inline void hdr_write(const struct iovec *iov, uint32_t cnt,
-                             const struct virtio_net_hdr_v1 *src, uint8_t flags,
-                             uint16_t num_buffers)
-{
     if (vhd_likely(cnt > 0 && iov[0].iov_len >= HDR_LEN)) {
-        hdr_store(iov[0].iov_base, src, flags, src->gso_type, num_buffers);
+        uint8_t *p = iov[0].iov_base;
+        p[0] = flags;
+        p[1] = gso_type;
+        memcpy(p + 2, &hdr_len, 2);
+        memcpy(p + 4, &gso_size, 2);
+        memcpy(p + 6, &csum_start, 2);
+        memcpy(p + 8, &csum_offset, 2);
+        memcpy(p + 10, &num_buffers, 2);
     } else {
-        uint8_t h[HDR_LEN];
-        hdr_store(h, src, flags, src->gso_type, num_buffers);
-        (void)vhd_iov_from_buf(iov, cnt, 0, h, HDR_LEN);
+        struct virtio_net_hdr_v1 h = {.flags = flags,
+                                      .gso_type = gso_type,
+                                      .hdr_len = hdr_len,
+                                      .gso_size = gso_size,
+                                      .csum_start = csum_start,
+                                      .csum_offset = csum_offset,
+                                      .num_buffers = num_buffers};
+        (void)vhd_iov_from_buf(iov, cnt, 0, &h, HDR_LEN);
     }
 }
 
@@ -530,104 +525,6 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
 }
 
 /*
- * Plain frames: the common receive case, delivered with one test per frame
- * and per buffer. A plain frame has no segmentation offload, no partial
- * checksum and is within max_len (<= VHD_NET_MAX_FRAME): it passes every
- * frame check of delivery, and its receive header is the sender's with
- * flags and gso_type 0. Its two header bytes are loaded one by one (see
- * hdr_store: no wide load over narrow stores).
- */
-static inline bool rx_plain(const struct vhd_net_frame *fr, uint32_t max_len)
-{
-    return ((fr->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) | fr->hdr.gso_type) == 0 &&
-           fr->len <= max_len;
-}
-
-/*
- * A plain buffer for total bytes: writable only, its first segment takes
- * them all (so it is writable and holds the header: 5.1.6.3.1 holds, and
- * one buffer is enough with or without MRG_RXBUF). nw != 0: d[0] is the
- * chain's own segment.
- */
-static inline bool rx_plain_buf(const struct vhd_vq_chain *c, const struct iovec *d, uint32_t total)
-{
-    return c->nr == 0 && c->nw != 0 && d[0].iov_len >= total;
-}
-
-/* What a run's delivered frames add to the queue's counters, once it is published. */
-struct rx_sums {
-    uint64_t bytes, largest;
-};
-
-/*
- * Match plain frames f[i..i+lim) to plain buffers, the popped chains
- * rq->chains[ci..ci+lim), one each in order, while both are plain: returns
- * how many (m), the frames f[i..i+m). Each gets run[j].frame (phase 2 finds
- * frame j's buffer as the run's next chain), its used length written[j]
- * (header and frame: its buffer's first segment holds both), and its
- * bytes added to *sum. Each buffer's first line, where the header goes,
- * belongs to the driver's CPU, which wrote the descriptor: it is fetched
- * for writing while the rest of the run is matched. A call per stretch of
- * plain frames, with only its own state live.
- */
-static __attribute__((noinline)) unsigned rx_match_plain(const struct net_queue *rq,
-                                                         const struct vhd_net_frame *f, unsigned i,
-                                                         unsigned lim, uint32_t ci,
-                                                         uint32_t max_len, struct rx_pkt *run,
-                                                         uint32_t *written, struct rx_sums *sum)
-{
-    const struct vhd_vq_chain *c = &rq->chains[ci];
-    struct iovec *const *slot = &rq->slot_iov[ci];
-    uint64_t bytes = 0, big = sum->largest;
-    unsigned m = 0;
-
-    f += i;
-    for (; m < lim; m++) {
-        const struct iovec *d = slot[m];
-        uint32_t len = f[m].len;
-        if (!rx_plain(&f[m], max_len) || !rx_plain_buf(&c[m], d, HDR_LEN + len))
-            break;
-        __builtin_prefetch(d[0].iov_base, 1);
-        run[m].frame = i + m;
-        written[m] = HDR_LEN + len;
-        bytes += len;
-        big = len > big ? len : big;
-    }
-    sum->bytes += bytes;
-    sum->largest = big;
-    return m;
-}
-
-/*
- * Phase 2 of m plain frames matched by rx_match_plain: frame run[j].frame
- * into the buffer whose segments are slot[j] (its first takes
- * written[j], header and frame): the header and one copy (memmove: see
- * iov_copy); then, when the queue logs, the dirty log entries.
- */
-static __attribute__((noinline)) void rx_fill_plain(struct vhd_vq *vq, struct iovec *const *slot,
-                                                    const struct vhd_net_frame *f,
-                                                    const struct rx_pkt *run, unsigned m,
-                                                    const uint32_t *written)
-{
-    for (unsigned j = 0; j < m; j++) {
-        const struct vhd_net_frame *fr = &f[run[j].frame];
-        const struct iovec *d = slot[j], *s = fr->iov;
-        uint8_t *dst = d[0].iov_base;
-        uint32_t len = fr->len, off = fr->off;
-
-        hdr_store(dst, &fr->hdr, 0, 0, vhd_le16(1));
-        if (vhd_likely(fr->iovcnt > 0 && (uint64_t)off + len <= s[0].iov_len))
-            memmove(dst + HDR_LEN, (const uint8_t *)s[0].iov_base + off, len);
-        else
-            iov_copy(d, 1, HDR_LEN, s, fr->iovcnt, off, len);
-    }
-    /* Dirty logging: after the bytes are written, before the push; one test per stretch. */
-    if (vhd_unlikely(vq->log != NULL))
-        for (unsigned j = 0; j < m; j++)
-            vhd_vq_log_write(vq, slot[j], 1, written[j]);
-}
-
-/*
  * Frames delivered per run: up to RX_BURST receive buffers are popped with
  * one vhd_vq_pop_burstv (one check of the ring) into the run's slots and
  * matched to frames in order, one buffer per frame (a run ends when they
@@ -640,14 +537,9 @@ static __attribute__((noinline)) void rx_fill_plain(struct vhd_vq *vq, struct io
  * is pushed (vhd_vq_unpop). With MRG_RXBUF a frame that does not fit its
  * buffer is a run of its own (rx_take_buffers); after one, runs start with
  * one buffer until a frame fits one again (so a stream of large frames
- * does not pop and give back whole runs). Plain frames into plain buffers
- * (rx_plain, rx_plain_buf: the common case, one test each) are matched and
- * filled a stretch at a time (rx_match_plain, rx_fill_plain), with only
- * their index stored per frame in the run array; every other frame takes
- * the general path, in run order with them (bit set in `slow`).
+ * does not pop and give back whole runs).
  */
 #define RX_BURST NET_BURST
-_Static_assert(RX_BURST <= 32, "a run's slow frames are bits of a uint32_t");
 
 unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
                                const struct vhd_net_frame *f, unsigned n, unsigned flags, int *rc)
@@ -695,8 +587,6 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
          */
         unsigned k = 0;
         uint32_t got = 0, ci = 0;
-        uint32_t slow = 0; /* bit j: run[j] is filled in whole (not a plain frame) */
-        struct rx_sums sum = {0, 0};
         bool alone = false; /* the run is one frame popped by rx_take_buffers */
 
         if (vhd_unlikely(rq->broken || q->vq.error)) {
@@ -705,11 +595,6 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
         }
         for (; i < n && k < RX_BURST; i++) {
             const struct vhd_net_frame *fr = &f[i];
-            uint32_t len = fr->len, total = HDR_LEN + len;
-            struct rx_pkt *p = &run[k];
-            int r = 0;
-            /* Plain (rx_plain): passes every check below, one test. */
-            bool plain = rx_plain(fr, max_len);
             /*
              * 5.1.6.4.1: with MTU negotiated, nothing above mtu plus the
              * link-level header is passed, except segmentation-offload
@@ -718,15 +603,16 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
              * the frame (a backend's bug) is not passed on either.
              */
             bool gso = fr->hdr.gso_type != VIRTIO_NET_HDR_GSO_NONE;
+            uint16_t cs = vhd_le16(fr->hdr.csum_start), co = vhd_le16(fr->hdr.csum_offset);
             bool partial = (fr->hdr.flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) != 0;
-            if (vhd_unlikely(!plain)) {
-                uint16_t cs = vhd_le16(fr->hdr.csum_start), co = vhd_le16(fr->hdr.csum_offset);
-                if (len > VHD_NET_MAX_FRAME || (!gso && len > max_len) ||
-                    (gso && !gso_allowed(fr->hdr.gso_type, rq->gso)) ||
-                    (partial && (uint32_t)cs + co + 2u > len)) {
-                    r = -EMSGSIZE;
-                    goto drop;
-                }
+            uint32_t total = HDR_LEN + fr->len;
+            struct rx_pkt *p = &run[k];
+            int r = 0;
+            if (vhd_unlikely(fr->len > VHD_NET_MAX_FRAME || (!gso && fr->len > max_len) ||
+                             (gso && !gso_allowed(fr->hdr.gso_type, rq->gso)) ||
+                             (partial && (uint32_t)cs + co + 2u > fr->len))) {
+                r = -EMSGSIZE;
+                goto drop;
             }
             if (ci == got) {
                 /*
@@ -753,19 +639,6 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 got = (uint32_t)pr;
             }
             const struct vhd_vq_chain *c = &rq->chains[ci];
-            const struct iovec *d = rq->slot_iov[ci];
-            if (vhd_likely(plain && rx_plain_buf(c, d, total))) {
-                /* This frame and the plain ones after it, into the next plain buffers. */
-                unsigned lim = n - i < RX_BURST - k ? n - i : RX_BURST - k;
-                lim = got - ci < lim ? got - ci : lim;
-                unsigned m = rx_match_plain(rq, f, i, lim, ci, max_len, p, &written[ci], &sum);
-                if (rc) /* delivered, unless the run fails as a whole (then -EIO below) */
-                    memset(&rc[i], 0, m * sizeof(*rc));
-                ci += m;
-                k += m;
-                i += m - 1; /* m >= 1: frame i is one; the loop counts the last */
-                continue;
-            }
             /*
              * 5.1.6.3.1: receive buffers are device-writable, and with
              * MRG_RXBUF each holds a header. A writable-only buffer that
@@ -782,11 +655,17 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 goto drop;
             }
             if (vhd_likely(fits)) {
-                p->iov = d;
-                __builtin_prefetch(d[0].iov_base, 1); /* the header's line (rx_match_plain) */
+                /*
+                 * The buffer's first line: the header goes there. It
+                 * belongs to the driver's CPU, which wrote the descriptor;
+                 * fetch it for writing while the rest of the run is matched.
+                 */
+                p->iov = rq->slot_iov[ci];
+                __builtin_prefetch(p->iov[0].iov_base, 1);
                 p->nbufs = 1;
                 p->niov = (uint16_t)c->nw;
                 ci++;
+                hint = RX_BURST;
             } else if (!rq->mrg) {
                 /* Without MRG_RXBUF the packet must fit one buffer; the buffer stays for the next.
                  */
@@ -818,7 +697,6 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             p->frame = i;
             p->fill = partial && !rq->guest_csum;
             p->flags = partial && rq->guest_csum ? VIRTIO_NET_HDR_F_NEEDS_CSUM : 0;
-            slow |= 1u << k;
             k++;
             if (alone) {
                 i++;
@@ -841,9 +719,6 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 break;
             }
         }
-        /* A frame that fit one buffer lets the next pop ask for a whole run again. */
-        if (k > 0 && !alone)
-            hint = RX_BURST;
         /* Buffers no frame took go back before anything is pushed (vhd_vq_unpop). */
         if (got > ci)
             rx_unpop(q, rq, ci, got - ci);
@@ -871,22 +746,12 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
          * Phase 2: per frame, the header, one copy and its dirty log entry;
          * each buffer's used length is what it holds: all of it but the
          * last (2.7.8, 5.1.6.4). The run's chains are rq->chains[0..ci),
-         * frame after frame. A plain frame (bit clear in slow) has chain nb
-         * to itself, whose first segment takes header and frame: its
-         * header is the sender's with flags and gso_type 0 and one buffer.
+         * frame after frame.
          */
+        uint64_t rpkts = 0, rbytes = 0, rlargest = 0;
         uint32_t nb = 0;
-        for (unsigned j = 0; j < k;) {
-            uint32_t rest = slow >> j;
-            if (vhd_likely(!(rest & 1u))) {
-                /* Plain frames j.. up to the next slow one: chains nb.., one each. */
-                unsigned m = rest ? (unsigned)__builtin_ctz(rest) : k - j;
-                rx_fill_plain(&q->vq, &rq->slot_iov[nb], f, &run[j], m, &written[nb]);
-                nb += m;
-                j += m;
-                continue;
-            }
-            const struct rx_pkt *p = &run[j++];
+        for (unsigned j = 0; j < k; j++) {
+            const struct rx_pkt *p = &run[j];
             const struct vhd_net_frame *fr = &f[p->frame];
             uint32_t len = fr->len;
             hdr_write(p->iov, p->niov, &fr->hdr, p->flags, vhd_le16(p->nbufs));
@@ -895,16 +760,21 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                 csum_fill(p->iov, p->niov, HDR_LEN, len, vhd_le16(fr->hdr.csum_start),
                           vhd_le16(fr->hdr.csum_offset));
             vhd_vq_log_write(&q->vq, p->iov, p->niov, HDR_LEN + len); /* dirty logging */
-            uint32_t left = HDR_LEN + len;
-            for (uint32_t b = 0; b < p->nbufs; b++) {
-                uint32_t w = rq->chains[nb].wlen < left ? rq->chains[nb].wlen : left;
-                left -= w;
-                written[nb++] = w;
+            if (vhd_likely(p->nbufs == 1)) {
+                written[nb++] = HDR_LEN + len;
+            } else {
+                uint32_t left = HDR_LEN + len;
+                for (uint32_t b = 0; b < p->nbufs; b++) {
+                    uint32_t m = rq->chains[nb].wlen < left ? rq->chains[nb].wlen : left;
+                    left -= m;
+                    written[nb++] = m;
+                }
             }
             if (rc)
                 rc[p->frame] = 0;
-            sum.bytes += len;
-            sum.largest = len > sum.largest ? len : sum.largest;
+            rpkts++;
+            rbytes += len;
+            rlargest = len > rlargest ? len : rlargest;
         }
         if (vhd_unlikely(vhd_vq_push_burst(&q->vq, rq->chains, written, nb) < 0)) {
             /*
@@ -918,10 +788,10 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
             fail = -EIO;
             break;
         }
-        pkts += k;
-        bytes += sum.bytes;
+        pkts += rpkts;
+        bytes += rbytes;
         bufs += nb;
-        largest = sum.largest > largest ? sum.largest : largest;
+        largest = rlargest > largest ? rlargest : largest;
         /*
          * Published now, once per run: a ring that breaks in a later run
          * of this call can publish nothing more (the engine refuses), and
