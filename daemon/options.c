@@ -31,7 +31,7 @@ const char vhd_usage[] =
     "  --spin-us N|auto     event mode (and the adaptive window's floor): poll N us after\n"
     "                       work before re-enabling notifications and sleeping (0: sleep at\n"
     "                       once); auto (default): what a sleep and wake-up cost each worker,\n"
-    "                       as it measures them (1..100 us)\n"
+    "                       as it measures them (10..100 us)\n"
     "  --cpus LIST          pin worker i to the i-th CPU of LIST (taskset -c syntax: 0,2-5);\n"
     "                       without --workers, one worker per listed CPU; with more workers\n"
     "                       than CPUs the list repeats\n"

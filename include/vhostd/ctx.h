@@ -77,7 +77,7 @@ struct vhd_ctx_config {
      * VHD_CTX_POLL_ADAPTIVE never shrinks its window below it (0: a fixed
      * window of poll_us). VHD_CTX_SPIN_AUTO: each worker spins as long as
      * one of its sleeps and wake-ups costs it in CPU, as it measures them
-     * (vhd_worker_stats.wake_cost_ns; 1..100 us): no choice of spin can
+     * (vhd_worker_stats.wake_cost_ns; 10..100 us): no choice of spin can
      * then cost more than twice the CPU of the best one for the gaps that
      * come.
      */

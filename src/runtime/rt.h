@@ -36,7 +36,7 @@ struct vhd_rt_opts {
      * halves (down to spin_us) when it comes later; spin_us 0 (or >= poll_us)
      * keeps it fixed at poll_us. VHD_RT_SPIN_AUTO (the default): each
      * worker's spin is what a sleep and its wake-up cost it, as measured
-     * (worker.c, RT_WAKE_*), between 1 and 100 us.
+     * (worker.c, RT_WAKE_*), between 10 and 100 us.
      */
     unsigned spin_us;
     unsigned uring_entries; /* io_uring SQ size per worker (power of two) */

@@ -97,12 +97,16 @@
  *  RT_WAKE_INIT_NS: the cost assumed before the first measured sleep (a quiet host's).
  *  RT_WAKE_MAX_SAMPLE_NS: a sample is capped there (a page fault or an interrupt
  *    storm inside one sleep must not set the spin for the next eight).
- *  RT_SPIN_AUTO_MIN_NS / MAX_NS: the spin's range whatever the measurement.
+ *  RT_SPIN_AUTO_MIN_NS / MAX_NS: the spin's range whatever the measurement. The
+ *    floor is the fixed spin this replaced (10 us): the thread CPU inside
+ *    epoll_wait is not all a sleep costs (the re-enable and re-check before
+ *    it, the kick's read after it are not in it), and on a quiet 2-vCPU host
+ *    it measured below what event mode needed (docs/perf-log/2026-12-01-quiet.md).
  */
 #define RT_WAKE_INIT_NS       10000u
 #define RT_WAKE_SLEPT_NS      1000u
 #define RT_WAKE_MAX_SAMPLE_NS 200000u
-#define RT_SPIN_AUTO_MIN_NS   1000u
+#define RT_SPIN_AUTO_MIN_NS   10000u
 #define RT_SPIN_AUTO_MAX_NS   100000u
 
 /* Distinct addresses tagging the non-queue epoll sources. */

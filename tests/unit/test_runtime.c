@@ -1463,12 +1463,12 @@ VHD_TEST(adaptive_window_grows_and_shrinks)
  * The automatic spin (the default): a worker that sleeps between requests
  * measures what each sleep and wake-up cost it (thread CPU time inside the
  * blocking epoll_wait), and its event-mode spin follows that cost within
- * [1, 100] us. A fixed spin stays where it was set; the cost is measured
+ * [10, 100] us. A fixed spin stays where it was set; the cost is measured
  * in every mode that sleeps.
  */
 static uint64_t auto_spin_of(uint64_t cost)
 {
-    return cost < 1000 ? 1000 : cost > 100000 ? 100000 : cost;
+    return cost < 10000 ? 10000 : cost > 100000 ? 100000 : cost;
 }
 
 VHD_TEST(spin_auto_follows_measured_wake_cost)
@@ -1506,7 +1506,7 @@ VHD_TEST(spin_auto_follows_measured_wake_cost)
             /* The window moves when the cost moved by 1/16 of it or more. */
             uint64_t want = auto_spin_of(st.wake_cost_ns);
             uint64_t d = want > win ? want - win : win - want;
-            VHD_CHECK(win >= 1000 && win <= 100000);
+            VHD_CHECK(win >= 10000 && win <= 100000);
             VHD_CHECK(d * 16 < win);
         }
         VHD_CHECK_EQ(vhd_rt_detach(e.rt, &t->fq->q, DETACH_MS), 0);
