@@ -109,6 +109,36 @@ static int resubmit_list(struct vhd_vq *vq, struct resubmit_ent *ents, uint32_t 
 }
 
 /*
+ * A new area (version 0) records no chain: none was popped with it. A base
+ * that puts chains in flight all the same (the avail position past the used
+ * one) names chains this area cannot give back, and they would never
+ * complete: they are taken from the ring again, the avail position moved
+ * back to the used one, as a front-end does with its own base when a
+ * back-end that kept no area dies. vq->inf_retaken says how many. A
+ * distance above the ring's size is no position at all: left for the pop
+ * to refuse. Positions were checked by set_base (each below the size).
+ */
+static void new_area_retake(struct vhd_vq *vq)
+{
+    uint32_t n;
+
+    if (vq->packed)
+        n = vq->avail_wrap == vq->used_wrap
+                ? (uint32_t)vq->last_avail_idx - vq->used_idx /* wraps past size when behind */
+                : (uint32_t)vq->last_avail_idx + vq->size - vq->used_idx;
+    else
+        n = (uint16_t)(vq->last_avail_idx - vq->used_idx);
+    if (n == 0 || n > vq->size)
+        return;
+    vq->inf_retaken = (uint16_t)n; /* n <= size <= 32768 */
+    vq->last_avail_idx = vq->used_idx;
+    if (vq->packed)
+        vq->avail_wrap = vq->used_wrap;
+    else
+        vq->avail_shadow = vq->used_idx;
+}
+
+/*
  * Split start. Spec steps "When reconnecting": if used_idx differs from
  * used->idx, the last batch was published but its records not cleared:
  * clear the (used->idx - used_idx) heads listed from last_batch_head, set
@@ -134,6 +164,7 @@ static int split_start(struct vhd_vq *vq, struct resubmit_ent *ents)
         __atomic_signal_fence(__ATOMIC_SEQ_CST);
         inf->version = VHD_INFLIGHT_VERSION;
         vq->inf_counter = 1;
+        new_area_retake(vq);
         return 0;
     }
     if (h.version != VHD_INFLIGHT_VERSION || h.desc_num != vq->inf_desc_num)
@@ -293,6 +324,7 @@ static int packed_start(struct vhd_vq *vq, struct resubmit_ent *ents)
     VHD_RACE_POINT("packed_start:header");
     if (h.version == 0) {
         packed_init_region(vq, inf);
+        new_area_retake(vq);
         return 0;
     }
     if (h.version != VHD_INFLIGHT_VERSION || h.desc_num != dn)

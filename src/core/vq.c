@@ -383,6 +383,7 @@ void vhd_vq_fini(struct vhd_vq *vq)
     vq->inf_resubmit_only = false;
     vq->inf_stale = false;
     vq->inf_dropped = 0;
+    vq->inf_retaken = 0;
     vq->inf.any = NULL;
 }
 

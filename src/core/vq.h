@@ -175,6 +175,9 @@ struct vhd_vq {
     bool inf_stale;             /* packed start: the area did not describe the ring: the
                                    base set_base gave was kept, the area reset */
     uint16_t inf_dropped;       /* ... and this many chains it listed were dropped */
+    uint16_t inf_retaken;       /* a new area, but set_base put this many chains (packed:
+                                   ring slots) in flight: the avail position was moved back
+                                   to pop them again */
     uint16_t inf_pop_rec;       /* packed: head record the last tracked pop marked */
     bool inf_resubmit_only;     /* pop only the chains to pop again, nothing new (a ring
                                    being stopped finishes what a restart owes; set by
@@ -272,6 +275,8 @@ int vhd_vq_start(struct vhd_vq *vq);
  * bytes, mapped for as long as the queue runs; desc_num is the queue_size of
  * the area (SET_INFLIGHT_FD). vhd_vq_start then checks the region and:
  *  - version 0 (a new area): initialises it (version 1, desc_num, empty);
+ *    chains set_base put in flight (avail past used) are popped again from
+ *    the ring (vq->inf_retaken says how many), since no record lists them;
  *  - version 1: repairs a batch whose completion a crash interrupted, and
  *    queues every chain still recorded in flight to be popped again, in
  *    their original pop order, before any new chain. The ring position is

@@ -381,6 +381,12 @@ int vhd_vu__set_vring_kick(struct vhd_vu_conn *c, struct vu_req *r)
                    "with an old area?): starting from the front-end's base 0x%x, %u requests it "
                    "listed dropped",
                    c->dev->name, q->index, q->base, q->vq.inf_dropped);
+    if (q->vq.inf_retaken)
+        VHD_LOG_RL(VHD_LOG_WARN,
+                   "%s: queue %u: the inflight area is new but the front-end's base 0x%x has %u "
+                   "%s in flight: taken from the ring again",
+                   c->dev->name, q->index, q->base, q->vq.inf_retaken,
+                   q->vq.packed ? "ring slots" : "requests");
     if (vhd_vq_resubmit_pending(&q->vq))
         vhd_log(VHD_LOG_INFO, "%s: queue %u: resubmitting %u requests in flight before a restart",
                 c->dev->name, q->index, vhd_vq_resubmit_pending(&q->vq));

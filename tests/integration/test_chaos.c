@@ -388,6 +388,10 @@ static void run_cases(struct chaos_daemon *cd, struct workload *w, struct vhd_ch
         const struct vhd_chaos_case *cs = &cases[i];
         if (!(cat_mask & (1u << cs->cat)))
             continue;
+        /* VHD_CHAOS_ONLY=name runs that case alone (to loop one case while debugging). */
+        const char *only = getenv("VHD_CHAOS_ONLY");
+        if (only && strcmp(cs->name, only) != 0)
+            continue;
         if ((cs->dev == VHD_CHAOS_DEV_NET) != (t == T_NET))
             continue;
         if (cs->dev == VHD_CHAOS_DEV_BLK_DATA && t != T_A)

@@ -220,6 +220,42 @@ BOTH(new_area_initialised)
     ifx_setup(&t, packed, 16, 16);
     ifx_check_area_clean(&t);
     VHD_CHECK_EQ(((struct vhd_inflight_split *)t.region)->desc_num, 16);
+    VHD_CHECK_EQ(t.f.vq.inf_retaken, 0);
+    ifx_teardown(&t);
+}
+
+/*
+ * A new area, but a base that puts chains in flight (a front-end that
+ * replaced the area, or rewrote it as the ring started): no record lists
+ * those chains, so they are popped from the ring again and complete, rather
+ * than never. Each chain here takes two slots of a packed ring.
+ */
+BOTH(new_area_retakes_chains_in_flight)
+{
+    struct ifx t;
+    ifx_setup(&t, packed, 8, 8);
+    ifx_add_n(&t, 0, 3);
+    VHD_CHECK_EQ(ifx_pop(&t), 0);
+    VHD_CHECK_EQ(ifx_pop(&t), 1);
+
+    vhd_vq_fini(&t.f.vq);
+    memset(t.region, 0, t.region_len);
+    ifx_start(&t, packed ? 4u | 1u << 15 | 1u << 31 : 2u);
+    VHD_CHECK_EQ(vhd_vq_start(&t.f.vq), 0);
+    VHD_CHECK_EQ(t.f.vq.inf_retaken, packed ? 4 : 2); /* packed: ring slots */
+    VHD_CHECK_EQ(vhd_vq_resubmit_pending(&t.f.vq), 0);
+    ifx_check_area_clean(&t);
+    ifx_pop_range(&t, 0, 3);
+    VHD_CHECK_EQ(ifx_pop(&t), -1);
+    ifx_complete_range(&t, 0, 3);
+
+    /* A base past the used position by more than the ring is no position: nothing retaken. */
+    vhd_vq_fini(&t.f.vq);
+    memset(t.region, 0, t.region_len);
+    /* Split: used->idx is 3; packed: used at slot 6 of lap 1, avail at slot 7 of lap 0. */
+    ifx_start(&t, packed ? 7u | 6u << 16 | 1u << 31 : 3u + 9u);
+    VHD_CHECK_EQ(vhd_vq_start(&t.f.vq), 0);
+    VHD_CHECK_EQ(t.f.vq.inf_retaken, 0);
     ifx_teardown(&t);
 }
 
