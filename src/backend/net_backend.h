@@ -92,13 +92,14 @@ struct vhd_net_backend_ops {
 
     /*
      * tx_burst - optional: tx for the frames f[0..n) of one transmit burst,
-     * in order, with the same contract per frame: rc[i] gets what tx would
-     * return for f[i]. The device calls it instead of tx when it is set, so
-     * a backend that delivers into a receive queue (loopback) does so with
-     * one vhd_net_deliver_burst for the whole burst.
+     * in order, with the same contract per frame, reported as a count:
+     * returns how many frames tx would have failed (the device counts that
+     * many transmit drops). The device calls it instead of tx when it is
+     * set, so a backend that delivers into a receive queue (loopback) does
+     * so with one vhd_net_deliver_burst for the whole burst.
      */
-    void (*tx_burst)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
-                     const struct vhd_net_frame *f, unsigned n, int *rc);
+    unsigned (*tx_burst)(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
+                         const struct vhd_net_frame *f, unsigned n);
 
     /*
      * rx_poll - optional (NULL for loopback, which delivers from tx): the
@@ -221,12 +222,16 @@ int vhd_net_deliver(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
  * it are delivered.
  * flags: VHD_NET_DELIVER_STOP: stop after the first frame that is not
  * delivered (a generator that makes frames only as fast as they are taken).
+ * VHD_NET_DELIVER_ONE_RC: rc points at one int, set to -ENODEV when the
+ * ring is not available to self (no frame was counted anywhere) and left
+ * alone otherwise (every frame was delivered or counted as a drop).
  * Returns the frames handled from the front: n, or with
  * VHD_NET_DELIVER_STOP up to and including the first failure (1 when the
  * ring is not available to self: -ENODEV). Same calling rules as
  * vhd_net_deliver; all but -ENODEV are counted as drops.
  */
-#define VHD_NET_DELIVER_STOP 1u
+#define VHD_NET_DELIVER_STOP   1u
+#define VHD_NET_DELIVER_ONE_RC 2u
 unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_worker *self,
                                const struct vhd_net_frame *f, unsigned n, unsigned flags, int *rc);
 

@@ -63,14 +63,18 @@ static int loopback_tx(struct vhd_net_backend *be, uint16_t pair, struct vhd_wor
     return rc == -ENODEV ? rc : 0;
 }
 
-/* A transmit burst comes back as one receive burst (vhd_net_deliver_burst), counted as above. */
-static void loopback_tx_burst(struct vhd_net_backend *be, uint16_t pair, struct vhd_worker *self,
-                              const struct vhd_net_frame *f, unsigned n, int *rc)
+/*
+ * A transmit burst comes back as one receive burst (vhd_net_deliver_burst):
+ * the receiving ring counts what it drops; only a burst with no receive ring
+ * to go to is the sender's to count, all of it.
+ */
+static unsigned loopback_tx_burst(struct vhd_net_backend *be, uint16_t pair,
+                                  struct vhd_worker *self, const struct vhd_net_frame *f,
+                                  unsigned n)
 {
-    (void)vhd_net_deliver_burst(be->dev, pair, self, f, n, 0, rc);
-    for (unsigned i = 0; i < n; i++)
-        if (rc[i] != -ENODEV)
-            rc[i] = 0;
+    int rc = 0;
+    (void)vhd_net_deliver_burst(be->dev, pair, self, f, n, VHD_NET_DELIVER_ONE_RC, &rc);
+    return rc == -ENODEV ? n : 0;
 }
 
 const struct vhd_net_backend_ops vhd_net_backend_loopback = {

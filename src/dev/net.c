@@ -546,7 +546,10 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
 {
     struct vhd_net *net = to_net(dev);
     bool stop = (flags & VHD_NET_DELIVER_STOP) != 0;
-    int fail = 0; /* what every frame from `i` on gets, once set */
+    int *const rc_all = rc; /* ONE_RC: the one status (nodev below) */
+    if (flags & VHD_NET_DELIVER_ONE_RC)
+        rc = NULL; /* no per-frame statuses */
+    int fail = 0;  /* what every frame from `i` on gets, once set */
     unsigned i = 0;
 
     if (n == 0)
@@ -823,7 +826,9 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
 
 nodev:
     /* Not our ring (stopped, disabled, pair not in use): nothing counted, the caller drops. */
-    if (rc)
+    if (rc_all && (flags & VHD_NET_DELIVER_ONE_RC))
+        *rc_all = -ENODEV;
+    else if (rc)
         for (unsigned j = 0; j < (stop ? 1u : n); j++)
             rc[j] = -ENODEV;
     return stop ? 1u : n;
@@ -1032,7 +1037,6 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
         if (vhd_likely(enabled && be->ops->tx_burst)) {
             /* The whole run to the backend at once (loopback: one receive burst). */
             struct vhd_net_frame fs[TX_BURST];
-            int frc[TX_BURST];
             unsigned m = 0;
             for (unsigned i = 0; i < k; i++) {
                 if (vhd_unlikely(net_tx_parse(q, tq, tq->slot_iov[i], &cs[i], &fs[m]) < 0)) {
@@ -1045,9 +1049,7 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
                 m++;
             }
             if (m)
-                be->ops->tx_burst(be, tq->pair, self, fs, m, frc);
-            for (unsigned i = 0; i < m; i++)
-                drops += frc[i] < 0;
+                drops += be->ops->tx_burst(be, tq->pair, self, fs, m);
         } else {
             for (unsigned i = 0; i < k; i++) {
                 const struct vhd_vq_chain *c = &cs[i];
