@@ -507,7 +507,7 @@ static int rx_take_buffers(struct vhd_queue *q, struct net_queue *rq, uint32_t t
          * driver's CPU, which wrote the descriptor; fetch it for writing
          * while the rest of the run is popped.
          */
-        __builtin_prefetch(rq->iov[iov].iov_base, 1);
+        vhd_prefetch_w(rq->iov[iov].iov_base);
         iov += c->nw;
         room += c->wlen;
         nbufs++;
@@ -664,7 +664,7 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                  * fetch it for writing while the rest of the run is matched.
                  */
                 p->iov = rq->slot_iov[ci];
-                __builtin_prefetch(p->iov[0].iov_base, 1);
+                vhd_prefetch_w(p->iov[0].iov_base);
                 p->nbufs = 1;
                 p->niov = (uint16_t)c->nw;
                 ci++;

@@ -7,6 +7,7 @@
 #ifndef VHD_COMPILER_H
 #define VHD_COMPILER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -86,5 +87,29 @@ static inline uint64_t vhd_index_nospec(uint64_t idx, uint64_t size)
     __asm__ volatile("" : "+r"(mask));
     return idx & mask;
 }
+
+/*
+ * vhd_prefetch_w - fetch the line at p to be written soon (p need not be
+ * valid: a prefetch never faults). A buffer the driver's CPU owns, fetched
+ * with a plain prefetch, arrives shared and the store still has to take it
+ * from that CPU; PREFETCHW (x86, when the CPU has it: cpu.c) takes it for
+ * writing at once. The receive path's header store and copy wait on exactly
+ * that: PERFORMANCE.md §2.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+extern bool vhd_cpu_prefetchw;
+static inline void vhd_prefetch_w(const void *p)
+{
+    if (vhd_likely(vhd_cpu_prefetchw))
+        __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+    else
+        __builtin_prefetch(p, 1);
+}
+#else
+static inline void vhd_prefetch_w(const void *p)
+{
+    __builtin_prefetch(p, 1);
+}
+#endif
 
 #endif /* VHD_COMPILER_H */
