@@ -665,6 +665,14 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                  */
                 p->iov = rq->slot_iov[ci];
                 vhd_prefetch_w(p->iov[0].iov_base);
+                /*
+                 * The frame's second line, for the copy (its first was read
+                 * with its header): fetched only now that a buffer takes the
+                 * frame. A frame that finds none is dropped unread, and the
+                 * sender keeps that line to itself.
+                 */
+                if (vhd_likely(fr->iovcnt > 0))
+                    __builtin_prefetch((const uint8_t *)fr->iov[0].iov_base + VHD_CACHELINE);
                 p->nbufs = 1;
                 p->niov = (uint16_t)c->nw;
                 ci++;
@@ -1031,7 +1039,6 @@ static int net_tx_process(struct vhd_queue *q, struct net_queue *tq, unsigned bu
             if (vhd_likely(cs[i].nr > 0)) {
                 const uint8_t *p = tq->slot_iov[i][0].iov_base;
                 __builtin_prefetch(p);
-                __builtin_prefetch(p + VHD_CACHELINE);
             }
         }
         if (vhd_likely(enabled && be->ops->tx_burst)) {
