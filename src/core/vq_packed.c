@@ -38,7 +38,7 @@
 #define PACKED_MAX_IOV 65535u
 
 /*
- * Pop prefetches the descriptor this many slots ahead (4 cache lines of
+ * Pop prefetches the descriptor this many slots ahead (2 cache lines of
  * 16-byte descriptors), the packed counterpart of SPLIT_PREFETCH_AHEAD: the
  * driver wrote the descriptors on its own CPU, and a pop that waits for each
  * line in turn stalls once every four slots. A single pop: once per line
@@ -48,14 +48,18 @@
  * known without reading its flags (the load we want to hide), so when the
  * device runs ahead of the driver the prefetch may pull a line the driver
  * is about to write: that costs the driver one ownership transfer, and
- * happens only when the device is waiting anyway. A run: at each chain (or
+ * happens only when the device is waiting anyway. That cost is the driver's
+ * CPU time, though, and a driver that produces as fast as it can pays it
+ * on every line: 4 lines ahead, testpmd txonly against a packed ring ran
+ * 12-15 % slower than with 2 (PERFORMANCE.md §2); 2 lines still hide the
+ * load for a run (io and rxonly unchanged). A run: at each chain (or
  * group of four) it takes, with no test (one instruction; testing the line
  * and the bound cost six per chain): near the end of the driver's slots or
  * of the ring the hint may name a line of the device's own slots or just
  * past the ring, which a prefetch never faults on and which only costs a
  * useless line fill.
  */
-#define PACKED_PREFETCH_AHEAD 16u
+#define PACKED_PREFETCH_AHEAD 8u
 
 /* Encode a position as slot | wrap << 15. */
 static inline uint16_t pos_encode(uint16_t slot, bool wrap)
