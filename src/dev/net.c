@@ -664,7 +664,12 @@ unsigned vhd_net_deliver_burst(struct vhd_dev *dev, uint16_t pair, struct vhd_wo
                  * fetch it for writing while the rest of the run is matched.
                  */
                 p->iov = rq->slot_iov[ci];
-                vhd_prefetch_w(p->iov[0].iov_base);
+                const uint8_t *b = p->iov[0].iov_base;
+                vhd_prefetch_w(b);
+                /* ... and the line the frame ends in, when another (64 bytes behind a header). */
+                if (total <= p->iov[0].iov_len &&
+                    ((uintptr_t)b & (VHD_CACHELINE - 1)) + total > VHD_CACHELINE)
+                    vhd_prefetch_w(b + total - 1);
                 /*
                  * The frame's second line, for the copy (its first was read
                  * with its header): fetched only now that a buffer takes the
