@@ -9,7 +9,11 @@
 # Modes (the client's --forward-mode), split and packed rings:
 #   txonly  the client only sends: the back-end's dequeue rate (client Tx-pps).
 #           Both back-ends try to hand every frame back and find the client's
-#           RX ring full (txonly never reads it), so both do the same work.
+#           RX ring full (txonly never reads it). DPDK's io forwarding copies
+#           each frame into an mbuf before its enqueue finds the ring full;
+#           vhostd reads the frame's header and copies the rest only when a
+#           receive buffer takes it. Both back-ends idle here: the client's
+#           CPU sets the rate (docs/perf-log/2026-12-02.md).
 #   io      the client sends back what it receives (start tx_first 8 puts 256
 #           frames in circulation): the round-trip rate, one dequeue plus one
 #           enqueue per frame on the back-end (client Rx-pps).
